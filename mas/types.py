@@ -1,0 +1,187 @@
+"""Core trajectory and credit types shared by every part of mas.
+
+Vocabulary (used in shapes everywhere):
+    B  tasks per step            G  episodes per task (group size)
+    E  episodes in a batch (B*G) N  flattened turns in a batch (all turns of all episodes)
+    L  tokens of one completion
+
+A batch of turns is always flattened in the same order: for each group, for each
+episode in the group, for each turn in the episode (turn order).  ``Credit.advantages``
+is aligned with that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+TurnStatus = Literal["stop", "length", "replayed", "masked", "removed", "error"]
+EpisodeStatus = Literal["ok", "truncated", "error"]
+
+
+@dataclass
+class Task:
+    """One problem instance handed to a team."""
+
+    task_id: str
+    prompt: str  # the question as shown to the first agent
+    answer: str  # ground-truth answer, used only by the verifier
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Turn:
+    """One agent message inside an episode."""
+
+    agent: str
+    policy: str
+    index: int  # position in the episode's call order (0-based)
+    parent: int | None  # index of the turn whose output caused this call (None: root)
+    messages: list[dict[str, str]]  # chat messages that formed the prompt
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]  # sampling-time logprob of each completion token
+    text: str
+    parsed: dict[str, Any] = field(default_factory=dict)  # parser output (answer, call, verdict...)
+    valid: bool = True  # did the output parse into the agent's expected format
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+    finish_reason: TurnStatus = "stop"
+    trainable: bool = True  # False for frozen policies and masked/removed/replayed-counterfactual turns
+    extra_rewards: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Turn":
+        return cls(**d)
+
+
+@dataclass
+class Episode:
+    """One joint rollout of one task by the whole team."""
+
+    task: Task
+    group_id: int  # index of the task in the batch
+    sample_id: int  # index of the episode inside its group (0..G-1)
+    seed: int  # sampling seed of this episode; with the turns it is everything replay needs
+    turns: list[Turn] = field(default_factory=list)
+    answer: str | None = None
+    reward: float = 0.0
+    status: EpisodeStatus = "ok"
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task.__dict__,
+            "group_id": self.group_id,
+            "sample_id": self.sample_id,
+            "seed": self.seed,
+            "turns": [t.to_dict() for t in self.turns],
+            "answer": self.answer,
+            "reward": self.reward,
+            "status": self.status,
+            "error": self.error,
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Episode":
+        d = dict(d)
+        d["task"] = Task(**d["task"])
+        d["turns"] = [Turn.from_dict(t) for t in d["turns"]]
+        return cls(**d)
+
+
+@dataclass
+class EpisodeGroup:
+    """The G episodes of one task."""
+
+    task: Task
+    episodes: list[Episode]
+
+
+@dataclass
+class CreditBatch:
+    """Flattened turns of a batch as tensors: the only input credit methods see.
+
+    All per-turn tensors have shape [N]; per-episode tensors have shape [E].
+    """
+
+    episode_rewards: torch.Tensor  # [E] float  outcome reward of each episode
+    episode_group_ids: torch.Tensor  # [E] long   task index of each episode (0..B-1)
+    episode_ids: torch.Tensor  # [N] long   episode index of each turn (0..E-1)
+    group_ids: torch.Tensor  # [N] long   task index of each turn (0..B-1)
+    agent_ids: torch.Tensor  # [N] long   index into agent_names
+    turn_ids: torch.Tensor  # [N] long   position of the turn in its episode
+    invalid: torch.Tensor  # [N] bool   the turn's output failed to parse
+    trainable: torch.Tensor  # [N] bool   the turn is optimised (frozen/masked turns are not)
+    agent_names: list[str]
+    turn_rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # named [N] per-turn signals
+
+    @property
+    def num_turns(self) -> int:
+        return int(self.episode_ids.numel())
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.episode_rewards.numel())
+
+
+@dataclass
+class Credit:
+    """Output of a credit method: one advantage per flattened turn plus a breakdown for reports."""
+
+    advantages: torch.Tensor  # [N] float
+    breakdown: dict[str, torch.Tensor] = field(default_factory=dict)  # named [N] or [E] tensors
+
+
+def flatten_turns(groups: list[EpisodeGroup]) -> list[tuple[Episode, Turn]]:
+    """The canonical flattening order used by CreditBatch and Credit."""
+    return [(ep, t) for g in groups for ep in g.episodes for t in ep.turns]
+
+
+# --- extra evaluations a credit method may plan (DESIGN.md: plan -> execute -> assign) ---------
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """Re-run ``source`` with turns ``0..freeze_upto-1`` frozen (reused token for token).
+
+    Turn ``freeze_upto`` and everything after it are sampled afresh, ``num_samples`` times.
+    """
+
+    key: str
+    source: Episode
+    freeze_upto: int
+    num_samples: int = 1
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class InterventionRequest:
+    """Re-run ``source`` with ``agents`` masked (placeholder text) or removed (no message).
+
+    With ``keep_others`` the other agents' recorded outputs are reused at the same turn
+    positions ("keep the realised outputs of the players in S fixed"); where the topology
+    asks for a turn that the source does not have, it is sampled.
+    """
+
+    key: str
+    source: Episode
+    agents: tuple[str, ...]
+    mode: Literal["mask", "remove"] = "mask"
+    keep_others: bool = True
+    seed: int = 0
+
+
+Request = ReplayRequest | InterventionRequest
+Results = dict[str, list[Episode]]  # request key -> the episodes it produced
