@@ -49,7 +49,8 @@ class Turn:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     observations: list[str] = field(default_factory=list)
     finish_reason: TurnStatus = "stop"
-    trainable: bool = True  # False for frozen policies and masked/removed/replayed-counterfactual turns
+    trainable: bool = True  # False for frozen policies and for masked/removed turns
+    replayed: bool = False  # reused token for token from a source episode by a replay/intervention
     extra_rewards: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,51 @@
+"""Rollout backends.  ``build_backend`` picks one per policy from its config's ``backend`` field.
+
+``hf`` (``mas.backends.hf``) is always available; ``vllm`` (``mas.backends.vllm``) is imported
+only when a policy asks for it, so machines without vLLM never touch it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mas.backends.base import Backend, GenRequest, GenResult, RoutedBackend
+
+if TYPE_CHECKING:
+    from mas.agents.policy import PolicyHandle
+
+__all__ = ["Backend", "GenRequest", "GenResult", "RoutedBackend", "build_backend"]
+
+BACKENDS = ("hf", "vllm")
+
+
+def build_backend(policies: dict[str, "PolicyHandle"]) -> Backend:
+    """One backend serving every policy: the policy's ``backend`` ('hf' or 'vllm') picks its engine.
+
+    If all policies use one engine that engine is returned; otherwise a ``RoutedBackend``
+    sends each request to the engine serving its policy.
+    """
+    by_kind: dict[str, dict[str, "PolicyHandle"]] = {}
+    for name, h in policies.items():
+        if h.backend not in BACKENDS:
+            raise ValueError(f"policy {name!r}: unknown backend {h.backend!r}; valid: {list(BACKENDS)}")
+        by_kind.setdefault(h.backend, {})[name] = h
+
+    engines: dict[str, Backend] = {}
+    if "hf" in by_kind:
+        from mas.backends.hf import HFBackend
+
+        engines["hf"] = HFBackend(by_kind["hf"])
+    if "vllm" in by_kind:
+        try:
+            from mas.backends.vllm import VLLMBackend
+        except ImportError as e:
+            raise ImportError(
+                f"policies {sorted(by_kind['vllm'])} use backend 'vllm', but mas.backends.vllm could not be "
+                f"imported ({e}). vLLM needs a CUDA machine and `pip install mas-rl[vllm]`; "
+                f"or set backend: hf for these policies."
+            ) from e
+        engines["vllm"] = VLLMBackend(by_kind["vllm"])
+
+    if len(engines) == 1:
+        return next(iter(engines.values()))
+    return RoutedBackend({name: engines[kind] for kind, hs in by_kind.items() for name in hs})

@@ -1,0 +1,163 @@
+"""Registry of credit methods: pure functions registered by name, all with one signature.
+
+    @register_credit("dr_mas", DrMasConfig)
+    def dr_mas(batch: CreditBatch, cfg: DrMasConfig, results: Results | None = None) -> Credit
+
+The trainer calls ``run_credit(batch, cfg, results)``, which dispatches on ``cfg.method``
+(no ``if method == ...`` branches anywhere else) and checks that the advantages are finite.
+Methods that need extra evaluations (replays, interventions, critic calls) also register a
+``plan(groups, cfg) -> list[Request]``; the engine executes the requests and passes the
+results back to the method.  ``credit_config_union()`` is the discriminated union of all
+registered config classes for the pydantic run config.
+
+Shapes: N flattened turns, E episodes.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Literal, TypeVar, Union
+
+import torch
+from pydantic import BaseModel, Field
+
+from mas.types import Credit, CreditBatch, EpisodeGroup, Request, Results
+
+CreditFn = Callable[[CreditBatch, Any, "Results | None"], Credit]
+PlanFn = Callable[[list[EpisodeGroup], Any], list[Request]]
+F = TypeVar("F", bound=Callable[..., Credit])
+
+
+@dataclass(frozen=True)
+class CreditMethod:
+    """A registered credit method.
+
+    ``plan`` receives the episode groups (requests need the source ``Episode`` objects)
+    and the method's config, and returns the extra evaluations to execute; ``None`` for
+    methods that need none.
+    """
+
+    name: str
+    fn: CreditFn
+    config_cls: type[BaseModel]
+    plan: PlanFn | None = None
+
+
+class UnknownCreditMethodError(KeyError):
+    """An unknown credit-method name; the message lists the valid names."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class NonFiniteCreditError(FloatingPointError):
+    """A credit method produced (or was given) NaN/Inf; ``agents`` names whose turns."""
+
+    def __init__(self, message: str, agents: list[str]):
+        super().__init__(message)
+        self.agents = agents
+
+
+_REGISTRY: dict[str, CreditMethod] = {}
+
+
+def _check_config_cls(name: str, config_cls: type[BaseModel]) -> None:
+    if not (isinstance(config_cls, type) and issubclass(config_cls, BaseModel)):
+        raise TypeError(f"credit method {name!r}: config_cls must be a pydantic BaseModel subclass, got {config_cls!r}")
+    field = config_cls.model_fields.get("method")
+    if field is None or typing.get_origin(field.annotation) is not Literal or typing.get_args(field.annotation) != (name,):
+        raise TypeError(
+            f"credit method {name!r}: {config_cls.__name__} must declare `method: Literal[{name!r}]` "
+            f"(found {getattr(field, 'annotation', None)!r})"
+        )
+
+
+def register_credit(name: str, config_cls: type[BaseModel], plan: PlanFn | None = None) -> Callable[[F], F]:
+    """Decorator registering ``fn(batch, cfg, results=None) -> Credit`` under ``name``.
+
+    Registering a name twice is a ValueError; ``config_cls`` must declare
+    ``method: Literal[name]`` (TypeError otherwise).
+    """
+
+    def decorator(fn: F) -> F:
+        if name in _REGISTRY:
+            raise ValueError(f"credit method {name!r} is already registered (by {_REGISTRY[name].fn.__module__}.{_REGISTRY[name].fn.__qualname__})")
+        _check_config_cls(name, config_cls)
+        _REGISTRY[name] = CreditMethod(name=name, fn=fn, config_cls=config_cls, plan=plan)
+        return fn
+
+    return decorator
+
+
+def credit_names() -> list[str]:
+    """Registered method names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_credit(name: str) -> CreditMethod:
+    """The method registered as ``name``; unknown names raise ``UnknownCreditMethodError``
+    (a KeyError) whose message lists the valid names."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownCreditMethodError(f"unknown credit method {name!r}; valid: {', '.join(credit_names())}") from None
+
+
+def credit_config_union() -> Any:
+    """``Annotated[Union[<config classes>], Field(discriminator="method")]`` of all methods.
+
+    Build it after ``import mas.credit`` (which registers the built-in methods).
+    """
+    classes = tuple(_REGISTRY[n].config_cls for n in credit_names())
+    if not classes:
+        raise RuntimeError("no credit methods registered; import mas.credit first")
+    if len(classes) == 1:  # pydantic needs two or more variants for a discriminated union
+        return classes[0]
+    return Annotated[Union[classes], Field(discriminator="method")]  # noqa: UP007
+
+
+def plan_credit(groups: list[EpisodeGroup], cfg: Any) -> list[Request]:
+    """The extra evaluations ``cfg.method`` asks for ([] for methods without a plan)."""
+    method = get_credit(cfg.method)
+    return [] if method.plan is None else list(method.plan(groups, cfg))
+
+
+def _agents_of(batch: CreditBatch, turn_mask: torch.Tensor) -> list[str]:
+    ids = torch.unique(batch.agent_ids[turn_mask]).tolist()
+    return sorted(batch.agent_names[i] for i in ids)
+
+
+def run_credit(batch: CreditBatch, cfg: Any, results: Results | None = None) -> Credit:
+    """Run the method named by ``cfg.method`` and check the result.
+
+    Raises ``NonFiniteCreditError`` (a FloatingPointError) naming the agents concerned
+    when an episode reward is NaN/Inf (before running) or an advantage is (after).
+    """
+    method = get_credit(cfg.method)
+    if not isinstance(cfg, method.config_cls):
+        raise TypeError(f"credit method {method.name!r} expects a {method.config_cls.__name__}, got {type(cfg).__name__}")
+
+    bad_episodes = ~torch.isfinite(batch.episode_rewards)  # [E]
+    if bool(bad_episodes.any()):
+        bad_turns = bad_episodes[batch.episode_ids]  # [N]
+        agents = _agents_of(batch, bad_turns)
+        episodes = torch.nonzero(bad_episodes).flatten().tolist()
+        raise NonFiniteCreditError(
+            f"credit {method.name!r}: non-finite outcome reward in episodes {episodes}; agents with turns there: {agents}",
+            agents,
+        )
+
+    credit = method.fn(batch, cfg, results)
+
+    adv = credit.advantages  # [N]
+    if adv.shape != (batch.num_turns,):
+        raise ValueError(f"credit {method.name!r} returned advantages of shape {tuple(adv.shape)}, expected ({batch.num_turns},)")
+    bad = ~torch.isfinite(adv)  # [N]
+    if bool(bad.any()):
+        agents = _agents_of(batch, bad)
+        raise NonFiniteCreditError(
+            f"credit {method.name!r}: {int(bad.sum())} of {batch.num_turns} advantages are NaN/Inf, on turns of agents {agents}",
+            agents,
+        )
+    return credit

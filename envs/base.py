@@ -1,0 +1,66 @@
+"""The Env protocol: where tasks come from and how an episode's outcome is scored.
+
+An env is composed into the training step (``Env.sample_tasks`` -> rollout -> ``Env.score``),
+never subclassed: any object with these methods is an env.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from mas.types import Episode, Task
+
+
+@runtime_checkable
+class Env(Protocol):
+    """A source of training and held-out tasks plus the outcome verifier for them."""
+
+    def sample_tasks(self, n: int) -> list[Task]:
+        """The next ``n`` training tasks and advance the cursor by ``n``.
+
+        The stream is fixed by the env's seed: the k-th task drawn is the same in every run,
+        and after ``load_state_dict(state_dict())`` the continuation is identical (resume).
+        """
+        ...
+
+    def eval_tasks(self, n: int) -> list[Task]:
+        """The first ``n`` tasks of the held-out split; disjoint from training, no cursor.
+
+        ``eval_tasks(k)`` is a prefix of ``eval_tasks(n)`` for ``k <= n``. Asking for more
+        tasks than the split holds raises ValueError.
+        """
+        ...
+
+    def score(self, episode: Episode) -> float:
+        """Outcome reward of ``episode.answer`` against ``episode.task.answer`` (None -> 0.0)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data cursor, JSON-serialisable, for checkpoints."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a cursor saved by ``state_dict``; a state from another env or seed raises."""
+        ...
+
+
+def check_env_state(state: dict[str, Any], expected: dict[str, Any]) -> int:
+    """Validate a saved cursor state and return its cursor.
+
+    ``state`` must hold exactly the keys of ``expected`` plus ``"cursor"``, with the same
+    values as ``expected`` (env name, seed, data size...): a state saved by another env or
+    stream raises ValueError, because resuming from it would silently change the data order.
+    """
+    keys = set(expected) | {"cursor"}
+    if not isinstance(state, dict) or set(state) != keys:
+        raise ValueError(f"env state must be a dict with keys {sorted(keys)}, got {state!r}")
+    for key, value in expected.items():
+        if state[key] != value:
+            raise ValueError(
+                f"env state has {key}={state[key]!r} but this env has {key}={value!r}; "
+                "resuming from it would change the data order"
+            )
+    cursor = state["cursor"]
+    if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 0:
+        raise ValueError(f"env state cursor must be an int >= 0, got {cursor!r}")
+    return cursor

@@ -1,0 +1,68 @@
+"""The rollout backend interface: token ids in, sampled completions with their logprobs out.
+
+A backend serves named policies.  Topology code sends it ``GenRequest``s (one per agent turn;
+concurrent episodes send many at once) and gets back one ``GenResult`` per request, in order.
+``logprobs`` are the sampling-time logprobs the PPO importance ratio is taken against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+
+@dataclass
+class GenRequest:
+    policy: str  # name of the policy (entry of the config's 'policies') to sample from
+    prompt_ids: list[int]
+    temperature: float  # 0 means greedy
+    top_p: float
+    top_k: int  # 0 disables top-k
+    max_new_tokens: int
+    agent: str = ""  # which agent asks (for logging, per-agent adapters and scripted backends)
+    messages: list[dict[str, str]] | None = None  # the chat messages prompt_ids were rendered from
+
+
+@dataclass
+class GenResult:
+    completion_ids: list[int]  # ends with the stop id if finish_reason == "stop"
+    logprobs: list[float]  # one per completion id
+    text: str  # decoded completion without the stop id and special tokens
+    finish_reason: Literal["stop", "length"]
+
+
+class Backend(Protocol):
+    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+        """Sample one completion per request; results are in the order of ``requests``."""
+        ...
+
+    def sync_weights(self, policy: str) -> None:
+        """Make the backend serve the learner's current weights of ``policy`` (after an update)."""
+        ...
+
+
+class RoutedBackend:
+    """Several backends behind one: each request goes to the backend serving its policy.
+
+    Used when policies name different backends (e.g. a frozen critic on hf, the trained agents
+    on vllm).  Results come back in request order.
+    """
+
+    def __init__(self, routes: dict[str, Backend]):
+        self.routes = routes  # policy name -> backend
+
+    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+        by_backend: dict[int, list[int]] = {}
+        for i, r in enumerate(requests):
+            if r.policy not in self.routes:
+                raise KeyError(f"unknown policy {r.policy!r}; valid: {sorted(self.routes)}")
+            by_backend.setdefault(id(self.routes[r.policy]), []).append(i)
+        out: list[GenResult | None] = [None] * len(requests)
+        for idx in by_backend.values():
+            backend = self.routes[requests[idx[0]].policy]
+            for i, res in zip(idx, backend.generate_batch([requests[i] for i in idx])):
+                out[i] = res
+        return out  # type: ignore[return-value]
+
+    def sync_weights(self, policy: str) -> None:
+        self.routes[policy].sync_weights(policy)

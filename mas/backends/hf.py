@@ -1,0 +1,214 @@
+"""The ``hf`` rollout backend: ``transformers`` generate on the learner's own modules, CPU or GPU.
+
+Shapes: B requests in one generate call, P padded prompt length, S generated steps, V vocab.
+
+Batching: requests are grouped by policy and by identical sampling parameters (temperature,
+top_p, top_k); each group is ONE left-padded ``model.generate`` call with ``max_new_tokens``
+the group's largest; each row is then cut to its own ``max_new_tokens``.
+
+Logprobs: ``logprobs[j] = log_softmax(raw_logits_j / T)[token_j]`` with ``T`` the request's
+temperature (1.0 for greedy).  This is exactly what the learner recomputes from a forward pass,
+so the PPO ratio is 1 on the first epoch.  Top-p/top-k truncation is NOT reflected (the sampled
+distribution is the truncated one), as in verl.  The raw logits of all S steps are kept for
+this ([B, S, V] float32), which bounds the batch size on large vocabularies.
+
+Sampling uses only the request's parameters: the model's own ``generation_config`` sampling
+defaults (Qwen ships temperature 0.7, top_k 20, repetition_penalty 1.05) are neutralised for the
+call, since any processor the logprobs do not account for would bias the ratio.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+from mas.agents.prompts import completion_stop_ids
+from mas.backends.base import GenRequest, GenResult
+
+if TYPE_CHECKING:
+    from mas.agents.policy import PolicyHandle
+
+# generation_config fields that would reshape the sampling distribution, with their no-op value
+_NEUTRAL_GENERATION = {
+    "do_sample": False,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": None,  # greedy ignores it; sampling passes the request's (0 = off) explicitly
+    "min_p": None,
+    "top_h": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "max_length": None,
+    "bad_words_ids": None,
+    "sequence_bias": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None,
+    "renormalize_logits": False,
+    "guidance_scale": None,
+    "watermarking_config": None,
+    "stop_strings": None,
+    "num_beams": 1,
+    "num_return_sequences": 1,
+}
+
+
+@dataclass
+class HFBackendStats:
+    """Counters for benchmarks (``reset()`` between measurements)."""
+
+    generate_calls: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0  # unpadded prompt tokens of all requests
+    completion_tokens: int = 0  # tokens returned (after cutting at stop / own max_new_tokens)
+    generated_tokens: int = 0  # B * S over calls: includes rows that had already stopped
+    seconds: float = 0.0  # wall time inside generate_batch
+
+    def reset(self) -> None:
+        for k in self.__dataclass_fields__:
+            setattr(self, k, type(getattr(self, k))())
+
+
+@contextmanager
+def _neutral_generation_config(model: torch.nn.Module) -> Iterator[None]:
+    """Swap the HF model's generation_config for a copy with every sampling knob at its no-op.
+
+    transformers fills each generate() argument left unset from ``model.generation_config``, so
+    passing our parameters is not enough: a checkpoint's repetition_penalty or min_p would still
+    apply.  The swap is undone on exit.
+    """
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PeftModel -> HF model
+    saved = hf_model.generation_config
+    clean = copy.deepcopy(saved)
+    for k, v in _NEUTRAL_GENERATION.items():
+        setattr(clean, k, v)
+    hf_model.generation_config = clean
+    try:
+        yield
+    finally:
+        hf_model.generation_config = saved
+
+
+class HFBackend:
+    """Serves ``PolicyHandle``s with ``model.generate``; synchronous, one call per request group."""
+
+    def __init__(self, policies: dict[str, "PolicyHandle"]):
+        self.policies = policies
+        self.stop_ids = {name: completion_stop_ids(h.tokenizer, h.model) for name, h in policies.items()}
+        self.served_versions = {name: h.version for name, h in policies.items()}
+        self.stats = HFBackendStats()
+
+    # ------------------------------------------------------------------ API
+
+    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+        t0 = time.perf_counter()
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            if r.policy not in self.policies:
+                raise KeyError(f"unknown policy {r.policy!r}; valid: {sorted(self.policies)}")
+            if not r.prompt_ids:
+                raise ValueError(f"request {i} for policy {r.policy!r} has an empty prompt")
+            groups.setdefault((r.policy, float(r.temperature), float(r.top_p), int(r.top_k)), []).append(i)
+        out: list[GenResult | None] = [None] * len(requests)
+        for (policy, *_), idx in groups.items():
+            for i, res in zip(idx, self._generate_group(self.policies[policy], [requests[i] for i in idx])):
+                out[i] = res
+        self.stats.requests += len(requests)
+        self.stats.seconds += time.perf_counter() - t0
+        return out  # type: ignore[return-value]
+
+    def sync_weights(self, policy: str) -> None:
+        """Serve the learner's latest weights of ``policy``.
+
+        This backend samples from the very module objects the learner updates, so there is
+        nothing to copy: syncing puts the module back in eval mode (the learner may have left
+        it in train mode; dropout must be off while sampling) and records the handle's version
+        as the one served.
+        """
+        handle = self.policies[policy]
+        handle.model.eval()
+        self.served_versions[policy] = handle.version
+
+    # ------------------------------------------------------------------ internals
+
+    def _generate_group(self, handle: "PolicyHandle", reqs: list[GenRequest]) -> list[GenResult]:
+        """One generate call for requests sharing a policy and sampling parameters."""
+        if handle.model.training:
+            raise RuntimeError(
+                f"policy {handle.name!r}: model is in train mode while sampling; call sync_weights() after an update"
+            )
+        tok = handle.tokenizer
+        stop_ids = self.stop_ids[handle.name]
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else stop_ids[0]
+        r0 = reqs[0]
+        B, P = len(reqs), max(len(r.prompt_ids) for r in reqs)
+        max_new = max(r.max_new_tokens for r in reqs)
+
+        input_ids = torch.full((B, P), pad_id, dtype=torch.long)  # [B, P] left padded
+        attention_mask = torch.zeros((B, P), dtype=torch.long)  # [B, P]
+        for i, r in enumerate(reqs):
+            input_ids[i, P - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            attention_mask[i, P - len(r.prompt_ids) :] = 1
+        input_ids, attention_mask = input_ids.to(handle.device), attention_mask.to(handle.device)
+
+        sampling = r0.temperature > 0
+        kwargs = dict(do_sample=True, temperature=r0.temperature, top_p=r0.top_p, top_k=r0.top_k) if sampling else {}
+        with torch.no_grad(), handle.activate(), _neutral_generation_config(handle.model):
+            out = handle.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=max_new,
+                eos_token_id=stop_ids,
+                pad_token_id=pad_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+                **kwargs,
+            )
+            seq = out.sequences[:, P:]  # [B, S]
+            S = seq.shape[1]
+            logits = torch.stack(out.logits, dim=1).float()  # [B, S, V] raw (before processors)
+            T = r0.temperature if sampling else 1.0
+            scaled = logits if T == 1.0 else logits / T
+            logprobs = scaled.gather(-1, seq.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)  # [B, S]
+            del logits, scaled
+
+            # cut each row at its first stop id (kept) or at its own max_new_tokens
+            limit = torch.tensor([min(r.max_new_tokens, S) for r in reqs], device=seq.device)  # [B]
+            within = torch.arange(S, device=seq.device).unsqueeze(0) < limit.unsqueeze(1)  # [B, S]
+            is_stop = torch.isin(seq, torch.tensor(stop_ids, device=seq.device)) & within  # [B, S]
+            stopped = is_stop.any(dim=1)  # [B]
+            first_stop = is_stop.int().argmax(dim=1)  # [B]
+            length = torch.where(stopped, first_stop + 1, limit)  # [B]
+
+        seq_l, lp_l, len_l, stop_l = seq.tolist(), logprobs.tolist(), length.tolist(), stopped.tolist()
+        results = []
+        for i in range(B):
+            ids = seq_l[i][: len_l[i]]
+            body = ids[:-1] if stop_l[i] else ids
+            results.append(
+                GenResult(
+                    completion_ids=ids,
+                    logprobs=lp_l[i][: len_l[i]],
+                    text=tok.decode(body, skip_special_tokens=True),
+                    finish_reason="stop" if stop_l[i] else "length",
+                )
+            )
+        self.stats.generate_calls += 1
+        self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in reqs)
+        self.stats.completion_tokens += sum(len_l)
+        self.stats.generated_tokens += B * S
+        return results

@@ -1,0 +1,80 @@
+"""Atomic checkpoints and resume.
+
+    checkpoints/step_000005/
+        policies/<name>/      Hugging Face format (full models via save_pretrained, adapters via
+                              peft save_pretrained) for every trainable policy
+        learners/<name>.pt    optimizer and LR-schedule state
+        trainer_state.json    step, data cursor, summary so far
+        rng.pt                python, numpy and torch RNG states
+    checkpoints/latest        name of the newest complete checkpoint
+
+A checkpoint is written to ``step_N.tmp`` and renamed into place only when complete, and
+``latest`` is replaced atomically, so a crash never leaves a half checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from mas.team import Team
+
+
+def _ckpt_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(run_dir: Path, step: int, team: "Team", summary: dict[str, Any]) -> Path:
+    root = _ckpt_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f"step_{step:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name in team.learners:
+        team.policies[name].save_pretrained(tmp / "policies" / name)
+    (tmp / "learners").mkdir()
+    for name, learner in team.learners.items():
+        torch.save(learner.state_dict(), tmp / "learners" / f"{name}.pt")
+    state = {"step": step, "env": team.env.state_dict(), "summary": summary}
+    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    latest_tmp = root / "latest.tmp"
+    latest_tmp.write_text(final.name)
+    os.replace(latest_tmp, root / "latest")
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = _ckpt_dir(run_dir) / "latest"
+    if not pointer.exists():
+        return None
+    path = _ckpt_dir(run_dir) / pointer.read_text().strip()
+    return path if path.is_dir() else None
+
+
+def load_checkpoint(path: Path, team: "Team") -> dict[str, Any]:
+    """Restore weights, optimizer/schedule, data cursor and RNG state in place; return the trainer state."""
+    path = Path(path)
+    for name in team.learners:
+        team.policies[name].load_weights(path / "policies" / name)
+        team.learners[name].load_state_dict(torch.load(path / "learners" / f"{name}.pt", weights_only=False))
+        team.backend.sync_weights(name)
+    state = json.loads((path / "trainer_state.json").read_text())
+    team.env.load_state_dict(state["env"])
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    return state

@@ -1,0 +1,138 @@
+"""The ``mas`` command line: train, eval, validate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from mas.config import ConfigError, RunConfig, dump_config, load_config
+
+
+def _setup_runtime(cfg: RunConfig) -> None:
+    import torch
+
+    if cfg.runtime.num_threads:
+        torch.set_num_threads(cfg.runtime.num_threads)
+    if cfg.runtime.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+def _run_dir(cfg: RunConfig, override: str | None) -> Path:
+    return Path(override or cfg.logging.run_dir.replace("{team}", cfg.team.name))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    status = 0
+    for path in args.configs:
+        try:
+            cfg = load_config(path, args.overrides)
+        except ConfigError as e:
+            print(e, file=sys.stderr)
+            status = 1
+            continue
+        if args.quiet:
+            print(f"{path}: ok")
+        else:
+            print(f"# {path}: ok (resolved)\n{dump_config(cfg)}")
+    return status
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mas.team import build_team
+    from mas.trainer import train
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        cfg_path = run_dir / "config.yaml"
+        if not cfg_path.exists():
+            print(f"--resume {run_dir}: no config.yaml there; is it a run directory?", file=sys.stderr)
+            return 2
+        cfg = load_config(cfg_path, args.overrides)
+    else:
+        if args.config is None:
+            print("mas train: give a CONFIG or --resume RUN_DIR", file=sys.stderr)
+            return 2
+        cfg = load_config(args.config, args.overrides)
+        run_dir = _run_dir(cfg, args.run_dir)
+    _setup_runtime(cfg)
+    team = build_team(cfg)
+    summary = train(team, run_dir, resume=bool(args.resume), stop_after=args.stop_after)
+    before = summary.get("eval_before", {}).get("accuracy")
+    after = summary.get("eval_after", {}).get("accuracy")
+    if before is not None and after is not None:
+        print(f"held-out team accuracy: before {before:.3f} -> after {after:.3f} ({100 * (after - before):+.1f} points)")
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mas.checkpoint import latest_checkpoint
+    from mas.team import build_team
+    from mas.trainer import evaluate
+
+    cfg = load_config(args.config, args.overrides)
+    _setup_runtime(cfg)
+    team = build_team(cfg)
+    if args.checkpoint:
+        ckpt = Path(args.checkpoint)
+        if (ckpt / "checkpoints").is_dir():  # a run directory: take its latest checkpoint
+            ckpt = latest_checkpoint(ckpt) or ckpt
+        for name, policy in team.policies.items():
+            src = ckpt / "policies" / name
+            if src.is_dir():
+                policy.load_weights(src)
+                team.backend.sync_weights(name)
+    size = args.size or cfg.trainer.eval_size or 100
+    result = evaluate(team, size, cfg.trainer.seed)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mas", description="Train teams of LLM agents with RL.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="train a team from a YAML config")
+    t.add_argument("config", nargs="?", help="team YAML")
+    t.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. trainer.steps=5")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    t.add_argument("--run-dir", help="where to write the run (default: logging.run_dir)")
+    t.add_argument("--stop-after", type=int, help="stop after this many steps in total (checkpointing there)")
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("eval", help="greedy held-out evaluation of a team")
+    e.add_argument("config")
+    e.add_argument("overrides", nargs="*")
+    e.add_argument("--checkpoint", help="a checkpoint directory or a run directory (its latest checkpoint)")
+    e.add_argument("--size", type=int, help="held-out tasks (default: trainer.eval_size or 100)")
+    e.set_defaults(fn=cmd_eval)
+
+    v = sub.add_parser("validate", help="check configs; print the resolved config or every error")
+    v.add_argument("configs", nargs="+")
+    v.add_argument("--set", dest="overrides", action="append", default=[], help="key.sub=value override")
+    v.add_argument("-q", "--quiet", action="store_true", help="print only ok / errors")
+    v.set_defaults(fn=cmd_validate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "train" and args.config and "=" in args.config and not args.resume:
+        args.overrides = [args.config, *args.overrides]
+        args.config = None
+    if args.cmd == "train" and args.resume and args.config:  # `mas train --resume RUN key=value`
+        args.overrides = [args.config, *args.overrides]
+        args.config = None
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+"""The run configuration: one pydantic model per YAML section, frozen after loading.
+
+Every default lives here; library code never reads a key with ``.get(key, default)``.
+``load_config`` turns any validation failure into a ``ConfigError`` whose lines each give
+the YAML path of the bad field, the value found and, where there is a fixed set, the valid
+choices.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mas.credit import credit_config_union
+from mas.envs import ENV_CONFIGS
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------
+# policies
+# --------------------------------------------------------------------------------------------
+
+
+class LoraConfig(Section):
+    r: int = Field(8, ge=1, description="LoRA rank.")
+    alpha: int = Field(16, ge=1, description="LoRA scaling numerator (lora_alpha).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA branch.")
+    target_modules: tuple[str, ...] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj"), description="Module names that get adapters."
+    )
+
+
+class OptimConfig(Section):
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate of this policy's AdamW.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping threshold (global L2 norm).")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning-rate schedule after warm-up, over trainer.steps."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up optimizer steps.")
+    micro_batch_size: int = Field(8, ge=1, description="Turns per forward/backward pass; gradients accumulate.")
+
+
+class PolicyConfig(Section):
+    kind: Literal["full", "lora", "frozen"] = Field(
+        "full", description="full: train all weights; lora: train one peft adapter on a shared base; frozen: never updated."
+    )
+    model: str = Field(
+        description="'embedded' (the built-in tiny model), a Hugging Face hub id, or a local path. "
+        "For kind=lora this is the base model; LoRA policies naming the same base share one copy."
+    )
+    backend: Literal["hf", "vllm"] = Field("hf", description="Rollout backend serving this policy.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights dtype; 'auto' takes the checkpoint's."
+    )
+    device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+    lora: LoraConfig | None = Field(None, description="Adapter settings; only for kind=lora (defaults apply if omitted).")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="This policy's own optimizer and schedule.")
+    trust_remote_code: bool = Field(False, description="Passed to from_pretrained.")
+
+    @model_validator(mode="after")
+    def _lora_only_for_lora(self) -> "PolicyConfig":
+        if self.lora is not None and self.kind != "lora":
+            raise ValueError(f"'lora' settings given but kind is {self.kind!r}; valid: set kind: lora or remove 'lora'")
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# agents
+# --------------------------------------------------------------------------------------------
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="0 disables top-k.")
+    max_new_tokens: int = Field(64, ge=1, description="Completion length limit per turn.")
+
+
+class AgentConfig(Section):
+    name: str = Field(description="Unique agent name, used in topologies and reports.")
+    policy: str = Field(description="Name of an entry in 'policies' whose weights this agent uses.")
+    role: str = Field(
+        description="Role prompt (system message). May use {name} and {team} placeholders."
+    )
+    parser: Literal["answer", "orchestrator", "verdict", "raw"] = Field(
+        "answer",
+        description="How the output is read: answer ('ANSWER: x' or last number), orchestrator "
+        "(CALL <agent>: <subtask> | ANSWER: x), verdict (ACCEPT | REJECT plus optional answer), raw (whole text).",
+    )
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training rollouts.")
+
+
+# --------------------------------------------------------------------------------------------
+# topologies
+# --------------------------------------------------------------------------------------------
+
+
+class OrchestratorTopology(Section):
+    kind: Literal["orchestrator"]
+    orchestrator: str = Field(description="Agent that delegates and gives the final answer.")
+    specialists: tuple[str, ...] = Field(description="Agents the orchestrator may call by name.")
+    max_turns: int = Field(6, ge=1, description="Upper bound on agent turns per episode (all agents).")
+
+
+class DebateTopology(Section):
+    kind: Literal["debate"]
+    debaters: tuple[str, ...] = Field(description="Agents that answer in parallel each round.")
+    rounds: int = Field(2, ge=1, description="Rounds; from round 2 each debater sees the others' previous answers.")
+    aggregator: str | None = Field(None, description="Agent that reads the last round and answers; None = majority vote.")
+
+
+class ChainTopology(Section):
+    kind: Literal["chain"]
+    sequence: tuple[str, ...] = Field(description="Agents in order, e.g. [solver, verifier, reviser].")
+    loop_to: str | None = Field(
+        None, description="If the last-but-one agent's verdict is REJECT, go back to this agent (Dr. MAS solver/verifier loop)."
+    )
+    max_loops: int = Field(1, ge=0, description="How many times the loop may be taken.")
+
+
+class GraphNode(Section):
+    name: str = Field(description="Node name (unique).")
+    agent: str = Field(description="Agent that speaks at this node.")
+
+
+class GraphEdge(Section):
+    source: str = Field(alias="from", description="Node the edge leaves.")
+    target: str = Field(alias="to", description="Node the edge enters, or END.")
+    when: Literal["accept", "reject", "call", "answer"] | None = Field(
+        None, description="Take this edge only if the source turn's parsed label matches; None = default edge."
+    )
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class GraphTopology(Section):
+    kind: Literal["graph"]
+    entry: str = Field(description="First node.")
+    nodes: tuple[GraphNode, ...] = Field(description="Nodes; each is one agent turn.")
+    edges: tuple[GraphEdge, ...] = Field(description="Directed edges; END marks the terminal.")
+    max_turns: int | None = Field(None, ge=1, description="Turn bound; required if the graph has a cycle.")
+
+
+TopologyConfig = Annotated[
+    Union[OrchestratorTopology, DebateTopology, ChainTopology, GraphTopology], Field(discriminator="kind")
+]
+EnvConfig = Annotated[Union[ENV_CONFIGS], Field(discriminator="name")]  # type: ignore[valid-type]
+
+
+# --------------------------------------------------------------------------------------------
+# trainer, runtime, logging
+# --------------------------------------------------------------------------------------------
+
+
+class TrainerConfig(Section):
+    steps: int = Field(10, ge=0, description="Training steps (rollout -> credit -> update).")
+    batch_size: int = Field(4, ge=1, description="Tasks per step (B).")
+    group_size: int = Field(4, ge=1, description="Joint episodes per task (G).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each step's turns (1 = on-policy).")
+    clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1.")
+    clip_high: float = Field(0.2, ge=0, description="PPO clip epsilon above 1 (clip-higher if larger).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL estimate to the reference (initial) policy.")
+    loss_agg: Literal["token_mean", "seq_mean"] = Field(
+        "token_mean", description="token_mean: mean over all completion tokens of the policy's batch; seq_mean: mean of per-turn token means."
+    )
+    seed: int = Field(0, description="Seeds data order, sampling and initialisation.")
+    eval_size: int = Field(0, ge=0, description="Held-out tasks for greedy team accuracy; 0 disables.")
+    eval_before: bool = Field(True, description="Evaluate before the first step.")
+    eval_after: bool = Field(True, description="Evaluate after the last step.")
+    save_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only at the end).")
+    sample_episodes: int = Field(2, ge=0, description="Episodes per step written to episodes.jsonl.")
+
+
+class RuntimeConfig(Section):
+    kind: Literal["local"] = Field("local", description="local: one process.")
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms and fixed thread count.")
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None leaves torch's default.")
+
+
+class LoggingConfig(Section):
+    run_dir: str = Field("runs/{team}", description="Where the run writes; {team} is replaced by team.name.")
+    progress: bool = Field(True, description="Show a progress bar with per-agent reward.")
+
+
+class TeamConfig(Section):
+    name: str = Field(description="Team name; used for the run directory.")
+    description: str = Field("", description="Free text.")
+
+
+class RunConfig(Section):
+    team: TeamConfig
+    policies: dict[str, PolicyConfig] = Field(description="Trainable or frozen weight sets by name.")
+    agents: tuple[AgentConfig, ...] = Field(description="The team's agents.")
+    topology: TopologyConfig
+    env: EnvConfig  # type: ignore[valid-type]
+    credit: credit_config_union()  # type: ignore[valid-type]
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @property
+    def agent_names(self) -> list[str]:
+        return [a.name for a in self.agents]
+
+    def agent(self, name: str) -> AgentConfig:
+        return next(a for a in self.agents if a.name == name)
+
+    @model_validator(mode="after")
+    def _cross_refs(self) -> "RunConfig":
+        errors: list[tuple[tuple, Any, str]] = []
+        names = [a.name for a in self.agents]
+        policies = sorted(self.policies)
+        for i, a in enumerate(self.agents):
+            if a.policy not in self.policies:
+                errors.append((("agents", i, "policy"), a.policy, f"unknown policy; valid: {policies}"))
+            if names.count(a.name) > 1:
+                errors.append((("agents", i, "name"), a.name, "duplicate agent name"))
+        errors += _topology_refs(self.topology, names)
+        if errors:
+            raise CrossFieldErrors(errors)
+        return self
+
+
+class CrossFieldErrors(ValueError):
+    def __init__(self, errors: list[tuple[tuple, Any, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{_path(p)}: {m} (found {v!r})" for p, v, m in errors))
+
+
+def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
+    """Agents named by the topology must exist; graph structure is checked by topologies.graph."""
+    from mas.topologies.graph import graph_errors  # local: topologies import config types
+
+    def check(field: str, value: Any, idx: int | None = None) -> list:
+        if value is None or value in names:
+            return []
+        path = ("topology", field) if idx is None else ("topology", field, idx)
+        return [(path, value, f"unknown agent; valid: {names}")]
+
+    errs: list = []
+    if isinstance(topo, OrchestratorTopology):
+        errs += check("orchestrator", topo.orchestrator)
+        for i, s in enumerate(topo.specialists):
+            errs += check("specialists", s, i)
+    elif isinstance(topo, DebateTopology):
+        for i, s in enumerate(topo.debaters):
+            errs += check("debaters", s, i)
+        errs += check("aggregator", topo.aggregator)
+    elif isinstance(topo, ChainTopology):
+        for i, s in enumerate(topo.sequence):
+            errs += check("sequence", s, i)
+        if topo.loop_to is not None and topo.loop_to not in topo.sequence:
+            errs.append((("topology", "loop_to"), topo.loop_to, f"not in sequence; valid: {list(topo.sequence)}"))
+    elif isinstance(topo, GraphTopology):
+        for i, n in enumerate(topo.nodes):
+            errs += [(("topology", "nodes", i, "agent"), n.agent, f"unknown agent; valid: {names}")] if n.agent not in names else []
+        errs += graph_errors(topo)
+    return errs
+
+
+# --------------------------------------------------------------------------------------------
+# loading, overrides, errors
+# --------------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """Every problem in a config, one line each: YAML path, value found, what is valid."""
+
+    def __init__(self, source: str, lines: list[str]):
+        self.lines = lines
+        super().__init__(f"{source}: {len(lines)} error(s)\n" + "\n".join(f"  - {line}" for line in lines))
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
+    lines = []
+    for e in err.errors(include_url=False):
+        ctx = e.get("ctx") or {}
+        inner = ctx.get("error")
+        if isinstance(inner, CrossFieldErrors):
+            lines += [f"{_path(p)}: {m} (found {v!r})" for p, v, m in inner.errors]
+            continue
+        # drop the union tag pydantic inserts for discriminated unions (e.g. credit.dr_mas.eps)
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and _is_tag(data, e["loc"], p)))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            parent = _lookup(data, loc[:-1])
+            valid = _valid_keys_at(loc[:-1], parent)
+            msg = f"unknown key{'; valid: ' + str(valid) if valid else ''}"
+        elif e["type"] == "literal_error" and "expected" in ctx:
+            msg = f"invalid value; valid: {ctx['expected']}"
+        elif e["type"] == "union_tag_invalid":
+            msg = f"unknown {ctx.get('discriminator', 'tag').strip(chr(39))}; valid: {ctx.get('expected_tags')}"
+            loc = loc + (ctx.get("discriminator", "").strip("'"),)
+        lines.append(f"{_path(loc)}: {msg} (found {e.get('input')!r})" if e["type"] != "missing" else f"{_path(loc)}: missing required field")
+    return lines
+
+
+def _is_tag(data: dict, loc: tuple, part: str) -> bool:
+    """True if ``part`` in ``loc`` is a discriminated-union tag pydantic inserted (not a YAML key)."""
+    idx = loc.index(part)
+    parent = _lookup(data, loc[:idx])
+    return isinstance(parent, dict) and part not in parent and part in (parent.get("method"), parent.get("kind"), parent.get("name"))
+
+
+def _lookup(data: Any, loc: tuple) -> Any:
+    cur = data
+    for p in loc:
+        try:
+            cur = cur[p]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return cur
+
+
+def _valid_keys_at(loc: tuple, parent: Any) -> list[str]:
+    """Field names of the model that sits at ``loc`` in a RunConfig."""
+    model: Any = RunConfig
+    try:
+        for p in loc:
+            if isinstance(p, int) or (isinstance(model, type) and model is dict):
+                continue
+            ann = model.model_fields[p].annotation
+            model = _model_in(ann, parent)
+    except (KeyError, AttributeError):
+        return []
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return sorted((f.alias or n) for n, f in model.model_fields.items())
+    return []
+
+
+def _model_in(ann: Any, parent: Any) -> Any:
+    """Resolve an annotation to the BaseModel it holds (unwrapping Optional, tuple, dict, unions)."""
+    from typing import get_args, get_origin
+
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    args = [a for a in get_args(ann) if a is not type(None)]
+    if get_origin(ann) is dict and args:
+        return _model_in(args[-1], parent)
+    models = [m for a in args for m in [_model_in(a, parent)] if isinstance(m, type) and issubclass(m, BaseModel)]
+    if len(models) == 1:
+        return models[0]
+    if isinstance(parent, dict):  # a discriminated union: choose by the tag found in the data
+        for m in models:
+            for tag in ("method", "kind", "name"):
+                f = m.model_fields.get(tag)
+                if f is not None and parent.get(tag) in get_args(f.annotation):
+                    return m
+    return models[0] if models else None
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``key.sub=value`` overrides (value parsed as YAML) to a raw config dict."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError("overrides", [f"{item!r}: expected key.sub=value"])
+        key, raw = item.split("=", 1)
+        parts = key.split(".")
+        cur: Any = data
+        for p in parts[:-1]:
+            if isinstance(cur, list):
+                cur = cur[_list_index(cur, p, key)]
+            else:
+                cur = cur.setdefault(p, {})
+        value = yaml.safe_load(raw)
+        if isinstance(cur, list):
+            cur[_list_index(cur, parts[-1], key)] = value
+        else:
+            cur[parts[-1]] = value
+    return data
+
+
+def _list_index(items: list, part: str, key: str) -> int:
+    """A list element is addressed by its position or, for named entries (agents), by name."""
+    if part.isdigit():
+        return int(part)
+    for i, it in enumerate(items):
+        if isinstance(it, dict) and it.get("name") == part:
+            return i
+    raise ConfigError("overrides", [f"{key}: no list entry named {part!r}"])
+
+
+def validate_config(data: dict, source: str = "<config>") -> RunConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"<root>: expected a mapping of sections, found {type(data).__name__}"])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(source, _format_pydantic(err, data)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(path), ["file not found"]) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(str(path), [f"YAML syntax: {e}"]) from None
+    return validate_config(apply_overrides(data or {}, overrides or []), str(path))
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)

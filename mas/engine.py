@@ -1,0 +1,343 @@
+"""The rollout engine: runs joint episodes concurrently and records every turn.
+
+Each episode is one run of the team's compiled LangGraph graph (``mas.topologies``).  Graph
+nodes call agents through ``EpisodeContext.call``; those calls become ``GenRequest``s that
+the ``Batcher`` collects from all running episodes and hands to the backend as one
+``generate_batch`` (one ``generate`` per policy and sampling setting).
+
+The same machinery executes the extra evaluations credit methods plan (DESIGN.md):
+    replay        re-run a recorded episode with turns 0..t-1 frozen token for token
+    intervention  re-run with some agents masked (placeholder text) or removed (no message)
+A ``Script`` tells ``EpisodeContext.call`` what to do at each turn index.
+
+Everything here is deterministic for a seed: asyncio runs tasks in a fixed order, pending
+requests are sorted by (episode, turn) before each batch, and the torch RNG is reseeded
+from (seed, batch number) before each ``generate_batch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Protocol
+
+import torch
+
+from mas.agents.agent import Agent
+from mas.agents.prompts import render_prompt
+from mas.backends.base import Backend, GenRequest, GenResult
+from mas.types import (
+    Episode,
+    EpisodeGroup,
+    InterventionRequest,
+    ReplayRequest,
+    Request,
+    Results,
+    Task,
+    Turn,
+)
+
+MASK_TEXT = "[masked]"
+
+
+class ReplayDivergence(RuntimeError):
+    """A frozen turn's prompt differs from the recorded one: the replay is not faithful."""
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts: what to do at each turn of a replayed or intervened episode
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Directive:
+    kind: Literal["sample", "replay", "mask", "remove"]
+    source: Turn | None = None
+    check_prompt: bool = False
+
+
+SAMPLE = Directive("sample")
+
+
+@dataclass(frozen=True)
+class Script:
+    source: Episode
+    freeze_upto: int = 0  # turns with index < freeze_upto are reused exactly
+    masked: tuple[str, ...] = ()
+    mode: Literal["mask", "remove"] = "mask"
+    keep_others: bool = False  # reuse other agents' recorded outputs at the same positions
+
+    def directive(self, index: int, agent: str) -> Directive:
+        src = self.source.turns[index] if index < len(self.source.turns) else None
+        if agent in self.masked:
+            return Directive(self.mode)
+        if index < self.freeze_upto:
+            if src is None or src.agent != agent:
+                found = None if src is None else src.agent
+                raise ReplayDivergence(f"turn {index}: topology asked for {agent!r}, recorded turn is {found!r}")
+            return Directive("replay", src, check_prompt=True)
+        if self.keep_others and src is not None and src.agent == agent and src.finish_reason not in ("masked", "removed"):
+            return Directive("replay", src)
+        return SAMPLE
+
+
+# ---------------------------------------------------------------------------------------------
+# batching of concurrent generation requests
+# ---------------------------------------------------------------------------------------------
+
+
+class Batcher:
+    """Collects requests from concurrently running episodes and serves them in batches.
+
+    A batch is flushed once every running episode is waiting on at least one request (then a
+    few more loop iterations let sibling requests of the same episode arrive), or after
+    ``max_wait_yields`` loop iterations if some episode is busy with something else.
+    """
+
+    def __init__(self, backend: Backend, seed: int, settle_yields: int = 4, max_wait_yields: int = 1000):
+        self.backend = backend
+        self.seed = seed
+        self.settle_yields = settle_yields
+        self.max_wait_yields = max_wait_yields
+        self.active: set[int] = set()  # episode keys still running
+        self._pending: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []
+        self._wake = asyncio.Event()
+        self.batches = 0
+        self.requests = 0
+
+    async def generate(self, key: tuple[int, int], request: GenRequest) -> GenResult:
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((key, request, fut))
+        self._wake.set()
+        return await fut
+
+    def _all_waiting(self) -> bool:
+        return {k[0] for k, _, _ in self._pending} >= self.active
+
+    async def serve(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            waited = 0
+            while not self._all_waiting() and waited < self.max_wait_yields:
+                await asyncio.sleep(0)
+                waited += 1
+            for _ in range(self.settle_yields):
+                await asyncio.sleep(0)
+            if not self._pending:
+                continue
+            batch = sorted(self._pending, key=lambda item: item[0])
+            self._pending = []
+            torch.manual_seed(self.seed * 1_000_003 + self.batches)
+            self.batches += 1
+            self.requests += len(batch)
+            try:
+                results = self.backend.generate_batch([req for _, req, _ in batch])
+            except Exception as exc:  # noqa: BLE001 - every waiting episode fails and is marked
+                for _, _, fut in batch:
+                    fut.set_exception(exc)
+            else:
+                for (_, _, fut), res in zip(batch, results):
+                    fut.set_result(res)
+            if self._pending:
+                self._wake.set()
+
+
+# ---------------------------------------------------------------------------------------------
+# per-episode context handed to topology nodes
+# ---------------------------------------------------------------------------------------------
+
+
+class EpisodeContext:
+    """What a topology node needs to call agents inside one episode."""
+
+    def __init__(
+        self,
+        key: int,
+        episode: Episode,
+        agents: dict[str, Agent],
+        tokenizers: dict[str, Any],
+        trainable: dict[str, bool],
+        batcher: Batcher,
+        script: Script | None = None,
+        greedy: bool = False,
+    ):
+        self.key = key
+        self.episode = episode
+        self.agents = agents
+        self.tokenizers = tokenizers
+        self.trainable = trainable
+        self.batcher = batcher
+        self.script = script
+        self.greedy = greedy
+        self._next = 0
+
+    @property
+    def task(self) -> Task:
+        return self.episode.task
+
+    @property
+    def num_turns(self) -> int:
+        return self._next
+
+    def reserve(self, n: int) -> list[int]:
+        """Turn indices for n calls made concurrently (their order is fixed here, not by timing)."""
+        out = list(range(self._next, self._next + n))
+        self._next += n
+        return out
+
+    async def call(
+        self, agent_name: str, messages: list[dict[str, str]], parent: int | None = None, index: int | None = None
+    ) -> Turn:
+        agent = self.agents[agent_name]
+        if index is None:
+            index = self.reserve(1)[0]
+        prompt_ids = render_prompt(self.tokenizers[agent.policy], messages)
+        d = self.script.directive(index, agent_name) if self.script else SAMPLE
+        base = dict(agent=agent_name, policy=agent.policy, index=index, parent=parent, messages=messages, prompt_ids=prompt_ids)
+        if d.kind == "replay":
+            src = d.source
+            assert src is not None
+            if d.check_prompt and src.prompt_ids != prompt_ids:
+                raise ReplayDivergence(f"turn {index} ({agent_name}): prompt differs from the recorded one")
+            turn = dataclasses.replace(src, **base, replayed=True, trainable=False)
+        elif d.kind in ("mask", "remove"):
+            text = MASK_TEXT if d.kind == "mask" else ""
+            turn = Turn(**base, completion_ids=[], logprobs=[], text=text, parsed={}, valid=False,
+                        finish_reason="masked" if d.kind == "mask" else "removed", trainable=False)
+        else:
+            s = agent.sampling
+            req = GenRequest(
+                policy=agent.policy,
+                prompt_ids=prompt_ids,
+                temperature=0.0 if self.greedy else s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                max_new_tokens=s.max_new_tokens,
+                agent=agent_name,
+                messages=messages,
+            )
+            res = await self.batcher.generate((self.key, index), req)
+            parsed, valid = agent.parse(res.text)
+            turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
+                        parsed=parsed, valid=valid, finish_reason=res.finish_reason,
+                        trainable=self.trainable[agent.policy])
+        self.episode.turns.append(turn)
+        return turn
+
+
+@dataclass
+class Outcome:
+    answer: str | None
+    truncated: bool = False
+
+
+class Topology(Protocol):
+    async def run(self, ctx: EpisodeContext) -> Outcome: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine
+# ---------------------------------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(
+        self,
+        topology: Topology,
+        agents: dict[str, Agent],
+        tokenizers: dict[str, Any],
+        trainable: dict[str, bool],
+        backend: Backend,
+        score: Callable[[Episode], float],
+    ):
+        self.topology = topology
+        self.agents = agents
+        self.tokenizers = tokenizers
+        self.trainable = trainable
+        self.backend = backend
+        self.score = score
+        self.stats = {"batches": 0, "requests": 0}
+
+    # -- public API ------------------------------------------------------------------------
+
+    def rollout(self, tasks: list[Task], group_size: int, seed: int, greedy: bool = False) -> list[EpisodeGroup]:
+        """G joint episodes for each of B tasks, run concurrently."""
+        groups = [
+            EpisodeGroup(task, [Episode(task=task, group_id=b, sample_id=g, seed=seed) for g in range(group_size)])
+            for b, task in enumerate(tasks)
+        ]
+        jobs = [(ep, None) for grp in groups for ep in grp.episodes]
+        self._run(jobs, seed, greedy)
+        return groups
+
+    def execute(self, requests: list[Request], seed: int) -> Results:
+        """Run replay and intervention requests in one concurrent pass."""
+        jobs: list[tuple[Episode, Script | None]] = []
+        owners: list[str] = []
+        for req in requests:
+            src = req.source
+            if isinstance(req, ReplayRequest):
+                script = Script(src, freeze_upto=req.freeze_upto)
+                n = req.num_samples
+            elif isinstance(req, InterventionRequest):
+                script = Script(src, masked=tuple(req.agents), mode=req.mode, keep_others=req.keep_others)
+                n = 1
+            else:
+                raise TypeError(f"unknown request type {type(req).__name__}")
+            for i in range(n):
+                jobs.append((Episode(task=src.task, group_id=src.group_id, sample_id=i, seed=seed, info={"request": req.key}), script))
+                owners.append(req.key)
+        self._run(jobs, seed, greedy=False)
+        out: Results = {}
+        for key, (ep, _) in zip(owners, jobs):
+            out.setdefault(key, []).append(ep)
+        return out
+
+    def evaluate(self, tasks: list[Task], seed: int) -> list[Episode]:
+        """One greedy episode per task."""
+        return [g.episodes[0] for g in self.rollout(tasks, 1, seed, greedy=True)]
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _run(self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool) -> None:
+        asyncio.run(self._run_async(jobs, seed, greedy))
+
+    async def _run_async(self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool) -> None:
+        batcher = Batcher(self.backend, seed)
+        batcher.active = set(range(len(jobs)))
+        server = asyncio.create_task(batcher.serve())
+        try:
+            await asyncio.gather(*(self._episode(k, ep, script, batcher, greedy) for k, (ep, script) in enumerate(jobs)))
+        finally:
+            server.cancel()
+            try:
+                await server
+            except asyncio.CancelledError:
+                pass
+        self.stats["batches"] += batcher.batches
+        self.stats["requests"] += batcher.requests
+
+    async def _episode(self, key: int, ep: Episode, script: Script | None, batcher: Batcher, greedy: bool) -> None:
+        ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy)
+        try:
+            outcome = await self.topology.run(ctx)
+            ep.answer = outcome.answer
+            ep.status = "truncated" if outcome.truncated else "ok"
+        except Exception as exc:  # noqa: BLE001 - a failed episode is kept, marked and scored 0
+            ep.status = "error"
+            ep.error = f"{type(exc).__name__}: {exc}"
+            ep.info["traceback"] = traceback.format_exc(limit=5)
+        finally:
+            batcher.active.discard(key)
+            batcher._wake.set()
+        ep.turns.sort(key=lambda t: t.index)
+        if ep.status == "error":
+            ep.reward = 0.0
+        else:
+            try:
+                ep.reward = float(self.score(ep))
+            except Exception as exc:  # noqa: BLE001 - a scorer crash marks the episode, never the step
+                ep.status, ep.error, ep.reward = "error", f"score: {type(exc).__name__}: {exc}", 0.0

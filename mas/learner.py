@@ -1,0 +1,431 @@
+"""One policy's learner: the PPO-clip surrogate over its completion tokens (DESIGN.md, "Policies
+and updates"; CREDIT_SPEC.md section 0).
+
+Each trainable policy owns one ``Learner``: its own AdamW, learning-rate schedule and
+micro-batch size (the decoupled per-agent update).  A turn reaches the learner as a
+``TrainSample``: prompt and completion token ids, the logprob of each completion token at
+sampling time, and the one scalar advantage that the credit method gave the turn.
+
+Shapes (the vocabulary of ``mas.types``):
+    N  turns (samples) in a batch or micro-batch
+    S  padded sequence length (prompt + completion, right-padded)
+    V  vocabulary size
+
+Alignment: every ``[N, S]`` per-token tensor is aligned to the token being predicted.
+Column ``t`` holds the value for ``input_ids[:, t]`` given ``input_ids[:, :t]``, so column 0
+(which has no context) is always 0 and masked.  ``completion_mask[:, t]`` is 1 exactly when
+``input_ids[:, t]`` is a completion token.
+
+The surrogate (PPO, Schulman et al. 2017, arXiv 1707.06347; clip-higher as in DAPO,
+arXiv 2503.14476):
+
+    ratio_t = exp(logp_t - old_t)
+    pg_t    = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A)
+    kl_t    = exp(ref_t - logp_t) - (ref_t - logp_t) - 1          (k3, Schulman 2020 blog)
+    loss_t  = pg_t + kl_coef * kl_t
+
+Aggregation: ``token_mean`` sums over the completion tokens and divides by their number;
+``seq_mean`` averages each turn's tokens, then averages over turns.  Both divide by the
+count of the whole update batch, not of a micro-batch, so accumulating micro-batch
+gradients gives exactly the gradient of one big batch (verl's "token-mean over the agent's
+whole mini-batch" [C]).  Turns with no completion token add nothing and are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # the learner reads only a few fields of it (flat builder arguments)
+    from mas.config import OptimConfig
+
+LossAgg = Literal["token_mean", "seq_mean"]
+LOSS_AGGS: tuple[str, ...] = ("token_mean", "seq_mean")
+SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
+
+# Padded positions are excluded by the attention mask (as keys) and by completion_mask (as
+# targets); with right padding they sit after every real token, so their id never matters.
+# 0 is valid in every vocabulary.
+PAD_ID = 0
+
+
+class TrainablePolicy(Protocol):
+    """What the learner needs from a policy (``agents.policy.PolicyHandle`` provides it)."""
+
+    name: str
+    model: nn.Module  # called as model(input_ids=..., attention_mask=...).logits
+    device: Any  # torch.device or str; batches are moved there
+
+    def trainable_parameters(self) -> list[nn.Parameter]: ...
+
+    def activate(self) -> AbstractContextManager[Any]:
+        """Make this policy's weights (e.g. its LoRA adapter) the ones ``model`` runs."""
+        ...
+
+    def reference(self) -> AbstractContextManager[nn.Module]:
+        """Yield the reference (initial) model for the KL term."""
+        ...
+
+    def mark_updated(self) -> None:
+        """Tell the policy its weights changed (backends resync)."""
+        ...
+
+
+@dataclass
+class TrainSample:
+    """One turn to optimise: its tokens, sampling logprobs and advantage."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]  # sampling-time logprob of each completion token
+    advantage: float
+    temperature: float = 1.0  # sampling temperature; 0 (greedy) means logprobs at T = 1
+
+
+# --------------------------------------------------------------------------------------------
+# batches and logprobs
+# --------------------------------------------------------------------------------------------
+
+
+def collate(samples: list[TrainSample], pad_id: int = PAD_ID) -> dict[str, torch.Tensor]:
+    """Right-pad samples into one batch; per-token tensors are aligned to the predicted token."""
+    if not samples:
+        raise ValueError("collate: no samples")
+    for i, s in enumerate(samples):
+        if not s.prompt_ids:
+            raise ValueError(f"sample {i}: empty prompt_ids; the first completion token needs a context")
+        if len(s.old_logprobs) != len(s.completion_ids):
+            raise ValueError(
+                f"sample {i}: {len(s.old_logprobs)} old_logprobs for {len(s.completion_ids)} completion tokens"
+            )
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    n, seq = len(samples), max(lengths)
+    input_ids = torch.full((n, seq), pad_id, dtype=torch.long)  # [N, S]
+    attention_mask = torch.zeros((n, seq), dtype=torch.long)  # [N, S]
+    completion_mask = torch.zeros((n, seq), dtype=torch.bool)  # [N, S]
+    old_logprobs = torch.zeros((n, seq), dtype=torch.float32)  # [N, S]
+    for i, s in enumerate(samples):
+        p, total = len(s.prompt_ids), lengths[i]
+        input_ids[i, :total] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
+        attention_mask[i, :total] = 1
+        completion_mask[i, p:total] = True
+        old_logprobs[i, p:total] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "completion_mask": completion_mask,
+        "old_logprobs": old_logprobs,
+        "advantages": torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32),  # [N]
+        "temperatures": torch.tensor(
+            [s.temperature if s.temperature > 0 else 1.0 for s in samples], dtype=torch.float32
+        ),  # [N]
+    }
+
+
+def token_logprobs(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob and entropy of each token under ``model`` at the sampling temperature.
+
+    One forward pass; ``logits / T`` so that an unchanged policy reproduces the sampling
+    logprobs exactly (ratio 1).  Computed in float32 as gather − logsumexp, which keeps no
+    [N, S, V] log-softmax alive for backward.  Entropy is a detached diagnostic.
+    """
+    input_ids = batch["input_ids"]  # [N, S]
+    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"]).logits  # [N, S, V]
+    temps = batch["temperatures"].to(device=logits.device, dtype=torch.float32)  # [N]
+    logits = logits[:, :-1].float() / temps[:, None, None]  # [N, S-1, V]  position t predicts t+1
+    targets = input_ids[:, 1:]  # [N, S-1]
+    lse = torch.logsumexp(logits, dim=-1)  # [N, S-1]
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [N, S-1]
+    with torch.no_grad():
+        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # [N, S-1]
+    zero = logp.new_zeros(logp.shape[0], 1)  # [N, 1]  column 0 predicts nothing
+    return torch.cat([zero, logp], dim=1), torch.cat([zero, entropy], dim=1)  # [N, S] each
+
+
+# --------------------------------------------------------------------------------------------
+# the loss
+# --------------------------------------------------------------------------------------------
+
+
+def loss_norm(completion_lengths: list[int], loss_agg: str) -> int:
+    """The default divisor of an aggregation: completion tokens, or turns with at least one."""
+    _check_agg(loss_agg)
+    if loss_agg == "token_mean":
+        return max(1, sum(completion_lengths))
+    return max(1, sum(1 for n in completion_lengths if n > 0))
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    loss_agg: str,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    norm: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO-clip surrogate with an optional k3 KL term (see the module docstring).
+
+    ``norm`` divides the aggregated sum; by default it is this call's completion tokens
+    (``token_mean``) or non-empty turns (``seq_mean``).  Pass the whole update batch's count
+    when calling per micro-batch.  Stats (token means over completion tokens): ``pg_loss``
+    (the surrogate alone, same aggregation), ``kl``, ``clip_frac`` (share of tokens where the
+    clipped branch is the active one), ``ratio``, and ``tokens``.
+    """
+    _check_agg(loss_agg)
+    mask = completion_mask.to(logprobs.dtype)  # [N, S]
+    log_ratio = (logprobs - old_logprobs).masked_fill(mask == 0, 0.0)  # [N, S]
+    ratio = torch.exp(log_ratio)  # [N, S]
+    adv = advantages.to(logprobs.dtype)[:, None]  # [N, 1]
+    pg_unclipped = -ratio * adv  # [N, S]
+    pg_clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # [N, S]
+    pg = torch.maximum(pg_unclipped, pg_clipped)  # [N, S]  = -min(ratio*A, clip(ratio)*A)
+    per_token = pg
+    kl = torch.zeros_like(pg)  # [N, S]
+    if ref_logprobs is not None:
+        d = (ref_logprobs - logprobs).masked_fill(mask == 0, 0.0)  # [N, S]
+        kl = torch.exp(d) - d - 1.0  # [N, S]  k3 >= 0; unbiased for KL(pi || ref) on-policy
+        per_token = pg + kl_coef * kl
+
+    lengths = mask.sum(-1)  # [N]
+    if norm is None:
+        norm_t = lengths.sum() if loss_agg == "token_mean" else (lengths > 0).sum().to(mask.dtype)
+        norm = norm_t.clamp(min=1.0)
+
+    def agg(x: torch.Tensor) -> torch.Tensor:
+        if loss_agg == "token_mean":
+            return (x * mask).sum() / norm
+        per_seq = (x * mask).sum(-1) / lengths.clamp(min=1.0)  # [N]  token mean of each turn
+        return per_seq.sum() / norm
+
+    loss = agg(per_token)
+
+    with torch.no_grad():
+        tokens = mask.sum()
+        denom = tokens.clamp(min=1.0)
+        stats = {
+            "pg_loss": float(agg(pg)),
+            "kl": float((kl * mask).sum() / denom),
+            "clip_frac": float(((pg_clipped > pg_unclipped).to(mask.dtype) * mask).sum() / denom),
+            "ratio": float((ratio * mask).sum() / denom),
+            "tokens": float(tokens),
+        }
+    return loss, stats
+
+
+def _check_agg(loss_agg: str) -> None:
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"unknown loss_agg {loss_agg!r}; valid: {list(LOSS_AGGS)}")
+
+
+# --------------------------------------------------------------------------------------------
+# the learning-rate schedule
+# --------------------------------------------------------------------------------------------
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """Multiplier of the peak lr for update ``k`` (0-based).
+
+    Warm-up is ``(k + 1) / warmup_steps`` (as nanochat; it never spends an update at lr 0),
+    reaching the peak at ``k = warmup_steps - 1``.  After it, with progress
+    ``p = (k - warmup) / (total - warmup)`` clamped to [0, 1]: constant 1, linear ``1 - p``,
+    cosine ``(1 + cos(pi p)) / 2``; both decays reach 0 at ``k = total_steps``.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; valid: {list(SCHEDULES)}")
+    span = max(1, total_steps - warmup_steps)
+
+    def multiplier(k: int) -> float:
+        if k < warmup_steps:
+            return (k + 1) / warmup_steps
+        p = min(1.0, max(0.0, (k - warmup_steps) / span))
+        if schedule == "linear":
+            return 1.0 - p
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * p))
+        return 1.0
+
+    return multiplier
+
+
+# --------------------------------------------------------------------------------------------
+# the learner
+# --------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _mode(module: nn.Module, training: bool) -> Iterator[None]:
+    """Put ``module`` in train or eval mode, restoring its previous mode afterwards."""
+    was = module.training
+    module.train(training)
+    try:
+        yield
+    finally:
+        module.train(was)
+
+
+class Learner:
+    """AdamW + schedule + PPO-clip updates for one trainable policy."""
+
+    def __init__(
+        self,
+        policy: TrainablePolicy,
+        optim: "OptimConfig",
+        total_steps: int,
+        clip_low: float,
+        clip_high: float,
+        kl_coef: float,
+        loss_agg: LossAgg,
+        ppo_epochs: int = 1,
+    ):
+        _check_agg(loss_agg)
+        if ppo_epochs < 1:
+            raise ValueError(f"ppo_epochs must be >= 1 (found {ppo_epochs})")
+        self.policy = policy
+        # not filtered on requires_grad: a LoRA policy's activate() sets it, and another
+        # adapter may be the active one while this learner is built
+        self.params = list(policy.trainable_parameters())
+        if not self.params:
+            raise ValueError(f"policy {policy.name!r} has no trainable parameters; frozen policies get no learner")
+        self.micro_batch_size = optim.micro_batch_size
+        self.max_grad_norm = optim.max_grad_norm
+        self.clip_low, self.clip_high = clip_low, clip_high
+        self.kl_coef, self.loss_agg, self.ppo_epochs = kl_coef, loss_agg, ppo_epochs
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_steps)
+        )
+
+    # -- public API ----------------------------------------------------------------------
+
+    def update(self, samples: list[TrainSample]) -> dict[str, float]:
+        """``ppo_epochs`` optimizer steps over ``samples``, then one scheduler step.
+
+        Metrics are token-weighted means over all epochs (``grad_norm``: mean pre-clip norm);
+        ``lr`` is the rate these steps used.
+        """
+        if not samples:
+            return {"samples": 0}
+        micro, norm, ref = self._prepare(samples)
+        lr = self.optimizer.param_groups[0]["lr"]
+        totals: dict[str, float] = {}
+        grad_norms: list[float] = []
+        try:
+            for _ in range(self.ppo_epochs):
+                stats = self._accumulate(micro, norm, ref)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+                if not torch.isfinite(grad_norm):
+                    raise FloatingPointError(
+                        f"policy {self.policy.name!r}: non-finite gradient norm {float(grad_norm)}; this optimizer step is not taken"
+                    )
+                self.optimizer.step()
+                grad_norms.append(float(grad_norm))  # one per optimizer step taken
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)  # free gradient memory between updates
+            if grad_norms:  # the weights changed, even if a later epoch then failed
+                self.policy.mark_updated()
+        self.scheduler.step()
+        metrics = _means(totals, self.ppo_epochs)
+        metrics.update(grad_norm=sum(grad_norms) / self.ppo_epochs, lr=float(lr), samples=float(len(samples)))
+        return metrics
+
+    def compute_gradients(self, samples: list[TrainSample]) -> dict[str, float]:
+        """Zero the gradients and accumulate one epoch's over ``samples`` (no step, no clip).
+
+        What ``update`` does before clipping, exposed for gradient checks; gradients stay in
+        ``.grad``.  Returns the loss metrics of ``update`` (no grad_norm, lr or samples).
+        """
+        micro, norm, ref = self._prepare(samples)
+        return _means(self._accumulate(micro, norm, ref), 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _prepare(
+        self, samples: list[TrainSample]
+    ) -> tuple[list[dict[str, torch.Tensor]], float, list[torch.Tensor | None]]:
+        """Micro-batches in input order, the whole batch's divisor, and reference logprobs."""
+        size = self.micro_batch_size
+        device = self.policy.device
+        micro = [
+            {k: v.to(device) for k, v in collate(samples[i : i + size]).items()}
+            for i in range(0, len(samples), size)
+        ]
+        norm = float(loss_norm([len(s.completion_ids) for s in samples], self.loss_agg))
+        ref: list[torch.Tensor | None] = [None] * len(micro)
+        if self.kl_coef > 0:  # the reference never changes within an update: one pass
+            with torch.no_grad(), self.policy.reference() as ref_model, _mode(ref_model, False):
+                ref = [token_logprobs(ref_model, mb)[0] for mb in micro]
+        return micro, norm, ref
+
+    def _accumulate(
+        self, micro: list[dict[str, torch.Tensor]], norm: float, ref: list[torch.Tensor | None]
+    ) -> dict[str, float]:
+        """Zero grads, then forward/backward every micro-batch; returns stats summed over them."""
+        self.optimizer.zero_grad(set_to_none=True)
+        keys = ("loss", "pg_loss", "kl_sum", "clip_sum", "ratio_sum", "entropy_sum", "tokens")
+        out = dict.fromkeys(keys, 0.0)
+        model = self.policy.model
+        with self.policy.activate(), _mode(model, True):
+            for mb, ref_lp in zip(micro, ref):
+                logprobs, entropy = token_logprobs(model, mb)  # [N, S] each
+                loss, stats = ppo_clip_loss(
+                    logprobs,
+                    mb["old_logprobs"],
+                    mb["advantages"],
+                    mb["completion_mask"],
+                    self.clip_low,
+                    self.clip_high,
+                    self.loss_agg,
+                    ref_logprobs=ref_lp,
+                    kl_coef=self.kl_coef,
+                    norm=norm,
+                )
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(
+                        f"policy {self.policy.name!r}: non-finite loss {loss.item()} "
+                        "(check advantages and old_logprobs); this optimizer step is not taken"
+                    )
+                loss.backward()
+                n = stats["tokens"]
+                out["loss"] += float(loss.detach())
+                out["pg_loss"] += stats["pg_loss"]
+                out["kl_sum"] += stats["kl"] * n
+                out["clip_sum"] += stats["clip_frac"] * n
+                out["ratio_sum"] += stats["ratio"] * n
+                out["entropy_sum"] += float((entropy * mb["completion_mask"]).sum())
+                out["tokens"] += n
+        return out
+
+
+def _means(totals: dict[str, float], epochs: int) -> dict[str, float]:
+    """Turn summed micro-batch stats of ``epochs`` epochs into per-epoch / per-token means."""
+    per_token = max(totals["tokens"], 1.0)
+    return {
+        "loss": totals["loss"] / epochs,  # micro-batch losses already carry the batch norm
+        "pg_loss": totals["pg_loss"] / epochs,
+        "kl": totals["kl_sum"] / per_token,
+        "clip_frac": totals["clip_sum"] / per_token,
+        "ratio": totals["ratio_sum"] / per_token,
+        "entropy": totals["entropy_sum"] / per_token,
+        "tokens": totals["tokens"] / epochs,
+    }

@@ -1,0 +1,122 @@
+"""The training loop.  One step reads top to bottom:
+
+    rollout -> score -> credit (plan -> execute -> assign) -> update (one learner per policy)
+    -> sync -> log
+
+Every step reseeds python, numpy and torch from (seed, step), so a resumed run repeats the
+steps a straight run would have taken.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from mas.credit import build_credit_batch, run_credit
+from mas.credit.registry import plan_credit
+from mas.learner import TrainSample
+from mas.metrics import RunLogger, eval_metrics, step_metrics
+from mas.team import Team
+from mas.types import Credit, EpisodeGroup, flatten_turns
+
+
+def step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step * 7919) % (2**31 - 1)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+@dataclass
+class StepResult:
+    groups: list[EpisodeGroup]
+    credit: Credit
+    metrics: dict
+
+
+def train_step(team: Team, step: int) -> StepResult:
+    cfg = team.cfg
+    seed = step_seed(cfg.trainer.seed, step)
+    seed_everything(seed)
+    timings: dict[str, float] = {}
+
+    # 1. rollout: G joint episodes for each of B tasks (scored by the env inside the engine)
+    t0 = time.perf_counter()
+    tasks = team.env.sample_tasks(cfg.trainer.batch_size)
+    groups = team.engine.rollout(tasks, cfg.trainer.group_size, seed=seed)
+    timings["rollout"] = time.perf_counter() - t0
+
+    # 2. credit: extra evaluations if the method plans any, then one advantage per turn
+    t0 = time.perf_counter()
+    batch = build_credit_batch(groups, list(team.agents))
+    requests = plan_credit(groups, cfg.credit)
+    results = team.engine.execute(requests, seed=seed + 1) if requests else None
+    credit = run_credit(batch, cfg.credit, results)
+    timings["credit"] = time.perf_counter() - t0
+
+    # 3. update: each trainable policy learns from its own turns only
+    t0 = time.perf_counter()
+    samples: dict[str, list[TrainSample]] = {name: [] for name in team.learners}
+    for (_, turn), adv in zip(flatten_turns(groups), credit.advantages.tolist()):
+        if turn.trainable and turn.completion_ids and turn.policy in samples:
+            temperature = team.agents[turn.agent].sampling.temperature
+            samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
+    updates = {name: learner.update(samples[name]) for name, learner in team.learners.items()}
+    timings["update"] = time.perf_counter() - t0
+
+    # 4. sync: the rollout backend serves the new weights
+    t0 = time.perf_counter()
+    for name in team.learners:
+        team.backend.sync_weights(name)
+    timings["sync"] = time.perf_counter() - t0
+
+    metrics = step_metrics(step, groups, batch, credit, updates, timings)
+    return StepResult(groups, credit, metrics)
+
+
+def evaluate(team: Team, size: int, seed: int) -> dict:
+    episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed)
+    return eval_metrics(episodes)
+
+
+def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | None = None) -> dict:
+    """Run (or continue) training; returns a summary with held-out accuracy before/after."""
+    cfg = team.cfg
+    logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
+    start = 0
+    summary: dict = {}
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None:
+            state = load_checkpoint(ckpt, team)
+            start = state["step"] + 1
+            summary = state.get("summary", {})
+            logger.truncate_after(state["step"])
+    elif cfg.trainer.eval_size and cfg.trainer.eval_before:
+        summary["eval_before"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
+        logger.info(f"held-out team accuracy before training: {summary['eval_before']['accuracy']:.3f}")
+        logger.log_eval("before", summary["eval_before"])
+    end = cfg.trainer.steps if stop_after is None else min(cfg.trainer.steps, stop_after)
+    logger.start_progress(total=cfg.trainer.steps, initial=start)
+    for step in range(start, end):
+        result = train_step(team, step)
+        logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes)
+        last = step == cfg.trainer.steps - 1
+        if last or step == end - 1 or (cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0):
+            save_checkpoint(run_dir, step, team, summary)
+    logger.close_progress()
+    if end == cfg.trainer.steps and cfg.trainer.eval_size and cfg.trainer.eval_after:
+        summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
+        logger.info(f"held-out team accuracy after training:  {summary['eval_after']['accuracy']:.3f}")
+        logger.log_eval("after", summary["eval_after"])
+    logger.write_summary(summary)
+    return summary

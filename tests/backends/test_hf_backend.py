@@ -1,0 +1,280 @@
+"""The hf backend: one generate call per group, left padding, order, logprobs, stops, LoRA, sync."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from mas.agents.policy import PolicyHandle
+from mas.agents.prompts import render_prompt
+from mas.backends import build_backend
+from mas.backends.base import GenRequest, GenResult, RoutedBackend
+from mas.backends.hf import HFBackend
+
+MESSAGES = [
+    [{"role": "user", "content": "3+4"}],
+    [{"role": "system", "content": "You are a solver."}, {"role": "user", "content": "how many eggs? The answer is"}],
+    [{"role": "user", "content": "debate round"}],
+]
+
+
+def prompts(tok):
+    out = [render_prompt(tok, m) for m in MESSAGES]
+    assert len({len(p) for p in out}) == len(out)  # distinct lengths, so padding matters
+    return out
+
+
+def spy_generate(model, monkeypatch):
+    """Count generate calls on ``model`` and keep their inputs."""
+    calls = []
+    real = model.generate
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", spy)
+    return calls
+
+
+def recompute(model, prompt, completion, temperature):
+    """Slow reference: log_softmax(logits / T) of a plain unpadded forward over prompt + completion."""
+    ids = torch.tensor([prompt + completion], device=next(model.parameters()).device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().cpu()  # [L, V]
+    T = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits / T, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1), logits
+
+
+def req(policy, prompt, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=10):
+    return GenRequest(policy, prompt, temperature, top_p, top_k, max_new_tokens)
+
+
+def test_one_generate_call_left_padded_results_in_order(full_handle, monkeypatch):
+    tok = full_handle.tokenizer
+    backend = HFBackend({"solver": full_handle})
+    calls = spy_generate(full_handle.model, monkeypatch)
+    ps = prompts(tok)
+    max_new = [3, 10, 6]
+    torch.manual_seed(0)
+    results = backend.generate_batch([req("solver", p, max_new_tokens=m) for p, m in zip(ps, max_new)])
+    assert len(calls) == 1
+    input_ids, mask = calls[0]["input_ids"], calls[0]["attention_mask"]
+    assert calls[0]["max_new_tokens"] == 10  # the group's max
+    P = max(len(p) for p in ps)
+    for i, p in enumerate(ps):
+        pad = P - len(p)
+        assert input_ids[i, pad:].tolist() == p  # right-aligned prompt
+        assert (input_ids[i, :pad] == tok.pad_token_id).all()
+        assert mask[i, :pad].sum() == 0 and mask[i, pad:].all()
+    for r, p, m in zip(results, ps, max_new):
+        assert 1 <= len(r.completion_ids) <= m  # each row cut to its own limit
+        assert len(r.logprobs) == len(r.completion_ids)
+        # result i belongs to prompt i: its logprobs are those of prompt i's continuation
+        torch.testing.assert_close(torch.tensor(r.logprobs), recompute(full_handle.model, p, r.completion_ids, 1.0)[0], atol=1e-4, rtol=0)
+    assert backend.stats.generate_calls == 1 and backend.stats.requests == 3
+    assert backend.stats.completion_tokens == sum(len(r.completion_ids) for r in results)
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 1.0, 0), (0.7, 0.9, 20)])
+def test_logprobs_equal_forward_pass_recompute(full_handle, temperature, top_p, top_k):
+    backend = HFBackend({"solver": full_handle})
+    ps = prompts(full_handle.tokenizer)
+    torch.manual_seed(1)
+    results = backend.generate_batch([req("solver", p, temperature, top_p, top_k, 12) for p in ps * 2])
+    for r, p in zip(results, ps * 2):
+        expected, _ = recompute(full_handle.model, p, r.completion_ids, temperature)
+        # temperature-scaled, untruncated: top-p/top-k are not reflected in the logprobs
+        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_temperature_changes_logprobs(full_handle):
+    """Guards the test above: logprobs at T=0.7 are not the T=1 ones."""
+    backend = HFBackend({"solver": full_handle})
+    p = prompts(full_handle.tokenizer)[0]
+    (r,) = backend.generate_batch([req("solver", p, 0.7, max_new_tokens=5)])
+    at_t1, _ = recompute(full_handle.model, p, r.completion_ids, 1.0)
+    assert not torch.allclose(torch.tensor(r.logprobs), at_t1, atol=1e-3)
+
+
+def test_greedy_is_argmax_and_ignores_checkpoint_sampling_defaults(full_handle):
+    model = full_handle.model
+    backend = HFBackend({"solver": full_handle})
+    ps = prompts(full_handle.tokenizer)
+    # a checkpoint's generation defaults must not leak into sampling (they would bias the logprobs)
+    model.generation_config.repetition_penalty = 5.0
+    model.generation_config.no_repeat_ngram_size = 1
+    results = backend.generate_batch([req("solver", p, temperature=0.0, max_new_tokens=15) for p in ps])
+    assert model.generation_config.repetition_penalty == 5.0  # restored after the call
+    repeats = 0
+    for r, p in zip(results, ps):
+        expected, logits = recompute(model, p, r.completion_ids, 0.0)
+        assert r.completion_ids == logits.argmax(-1).tolist()
+        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=1e-4, rtol=0)
+        repeats += len(r.completion_ids) - len(set(r.completion_ids))
+    assert repeats > 0  # the tiny model repeats tokens greedily; no_repeat_ngram_size=1 would forbid that
+
+
+def first_new_token(ids):
+    """A step k >= 2 whose token was not produced before (so making it a stop id stops there)."""
+    return next((i for i in range(2, len(ids)) if ids[i] not in ids[:i]), None)
+
+
+def test_completion_cut_at_first_stop_id(full_handle):
+    model, tok = full_handle.model, full_handle.tokenizer
+    ps = prompts(tok)
+    free = HFBackend({"solver": full_handle}).generate_batch([req("solver", p, 0.0, max_new_tokens=20) for p in ps])
+    assert all(r.finish_reason == "length" and len(r.completion_ids) == 20 for r in free)
+    j = next(j for j, r in enumerate(free) if first_new_token(r.completion_ids) is not None)
+    ids, k = free[j].completion_ids, first_new_token(free[j].completion_ids)
+    others = [i for i in range(len(ps)) if ids[k] not in free[i].completion_ids]
+    assert others  # a row that keeps going, so the batch runs past step k
+
+    model.generation_config.eos_token_id = [tok.eos_token_id, ids[k]]  # make that token a stop id
+    backend = HFBackend({"solver": full_handle})
+    stop, short, other = backend.generate_batch(
+        [req("solver", ps[j], 0.0, max_new_tokens=20), req("solver", ps[j], 0.0, max_new_tokens=k), req("solver", ps[others[0]], 0.0, max_new_tokens=20)]
+    )
+    assert stop.completion_ids == ids[: k + 1]  # cut after the stop id, which is kept
+    assert stop.finish_reason == "stop"
+    assert stop.logprobs == pytest.approx(free[j].logprobs[: k + 1], abs=1e-4)
+    assert stop.text == tok.decode(ids[:k], skip_special_tokens=True)
+    assert short.completion_ids == ids[:k] and short.finish_reason == "length"  # own limit hit before the stop
+    assert len(other.completion_ids) == 20 and other.finish_reason == "length"
+
+
+def test_groups_by_policy_and_sampling_params(full_handle, tiny_model_dir_b, monkeypatch):
+    from mas.agents.policy import load_model_and_tokenizer
+
+    model_b, tok_b = load_model_and_tokenizer(str(tiny_model_dir_b), "float32", "cpu", False)
+    other = PolicyHandle("critic", "frozen", model_b, tok_b, "cpu")
+    backend = build_backend({"solver": full_handle, "critic": other})
+    assert isinstance(backend, HFBackend)
+    calls_a = spy_generate(full_handle.model, monkeypatch)
+    calls_b = spy_generate(model_b, monkeypatch)
+    pa, pb = prompts(full_handle.tokenizer), prompts(tok_b)
+    requests = [
+        req("solver", pa[0], 0.0),
+        req("critic", pb[0], 1.0),
+        req("solver", pa[1], 1.0),
+        req("solver", pa[2], 0.0),
+        req("critic", pb[1], 1.0),
+        req("solver", pa[0], 1.0, top_k=5),
+    ]
+    results = backend.generate_batch(requests)
+    assert len(calls_a) == 3 and len(calls_b) == 1  # solver: greedy, T=1, T=1/top_k=5; critic: one group
+    for r, q in zip(results, requests):
+        model = full_handle.model if q.policy == "solver" else model_b
+        expected, logits = recompute(model, q.prompt_ids, r.completion_ids, q.temperature)
+        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=1e-4, rtol=0)
+        if q.temperature == 0:
+            assert r.completion_ids == logits.argmax(-1)[: len(r.completion_ids)].tolist()
+
+
+def test_lora_generation_uses_the_requests_adapter(lora_handles, monkeypatch):
+    alpha, beta = lora_handles["alpha"], lora_handles["beta"]
+    with torch.no_grad():
+        for p in alpha.trainable_parameters():
+            p.normal_(0, 0.5)  # make alpha's adapter far from the base
+    backend = build_backend(lora_handles)
+    calls = spy_generate(alpha.model, monkeypatch)
+    ps = prompts(alpha.tokenizer)
+    requests = [req("alpha", p, 0.0) for p in ps] + [req("beta", p, 0.0) for p in ps]
+    results = backend.generate_batch(requests)
+    assert len(calls) == 2
+    for r, q in zip(results, requests):
+        h = lora_handles[q.policy]
+        with h.activate():
+            expected, logits = recompute(h.model, q.prompt_ids, r.completion_ids, 1.0)
+        assert r.completion_ids == logits.argmax(-1).tolist()
+        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=1e-4, rtol=0)
+    assert [r.completion_ids for r in results[:3]] != [r.completion_ids for r in results[3:]]
+
+
+def test_sync_weights_restores_eval_and_records_version(full_handle):
+    backend = HFBackend({"solver": full_handle})
+    p = prompts(full_handle.tokenizer)[0]
+    full_handle.model.train()
+    full_handle.mark_updated()
+    with pytest.raises(RuntimeError, match="sync_weights"):
+        backend.generate_batch([req("solver", p)])
+    assert backend.served_versions["solver"] == 0
+    backend.sync_weights("solver")
+    assert not full_handle.model.training and backend.served_versions["solver"] == 1
+    assert len(backend.generate_batch([req("solver", p)])) == 1
+
+
+def test_unknown_policy_is_an_error(full_handle):
+    with pytest.raises(KeyError, match="solver"):
+        HFBackend({"solver": full_handle}).generate_batch([req("nope", [1, 2])])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm installed: the branch would build it")
+def test_vllm_backend_import_error_is_clear(full_handle):
+    full_handle.backend = "vllm"
+    with pytest.raises(ImportError, match="vllm"):
+        build_backend({"solver": full_handle})
+
+
+class EchoBackend:
+    """Answers each request with its own prompt, tagged with the backend's name."""
+
+    def __init__(self, tag):
+        self.tag, self.batches, self.synced = tag, [], []
+
+    def generate_batch(self, requests):
+        self.batches.append([r.policy for r in requests])
+        return [GenResult(r.prompt_ids, [0.0] * len(r.prompt_ids), f"{self.tag}:{r.policy}", "stop") for r in requests]
+
+    def sync_weights(self, policy):
+        self.synced.append(policy)
+
+
+def test_routed_backend_keeps_request_order():
+    hf, vllm = EchoBackend("hf"), EchoBackend("vllm")
+    backend = RoutedBackend({"solver": vllm, "critic": hf, "judge": hf})
+    requests = [req(p, [i]) for i, p in enumerate(["critic", "solver", "judge", "solver", "critic"])]
+    results = backend.generate_batch(requests)
+    assert [r.completion_ids for r in results] == [[0], [1], [2], [3], [4]]
+    assert [r.text for r in results] == ["hf:critic", "vllm:solver", "hf:judge", "vllm:solver", "hf:critic"]
+    assert hf.batches == [["critic", "judge", "critic"]] and vllm.batches == [["solver", "solver"]]
+    backend.sync_weights("solver")
+    assert vllm.synced == ["solver"] and hf.synced == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_lora_generate_batch_on_cuda(tiny_model_dir):
+    from mas.agents.policy import build_policies
+    from mas.config import LoraConfig, PolicyConfig
+
+    cfg = PolicyConfig(kind="lora", model=str(tiny_model_dir), device="cuda", lora=LoraConfig(r=4, alpha=8))
+    handles = build_policies({"alpha": cfg, "beta": cfg})
+    with torch.no_grad():
+        for p in handles["alpha"].trainable_parameters():
+            p.normal_(0, 0.5)
+    assert handles["alpha"].device.type == "cuda"
+    backend = HFBackend(handles)
+    ps = prompts(handles["alpha"].tokenizer)
+    requests = [req(name, p, 0.7, max_new_tokens=12) for name in ("alpha", "beta") for p in ps]
+    for r, q in zip(backend.generate_batch(requests), requests):
+        with handles[q.policy].activate() as model:
+            expected, _ = recompute(model, q.prompt_ids, r.completion_ids, q.temperature)
+        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=1e-3, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generate_batch_on_cuda(tiny_model, tiny_tokenizer):
+    handle = PolicyHandle("solver", "full", tiny_model.to("cuda").eval(), tiny_tokenizer, "cuda")
+    backend = HFBackend({"solver": handle})
+    ps = prompts(tiny_tokenizer)
+    for temperature in (1.0, 0.7, 0.0):
+        results = backend.generate_batch([req("solver", p, temperature, max_new_tokens=16) for p in ps])
+        for r, p in zip(results, ps):
+            expected, logits = recompute(handle.model, p, r.completion_ids, temperature)
+            torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=1e-3, rtol=0)
+            if temperature == 0:
+                assert r.completion_ids == logits.argmax(-1).tolist()

@@ -1,0 +1,185 @@
+"""Test helpers: builders of hand-made episodes and slow pure-Python reference implementations.
+
+The references are loops written straight from the formulas in CREDIT_SPEC §1–2 over the
+nested ``EpisodeGroup -> Episode -> Turn`` structure; they never touch torch.  Their output
+is a flat list in the canonical order of ``mas.types.flatten_turns``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+
+import torch
+
+from mas.types import Episode, EpisodeGroup, Task, Turn
+
+
+# --- builders ---------------------------------------------------------------------------
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to float32, the precision CreditBatch stores rewards in."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def make_turn(agent: str, index: int, *, valid: bool = True, trainable: bool = True, extra: dict | None = None) -> Turn:
+    return Turn(
+        agent=agent,
+        policy=f"{agent}_policy",
+        index=index,
+        parent=None if index == 0 else index - 1,
+        messages=[{"role": "user", "content": "q"}],
+        prompt_ids=[1, 2, 3],
+        completion_ids=[4, 5],
+        logprobs=[-0.1, -0.2],
+        text=f"{agent} says something",
+        valid=valid,
+        trainable=trainable,
+        extra_rewards=dict(extra or {}),
+    )
+
+
+def make_episode(
+    agents: list[str], reward: float, *, group_id: int = 0, sample_id: int = 0, invalid: tuple[int, ...] = (), task: Task | None = None
+) -> Episode:
+    """An episode whose turn t is by ``agents[t]``; turns listed in ``invalid`` failed to parse."""
+    task = task or Task(task_id=f"task{group_id}", prompt="q", answer="a")
+    turns = [make_turn(a, t, valid=t not in invalid) for t, a in enumerate(agents)]
+    return Episode(task=task, group_id=group_id, sample_id=sample_id, seed=sample_id, turns=turns, reward=reward)
+
+
+def make_group(episodes_agents: list[list[str]], rewards: list[float], *, group_id: int = 0, invalid: dict[int, tuple[int, ...]] | None = None) -> EpisodeGroup:
+    """A group: episode i has turns by ``episodes_agents[i]`` and reward ``rewards[i]``."""
+    task = Task(task_id=f"task{group_id}", prompt="q", answer="a")
+    invalid = invalid or {}
+    eps = [
+        make_episode(agents, r, group_id=group_id, sample_id=i, invalid=invalid.get(i, ()), task=task)
+        for i, (agents, r) in enumerate(zip(episodes_agents, rewards))
+    ]
+    return EpisodeGroup(task=task, episodes=eps)
+
+
+def random_groups(
+    seed: int,
+    num_groups: int,
+    group_size: int,
+    max_turns: int,
+    agent_names: list[str],
+    *,
+    ragged_groups: bool = False,
+    min_turns: int = 0,
+    p_invalid: float = 0.3,
+) -> list[EpisodeGroup]:
+    """Random ragged batch: random turns per episode (min_turns..max_turns), a random agent
+    per turn, random validity, and rewards mixing a small discrete set (ties, constant
+    groups) with continuous values.  With ``ragged_groups`` each group has 1..group_size
+    episodes."""
+    rng = random.Random(seed)
+    discrete = rng.random() < 0.5
+    groups = []
+    for b in range(num_groups):
+        task = Task(task_id=f"task{b}", prompt="q", answer="a")
+        size = rng.randint(1, group_size) if ragged_groups else group_size
+        episodes = []
+        for i in range(size):
+            n = rng.randint(min_turns, max_turns)
+            turns = [make_turn(rng.choice(agent_names), t, valid=rng.random() >= p_invalid, trainable=rng.random() < 0.8) for t in range(n)]
+            reward = rng.choice([0.0, 0.1, 0.5, 0.9, 1.0]) if discrete else rng.uniform(-1.0, 2.0)
+            episodes.append(Episode(task=task, group_id=b, sample_id=i, seed=1000 * b + i, turns=turns, reward=f32(reward)))
+        groups.append(EpisodeGroup(task=task, episodes=episodes))
+    return groups
+
+
+# --- reference statistics -----------------------------------------------------------------
+
+
+def ref_mean_std(xs: list[float]) -> tuple[float, float]:
+    """verl's per-group statistics: ddof-1 std; a group of one gets mean 0 and std 1."""
+    if len(xs) == 1:
+        return 0.0, 1.0
+    mu = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
+    return mu, sd
+
+
+def ref_apply(x: float, mu: float, sd: float, scale_by_std: bool, eps: float) -> float:
+    return (x - mu) / (sd + eps) if scale_by_std else x - mu
+
+
+def ref_normalise(kind: str, values: list[float], group_ids: list[int], agent_ids: list[int], scale_by_std: bool = True, eps: float = 1e-6) -> list[float]:
+    """Reference of the four normalisers on flat lists."""
+    if kind == "none":
+        return list(values)
+    if kind == "global":
+        keys = [0] * len(values)
+    elif kind == "group":
+        keys = list(group_ids)
+    elif kind == "agent":
+        keys = list(zip(group_ids, agent_ids))
+    else:
+        raise ValueError(kind)
+    buckets: dict = defaultdict(list)
+    for v, k in zip(values, keys):
+        buckets[k].append(v)
+    stats = {k: ref_mean_std(vs) for k, vs in buckets.items()}
+    return [ref_apply(v, *stats[k], scale_by_std, eps) for v, k in zip(values, keys)]
+
+
+# --- reference credit methods --------------------------------------------------------------
+
+
+def ref_episode_score(ep: Episode, invalid_penalty: float) -> float:
+    """DrMAS 'vanilla GRPO' trajectory score: mean of the per-row rewards R - p*invalid_t."""
+    if not ep.turns:
+        return ep.reward
+    rows = [ep.reward - invalid_penalty * (0.0 if t.valid else 1.0) for t in ep.turns]
+    return sum(rows) / len(rows)
+
+
+def ref_grpo(groups: list[EpisodeGroup], invalid_penalty: float = 0.0, scale_by_std: bool = True, eps: float = 1e-6) -> list[float]:
+    """A_i = (s_i - mean s) / (std s + eps) per group, broadcast to every turn of episode i."""
+    out: list[float] = []
+    for g in groups:
+        scores = [ref_episode_score(ep, invalid_penalty) for ep in g.episodes]
+        mu, sd = ref_mean_std(scores)
+        for ep, s in zip(g.episodes, scores):
+            out += [ref_apply(s, mu, sd, scale_by_std, eps)] * len(ep.turns)
+    return out
+
+
+def ref_dr_grpo(groups: list[EpisodeGroup], invalid_penalty: float = 0.0) -> list[float]:
+    """A_i = s_i - mean s (a group of one keeps s_i: verl's mean 0)."""
+    return ref_grpo(groups, invalid_penalty, scale_by_std=False)
+
+
+def ref_rloo(groups: list[EpisodeGroup], invalid_penalty: float = 0.0) -> list[float]:
+    """A_i = s_i - (1/(G-1)) * sum_{j != i} s_j; 0 for a group of one."""
+    out: list[float] = []
+    for g in groups:
+        scores = [ref_episode_score(ep, invalid_penalty) for ep in g.episodes]
+        G = len(scores)
+        for i, ep in enumerate(g.episodes):
+            if G == 1:
+                a = 0.0
+            else:
+                a = scores[i] - sum(scores[j] for j in range(G) if j != i) / (G - 1)
+            out += [a] * len(ep.turns)
+    return out
+
+
+def ref_dr_mas(groups: list[EpisodeGroup], invalid_penalty: float = 0.1, scale_by_std: bool = True, eps: float = 1e-6) -> list[float]:
+    """CREDIT_SPEC §2.3 pseudo-code: per group, per agent, over all that agent's turns."""
+    adv: dict[tuple[int, int, int], float] = {}
+    for b, g in enumerate(groups):
+        rows: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+        for i, ep in enumerate(g.episodes):
+            for s, turn in enumerate(ep.turns):
+                r = ep.reward - invalid_penalty * (0.0 if turn.valid else 1.0)
+                rows[turn.agent].append((i, s, r))
+        for _agent, lst in rows.items():
+            mu, sd = ref_mean_std([r for *_, r in lst])
+            for i, s, r in lst:
+                adv[(b, i, s)] = ref_apply(r, mu, sd, scale_by_std, eps)
+    return [adv[(b, i, s)] for b, g in enumerate(groups) for i, ep in enumerate(g.episodes) for s in range(len(ep.turns))]

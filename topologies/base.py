@@ -1,0 +1,65 @@
+"""Shared pieces of the topologies: graph state, context access and message formatting.
+
+Every topology compiles to a LangGraph ``StateGraph`` whose nodes are async functions
+``node(state, config)``.  The per-episode ``EpisodeContext`` travels in
+``config["configurable"]["ctx"]``, so one compiled graph serves every episode.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from langgraph.graph.state import CompiledStateGraph
+
+from mas.engine import EpisodeContext, Outcome
+from mas.types import Turn
+
+
+class TeamState(TypedDict, total=False):
+    answer: str | None  # the team's current answer
+    truncated: bool  # a turn bound ended the episode
+    last: int | None  # index of the latest turn
+    step: int  # topology-specific counter (round, loop, position)
+    visits: int  # turns taken so far (graph topology)
+    history: list[dict[str, str]]  # orchestrator's own multi-turn exchange
+    pending: dict[str, Any] | None  # orchestrator's delegation awaiting a specialist
+    node: str  # graph topology: node to run next
+
+
+def ctx_of(config: dict) -> EpisodeContext:
+    return config["configurable"]["ctx"]
+
+
+def visible(turns: list[Turn]) -> list[Turn]:
+    """Turns other agents can read: removed turns leave no message."""
+    return [t for t in turns if t.finish_reason != "removed"]
+
+
+def transcript(turns: list[Turn]) -> str:
+    """``agent: text`` lines of the turns visible to the team, in turn order."""
+    return "\n".join(f"{t.agent}: {t.text.strip()}" for t in visible(sorted(turns, key=lambda t: t.index)))
+
+
+def latest_answer(turns: list[Turn]) -> str | None:
+    """The most recent parsed answer in the episode (verdict-only turns keep the previous one)."""
+    for t in sorted(turns, key=lambda t: t.index, reverse=True):
+        if t.finish_reason != "removed" and t.parsed.get("answer"):
+            return t.parsed["answer"]
+    return None
+
+
+class CompiledTopology:
+    """Runs a compiled StateGraph for one episode and reads the outcome from its final state."""
+
+    def __init__(self, graph: CompiledStateGraph, recursion_limit: int, initial: dict[str, Any] | None = None):
+        self.graph = graph
+        self.recursion_limit = recursion_limit
+        self.initial = {"answer": None, "truncated": False, "last": None, "step": 0, "visits": 0,
+                        "history": [], "pending": None, **(initial or {})}
+
+    async def run(self, ctx: EpisodeContext) -> Outcome:
+        state = await self.graph.ainvoke(
+            dict(self.initial),
+            config={"configurable": {"ctx": ctx}, "recursion_limit": self.recursion_limit},
+        )
+        return Outcome(answer=state.get("answer"), truncated=bool(state.get("truncated")))

@@ -1,0 +1,48 @@
+"""Chain: a fixed sequence of agents, e.g. solver -> verifier -> reviser.
+
+Each agent sees the task and every earlier message of the episode.  With ``loop_to``, a
+REJECT verdict from the last agent of the sequence sends the episode back to ``loop_to``
+(at most ``max_loops`` times), as in the Dr. MAS solver/verifier orchestra.  The team answer
+is the most recent parsed answer (a verifier's ACCEPT keeps the solver's answer).
+"""
+
+from __future__ import annotations
+
+from langgraph.graph import END, START, StateGraph
+
+from mas.config import ChainTopology
+from mas.topologies.base import CompiledTopology, TeamState, ctx_of, latest_answer, transcript
+
+
+def build_chain(cfg: ChainTopology) -> CompiledTopology:
+    seq = list(cfg.sequence)
+
+    def make_node(pos: int, name: str):
+        async def node(state: TeamState, config) -> dict:
+            ctx = ctx_of(config)
+            before = transcript(ctx.episode.turns)
+            user = f"Task: {ctx.task.prompt}" + (f"\n{before}" if before else "")
+            turn = await ctx.call(name, ctx.agents[name].messages(user), parent=state.get("last"))
+            return {"last": turn.index, "answer": latest_answer(ctx.episode.turns),
+                    "step": state["step"] + (1 if pos == len(seq) - 1 else 0)}
+        return node
+
+    g = StateGraph(TeamState)
+    names = [f"{i}:{a}" for i, a in enumerate(seq)]
+    for i, (node_name, agent) in enumerate(zip(names, seq)):
+        g.add_node(node_name, make_node(i, agent))
+    g.add_edge(START, names[0])
+    for a, b in zip(names, names[1:]):
+        g.add_edge(a, b)
+    if cfg.loop_to is None:
+        g.add_edge(names[-1], END)
+    else:
+        target = names[seq.index(cfg.loop_to)]
+
+        def after_last(state: TeamState, config) -> str:
+            last = ctx_of(config).episode.turns[-1]
+            loops_done = state["step"] - 1
+            return target if last.parsed.get("verdict") == "reject" and loops_done < cfg.max_loops else END
+
+        g.add_conditional_edges(names[-1], after_last, [target, END])
+    return CompiledTopology(g.compile(), recursion_limit=len(seq) * (cfg.max_loops + 1) + 10)
