@@ -283,6 +283,11 @@ def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_c
     return lm, tok
 
 
+def _initial_weights_loader(cfg: "PolicyConfig") -> Callable[[], nn.Module]:
+    """Reloads a policy's initial weights (its reference model after an update or a resume)."""
+    return lambda: load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.device, cfg.trust_remote_code)[0]
+
+
 def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[str, PolicyHandle]:
     """Build one ``PolicyHandle`` per entry of the config's ``policies`` section.
 
@@ -313,9 +318,9 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
         full = cfg.kind == "full"
         for p in model.parameters():
             p.requires_grad_(full)
-        source = (lambda cfg=cfg: load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.device, cfg.trust_remote_code)[0]) if full else None
         handles[name] = PolicyHandle(
-            name, cfg.kind, model, tok, resolve_device(cfg.device), backend=cfg.backend, source=source
+            name, cfg.kind, model, tok, resolve_device(cfg.device), backend=cfg.backend,
+            source=_initial_weights_loader(cfg) if full else None,
         )
 
     for names in lora_groups.values():

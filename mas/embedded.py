@@ -61,7 +61,7 @@ class Recipe:
     hidden_size: int = 96
     num_layers: int = 2
     num_heads: int = 4
-    steps: int = 600
+    steps: int = 2000
     batch_size: int = 32
     lr: float = 3e-3
 

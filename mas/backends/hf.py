@@ -108,6 +108,7 @@ class HFBackend:
 
     def __init__(self, policies: dict[str, "PolicyHandle"]):
         self.policies = policies
+        # read once: a completion ends at any of these (model generation_config EOS ids + tokenizer EOS)
         self.stop_ids = {name: completion_stop_ids(h.tokenizer, h.model) for name, h in policies.items()}
         self.served_versions = {name: h.version for name, h in policies.items()}
         self.stats = HFBackendStats()

@@ -243,6 +243,14 @@ def test_missing_local_path_names_policy_and_model(policy_config, tmp_path):
         build_policies({"critic": policy_config("lora", model=missing)})
 
 
+def test_unknown_hub_id_offline_names_policy_and_model(policy_config, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never touch the network
+    with pytest.raises(ModelLoadError, match="'judge'.*'no-such-org/no-such-model'"):
+        build_policies({"judge": policy_config("frozen", model="no-such-org/no-such-model")})
+
+
 def test_missing_pad_token_falls_back_to_eos(tiny_model_dir, tmp_path):
     model, tok = load_model_and_tokenizer(str(tiny_model_dir), "float32", "cpu", False)
     tok.pad_token = None
