@@ -219,6 +219,10 @@ class RunConfig(Section):
         errors: list[tuple[tuple, Any, str]] = []
         names = [a.name for a in self.agents]
         policies = sorted(self.policies)
+        for name, p in self.policies.items():
+            if p.kind == "lora" and ("." in name or "lora_" in name or name in "lora_"):
+                errors.append((("policies", name), name, "a LoRA policy's name is its peft adapter name: "
+                               "it may not contain '.' or 'lora_', nor be part of 'lora_' (e.g. 'a', 'lo')"))
         for i, a in enumerate(self.agents):
             if a.policy not in self.policies:
                 errors.append((("agents", i, "policy"), a.policy, f"unknown policy; valid: {policies}"))

@@ -35,7 +35,8 @@ import torch
 
 from mas.agents.agent import Agent
 from mas.agents.prompts import render_prompt
-from mas.backends.base import GenRequest, GenResult
+from mas.backends.base import GenRequest
+from mas.backends.scripted import ScriptedBackend
 from mas.config import OrchestratorTopology, SamplingConfig
 from mas.agents.parsers import PARSERS
 
@@ -52,6 +53,7 @@ SPECIALIST_FOR = {"+": "adder", "-": "subtractor"}
 
 @dataclass(frozen=True)
 class Recipe:
+    version: int = 1  # bump when the recipe code changes, so stale caches are not reused
     seed: int = 0
     tasks: int = 2000  # teacher episodes
     p_direct: float = 0.6  # teacher answers at once instead of delegating
@@ -82,18 +84,18 @@ def _compute(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b
 
 
-class TeacherBackend:
-    """A Backend whose 'model' is the scripted quickstart team (text in, ideal text out)."""
+class Teacher:
+    """The scripted quickstart team: maps a request (agent + messages) to the ideal reply."""
 
-    def __init__(self, tokenizer, p_direct: float, seed: int):
-        self.tokenizer = tokenizer
+    def __init__(self, p_direct: float, seed: int):
         self.p_direct = p_direct
         self.rng = random.Random(seed)
-        self.direct: dict[str, bool] = {}
 
-    def _orchestrator(self, messages: list[dict[str, str]]) -> str:
-        task = messages[1]["content"].removeprefix("Task: ")
-        steps = _parse_chain(task)
+    def __call__(self, req: GenRequest) -> str:
+        messages = req.messages or []
+        if req.agent != "orchestrator":
+            return f"ANSWER: {_parse_chain(messages[-1]['content'])[0][3]}"
+        steps = _parse_chain(messages[1]["content"].removeprefix("Task: "))
         done = sum(1 for m in messages if m["role"] == "assistant")
         if done == 0 and self.rng.random() < self.p_direct:
             return f"ANSWER: {steps[-1][3]}"
@@ -101,21 +103,6 @@ class TeacherBackend:
             return f"ANSWER: {steps[-1][3]}"
         a, op, b, _ = steps[done]
         return f"CALL {SPECIALIST_FOR[op]}: {a}{op}{b}"
-
-    def _specialist(self, messages: list[dict[str, str]]) -> str:
-        a, op, b, r = _parse_chain(messages[-1]["content"])[0]
-        return f"ANSWER: {r}"
-
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
-        out = []
-        for req in requests:
-            text = self._orchestrator(req.messages) if req.agent == "orchestrator" else self._specialist(req.messages)
-            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-            out.append(GenResult(completion_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="stop"))
-        return out
-
-    def sync_weights(self, policy: str) -> None:
-        pass
 
 
 def _parse_chain(expr: str) -> list[tuple[int, str, int, int]]:
@@ -150,7 +137,7 @@ def teacher_transcripts(recipe: Recipe, tokenizer) -> list[tuple[list[dict[str, 
     topo = build_topology(OrchestratorTopology(kind="orchestrator", orchestrator="orchestrator",
                                                specialists=("adder", "subtractor"), max_turns=2 * recipe.num_ops + 2))
     engine = Engine(topo, agents, {"teacher": tokenizer}, {"teacher": False},
-                    TeacherBackend(tokenizer, recipe.p_direct, recipe.seed), env.score)
+                    ScriptedBackend(Teacher(recipe.p_direct, recipe.seed), {"teacher": tokenizer}), env.score)
     groups = engine.rollout(env.sample_tasks(recipe.tasks), group_size=1, seed=recipe.seed)
     episodes = [g.episodes[0] for g in groups]
     bad = [ep for ep in episodes if ep.reward != 1.0]

@@ -135,9 +135,12 @@ class Batcher:
             self.requests += len(batch)
             try:
                 results = self.backend.generate_batch([req for _, req, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - every waiting episode fails and is marked
-                for _, _, fut in batch:
-                    fut.set_exception(exc)
+            except Exception:  # noqa: BLE001 - isolate the bad request(s): one at a time
+                for _, req, fut in batch:
+                    try:
+                        fut.set_result(self.backend.generate_batch([req])[0])
+                    except Exception as exc:  # noqa: BLE001 - that episode fails and is marked
+                        fut.set_exception(exc)
             else:
                 for (_, _, fut), res in zip(batch, results):
                     fut.set_result(res)

@@ -28,7 +28,7 @@ def build_chain(cfg: ChainTopology) -> CompiledTopology:
         return node
 
     g = StateGraph(TeamState)
-    names = [f"{i}:{a}" for i, a in enumerate(seq)]
+    names = [f"{i}_{a}" for i, a in enumerate(seq)]
     for i, (node_name, agent) in enumerate(zip(names, seq)):
         g.add_node(node_name, make_node(i, agent))
     g.add_edge(START, names[0])

@@ -1,0 +1,35 @@
+"""A backend whose 'model' is a Python function of the request: scripted agents.
+
+Used for the embedded model's teacher transcripts, for tests of topologies and credit that
+need exact control of what each agent says, and for benchmarks with known ground truth.
+The text is tokenised with the policy's tokenizer and ends with its EOS token, so turns
+look exactly like sampled ones (logprobs are 0: a script is deterministic).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from mas.backends.base import GenRequest, GenResult
+
+
+class ScriptedBackend:
+    def __init__(self, respond: Callable[[GenRequest], str], tokenizers: dict[str, Any]):
+        self.respond = respond
+        self.tokenizers = tokenizers  # policy name -> tokenizer
+        self.calls = 0
+        self.requests = 0
+
+    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+        self.calls += 1
+        self.requests += len(requests)
+        out = []
+        for req in requests:
+            text = self.respond(req)
+            tok = self.tokenizers[req.policy]
+            ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+            out.append(GenResult(completion_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="stop"))
+        return out
+
+    def sync_weights(self, policy: str) -> None:
+        """Nothing to sync: a script has no weights."""

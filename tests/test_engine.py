@@ -1,0 +1,158 @@
+"""Rollout engine: batching, replay, intervention and failed episodes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import team_config
+
+from mas.agents.agent import build_agents
+from mas.backends.scripted import ScriptedBackend
+from mas.config import validate_config
+from mas.engine import MASK_TEXT, Engine
+from mas.team import build_team
+from mas.topologies import build_topology
+from mas.types import InterventionRequest, ReplayRequest, Task
+
+TASKS = [Task(f"t{i}", f"{i}+1", str(i + 1)) for i in range(3)]
+
+
+def scripted_engine(cfg: dict, respond, tokenizer, score=lambda ep: float(ep.answer == ep.task.answer)):
+    run = validate_config(cfg)
+    backend = ScriptedBackend(respond, {p: tokenizer for p in run.policies})
+    engine = Engine(build_topology(run.topology), build_agents(run), {p: tokenizer for p in run.policies},
+                    {p: True for p in run.policies}, backend, score)
+    return engine, backend
+
+
+def chain_respond(req):
+    if req.agent == "lead":
+        return f"ANSWER: {req.messages[-1]['content'].split('Task: ')[1].split()[0]}"
+    if req.agent == "helper":
+        return "ANSWER: 7"
+    return "ACCEPT"
+
+
+# --- batching ---------------------------------------------------------------------------------
+
+
+def test_concurrent_episodes_share_one_backend_call_per_turn(tiny_tokenizer):
+    """6 orchestrator episodes x (lead, helper, lead) = 3 rounds of batched calls, not 18."""
+
+    def respond(req):
+        if req.agent == "lead":
+            return "ANSWER: 2" if len(req.messages) > 2 else "CALL helper: 1+1"
+        return "ANSWER: 2"
+
+    engine, backend = scripted_engine(team_config("m", "orchestrator"), respond, tiny_tokenizer)
+    groups = engine.rollout(TASKS[:2], group_size=3, seed=0)
+    assert backend.calls == 3 and backend.requests == 18
+    for ep in (e for g in groups for e in g.episodes):
+        assert [t.agent for t in ep.turns] == ["lead", "helper", "lead"]
+        assert ep.turns[1].parent == 0 and ep.answer == "2" and ep.status == "ok"
+
+
+def test_hf_backend_batches_concurrent_requests_into_one_generate_per_policy(tiny_model_dir, monkeypatch):
+    team = build_team(validate_config(team_config(tiny_model_dir, "debate")))
+    calls = []
+    for name, policy in team.policies.items():
+        orig = policy.model.generate
+
+        def counted(*a, _orig=orig, _name=name, **kw):
+            calls.append((_name, kw["input_ids"].shape[0]))
+            return _orig(*a, **kw)
+
+        monkeypatch.setattr(policy.model, "generate", counted)
+    team.engine.rollout(TASKS[:2], group_size=3, seed=0)
+    # 2 rounds; per round: one call for 'main' (lead+helper x 6 episodes), one for 'judge' (checker x 6)
+    assert sorted(calls) == [("judge", 6), ("judge", 6), ("main", 12), ("main", 12)]
+
+
+# --- replay -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topology,freeze", [("chain", 2), ("debate", 3), ("orchestrator", 1)])
+def test_replay_reuses_frozen_turns_exactly_and_resamples_after(tiny_model_dir, topology, freeze):
+    team = build_team(validate_config(team_config(tiny_model_dir, topology)))
+    src = team.engine.rollout(TASKS[:1], group_size=1, seed=0)[0].episodes[0]
+    assert len(src.turns) > freeze
+    res = team.engine.execute([ReplayRequest("r", src, freeze_upto=freeze, num_samples=4)], seed=123)["r"]
+    assert len(res) == 4
+    changed_after = 0
+    for ep in res:
+        assert ep.status != "error", ep.error
+        for t, s in zip(ep.turns[:freeze], src.turns[:freeze]):
+            assert t.replayed and not t.trainable
+            assert t.prompt_ids == s.prompt_ids and t.completion_ids == s.completion_ids and t.text == s.text
+        t = ep.turns[freeze]
+        assert not t.replayed and t.agent == src.turns[freeze].agent
+        changed_after += t.completion_ids != src.turns[freeze].completion_ids
+    assert changed_after >= 3  # a random model at T=1 resamples: (almost) all differ from the source
+
+
+def test_replay_of_a_tampered_episode_is_detected_and_marked(tiny_tokenizer):
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
+    src = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    src.turns[1].prompt_ids = src.turns[1].prompt_ids[:-1]  # no longer what the topology renders
+    ep = engine.execute([ReplayRequest("r", src, freeze_upto=2)], seed=0)["r"][0]
+    assert ep.status == "error" and "ReplayDivergence" in ep.error and ep.reward == 0.0
+
+
+# --- intervention -----------------------------------------------------------------------------
+
+
+def test_mask_replaces_the_agents_message_and_keeps_the_others(tiny_tokenizer):
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
+    src = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    assert [t.text for t in src.turns] == ["ANSWER: 0+1", "ANSWER: 7", "ACCEPT"]
+    out = engine.execute([InterventionRequest("m", src, agents=("helper",), mode="mask")], seed=0)["m"][0]
+    helper, checker = out.turns[1], out.turns[2]
+    assert helper.text == MASK_TEXT and helper.finish_reason == "masked" and not helper.trainable
+    assert f"helper: {MASK_TEXT}" in checker.messages[-1]["content"]
+    assert checker.replayed and checker.text == "ACCEPT"  # keep_others reuses the realised output
+    assert out.turns[0].replayed and out.answer == "0+1"
+
+
+def test_remove_drops_the_message_from_what_others_see(tiny_tokenizer):
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
+    src = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    out = engine.execute([InterventionRequest("x", src, agents=("helper",), mode="remove", keep_others=False)], seed=0)["x"][0]
+    assert out.turns[1].finish_reason == "removed" and out.turns[1].text == ""
+    assert "helper" not in out.turns[2].messages[-1]["content"]
+    assert not out.turns[2].replayed  # sampled afresh without keep_others
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+
+def test_failed_episode_is_marked_scored_zero_and_the_rest_go_on(tiny_tokenizer):
+    def respond(req):
+        if "Task: 1+1" in req.messages[-1]["content"] and req.agent == "lead":
+            raise RuntimeError("backend exploded")
+        return chain_respond(req)
+
+    engine, _ = scripted_engine(team_config("m", "chain"), respond, tiny_tokenizer, score=lambda ep: 1.0)
+    groups = engine.rollout(TASKS[:3], 2, seed=0)
+    status = {(g.task.task_id, e.sample_id): (e.status, e.reward) for g in groups for e in g.episodes}
+    assert status[("t1", 0)] == ("error", 0.0) and status[("t1", 1)] == ("error", 0.0)
+    assert status[("t0", 0)] == ("ok", 1.0) and status[("t2", 1)] == ("ok", 1.0)
+    assert "backend exploded" in groups[1].episodes[0].error
+
+
+def test_scorer_crash_marks_the_episode(tiny_tokenizer):
+    def score(ep):
+        raise ValueError("bad answer format")
+
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer, score=score)
+    ep = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    assert ep.status == "error" and "bad answer format" in ep.error and ep.reward == 0.0
+
+
+def test_rollout_is_deterministic_for_a_seed(tiny_model_dir):
+    team = build_team(validate_config(team_config(tiny_model_dir, "debate")))
+    a = team.engine.rollout(TASKS[:2], 2, seed=5)
+    b = team.engine.rollout(TASKS[:2], 2, seed=5)
+    c = team.engine.rollout(TASKS[:2], 2, seed=6)
+    ids = lambda gs: [t.completion_ids for g in gs for e in g.episodes for t in e.turns]
+    assert ids(a) == ids(b) and ids(a) != ids(c)
+    assert torch.get_num_threads() >= 1
