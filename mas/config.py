@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from mas.credit import credit_config_union
 from mas.envs import ENV_CONFIGS
@@ -302,16 +302,22 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
         # drop the union tag pydantic inserts for discriminated unions (e.g. credit.dr_mas.eps)
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and _is_tag(data, e["loc"], p)))
         msg = e["msg"]
+        found = e.get("input")
         if e["type"] == "extra_forbidden":
-            parent = _lookup(data, loc[:-1])
-            valid = _valid_keys_at(loc[:-1], parent)
+            valid = _valid_keys_at(data, loc[:-1])
             msg = f"unknown key{'; valid: ' + str(valid) if valid else ''}"
         elif e["type"] == "literal_error" and "expected" in ctx:
             msg = f"invalid value; valid: {ctx['expected']}"
-        elif e["type"] == "union_tag_invalid":
-            msg = f"unknown {ctx.get('discriminator', 'tag').strip(chr(39))}; valid: {ctx.get('expected_tags')}"
-            loc = loc + (ctx.get("discriminator", "").strip("'"),)
-        lines.append(f"{_path(loc)}: {msg} (found {e.get('input')!r})" if e["type"] != "missing" else f"{_path(loc)}: missing required field")
+        elif e["type"] == "union_tag_invalid":  # found: the bad tag, not the whole section
+            tag = ctx.get("discriminator", "tag").strip("'")
+            msg = f"unknown {tag}; valid: {ctx.get('expected_tags')}"
+            loc, found = loc + (tag,), ctx.get("tag", found)
+        elif e["type"] == "union_tag_not_found":  # e.g. credit without 'method'
+            tag = ctx.get("discriminator", "tag").strip("'")
+            tags = _union_tags(data, loc, tag)
+            lines.append(f"{_path(loc + (tag,))}: missing required field{'; valid: ' + tags if tags else ''}")
+            continue
+        lines.append(f"{_path(loc)}: {msg} (found {found!r})" if e["type"] != "missing" else f"{_path(loc)}: missing required field")
     return lines
 
 
@@ -332,31 +338,55 @@ def _lookup(data: Any, loc: tuple) -> Any:
     return cur
 
 
-def _valid_keys_at(loc: tuple, parent: Any) -> list[str]:
-    """Field names of the model that sits at ``loc`` in a RunConfig."""
-    model: Any = RunConfig
-    try:
-        for p in loc:
-            if isinstance(p, int) or (isinstance(model, type) and model is dict):
-                continue
-            ann = model.model_fields[p].annotation
-            model = _model_in(ann, parent)
-    except (KeyError, AttributeError):
+def _annotation_at(data: dict, loc: tuple) -> Any:
+    """The type annotation of the value at YAML path ``loc`` in a RunConfig (None if unknown).
+
+    Walks the models field by field; a dict or tuple annotation consumes one path part (a
+    policy name, a list index) and goes on with its value type; a discriminated union is
+    resolved by the tag found in the data at that point.
+    """
+    ann: Any = RunConfig
+    for k, part in enumerate(loc):
+        if get_origin(ann) in (dict, tuple, list):
+            args = [a for a in get_args(ann) if a is not Ellipsis]
+            if not args:
+                return None
+            ann = args[-1]
+            continue
+        model = _model_in(ann, _lookup(data, loc[:k]))
+        if model is None:
+            return None
+        fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+        if part not in fields:
+            return None
+        ann = fields[part].annotation
+    return ann
+
+
+def _valid_keys_at(data: dict, loc: tuple) -> list[str]:
+    """Field names (YAML keys) of the model that sits at ``loc`` in a RunConfig."""
+    model = _model_in(_annotation_at(data, loc), _lookup(data, loc))
+    if model is None:
         return []
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return sorted((f.alias or n) for n, f in model.model_fields.items())
-    return []
+    return sorted((f.alias or n) for n, f in model.model_fields.items())
+
+
+def _union_tags(data: dict, loc: tuple, tag: str) -> str:
+    """The valid values of discriminator ``tag`` of the union at ``loc``, quoted as pydantic does."""
+    out: list[str] = []
+    for m in get_args(_annotation_at(data, loc)):
+        f = getattr(m, "model_fields", {}).get(tag)
+        out += [repr(v) for v in get_args(f.annotation)] if f is not None else []
+    return ", ".join(out)
 
 
 def _model_in(ann: Any, parent: Any) -> Any:
     """Resolve an annotation to the BaseModel it holds (unwrapping Optional, tuple, dict, unions)."""
-    from typing import get_args, get_origin
-
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         return ann
     args = [a for a in get_args(ann) if a is not type(None)]
-    if get_origin(ann) is dict and args:
-        return _model_in(args[-1], parent)
+    if get_origin(ann) in (dict, tuple, list) and args:
+        return _model_in(args[-1] if args[-1] is not Ellipsis else args[0], parent)
     models = [m for a in args for m in [_model_in(a, parent)] if isinstance(m, type) and issubclass(m, BaseModel)]
     if len(models) == 1:
         return models[0]
@@ -377,13 +407,22 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError("overrides", [f"{item!r}: expected key.sub=value"])
         key, raw = item.split("=", 1)
         parts = key.split(".")
+        if not all(parts):
+            raise ConfigError("overrides", [f"{item!r}: empty key part; expected key.sub=value"])
         cur: Any = data
-        for p in parts[:-1]:
+        for i, p in enumerate(parts[:-1]):
             if isinstance(cur, list):
                 cur = cur[_list_index(cur, p, key)]
-            else:
+            elif isinstance(cur, dict):
                 cur = cur.setdefault(p, {})
-        value = yaml.safe_load(raw)
+            else:
+                raise ConfigError("overrides", [f"{key}: {'.'.join(parts[:i])} is {cur!r}, not a section or list"])
+        if not isinstance(cur, (dict, list)):
+            raise ConfigError("overrides", [f"{key}: {'.'.join(parts[:-1])} is {cur!r}, not a section or list"])
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError("overrides", [f"{key}: value {raw!r} is not valid YAML ({getattr(e, 'problem', None) or e})"]) from None
         if isinstance(cur, list):
             cur[_list_index(cur, parts[-1], key)] = value
         else:
@@ -394,6 +433,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def _list_index(items: list, part: str, key: str) -> int:
     """A list element is addressed by its position or, for named entries (agents), by name."""
     if part.isdigit():
+        if int(part) >= len(items):
+            raise ConfigError("overrides", [f"{key}: index {part} out of range; the list has {len(items)} entries"])
         return int(part)
     for i, it in enumerate(items):
         if isinstance(it, dict) and it.get("name") == part:
@@ -407,7 +448,49 @@ def validate_config(data: dict, source: str = "<config>") -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(source, _format_pydantic(err, data)) from None
+        lines = _format_pydantic(err, data)
+        cross = any(isinstance((e.get("ctx") or {}).get("error"), CrossFieldErrors) for e in err.errors(include_url=False))
+        if not cross:
+            lines += [f"{_path(p)}: {m} (found {v!r})" for p, v, m in _partial_cross_ref_errors(data)]
+        raise ConfigError(source, lines) from None
+
+
+def _partial_cross_ref_errors(data: dict) -> list[tuple[tuple, Any, str]]:
+    """Cross-reference errors (RunConfig._cross_refs) of a config that also has field errors.
+
+    pydantic runs the after-validator only when every field is valid, so a config with a
+    misspelled key and an agent naming an undefined policy would report only the first.
+    Here the references are checked on what can be read of the sections; an entry that does
+    not validate takes part with only its name/policy (its own errors are reported already).
+    """
+    raw_policies, raw_agents = data.get("policies"), data.get("agents")
+    if not isinstance(raw_policies, dict) or not isinstance(raw_agents, list):
+        return []
+    policies: dict[str, Any] = {}
+    for name, raw in raw_policies.items():
+        try:
+            policies[name] = PolicyConfig.model_validate(raw)
+        except ValidationError:
+            policies[name] = PolicyConfig.model_construct(kind=None)
+    agents, named = [], True
+    for raw in raw_agents:
+        raw = raw if isinstance(raw, dict) else {}
+        name, policy = raw.get("name"), raw.get("policy")
+        named = named and isinstance(name, str)
+        agents.append(AgentConfig.model_construct(name=name if isinstance(name, str) else None,
+                                                  policy=policy if isinstance(policy, str) else None))
+    topology = None
+    if named:  # the topology's agent references need every agent's name
+        try:
+            topology = TypeAdapter(RunConfig.model_fields["topology"].annotation).validate_python(data.get("topology"))
+        except ValidationError:
+            pass  # its own errors are reported already
+    partial = RunConfig.model_construct(policies=policies, agents=tuple(agents), topology=topology)
+    try:
+        partial._cross_refs()
+    except CrossFieldErrors as e:  # entries without a name or policy were reported as missing
+        return [(p, v, m) for p, v, m in e.errors if not (p[:1] == ("agents",) and v is None)]
+    return []
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
@@ -416,6 +499,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(str(path), ["file not found"]) from None
+    except (OSError, UnicodeDecodeError) as e:  # a directory, no permission, a binary file
+        raise ConfigError(str(path), [f"cannot read: {getattr(e, 'strerror', None) or e}"]) from None
     except yaml.YAMLError as e:
         raise ConfigError(str(path), [f"YAML syntax: {e}"]) from None
     return validate_config(apply_overrides(data or {}, overrides or []), str(path))

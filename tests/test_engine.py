@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import team_config
+from team_helpers import team_config
 
 from mas.agents.agent import build_agents
 from mas.backends.scripted import ScriptedBackend

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import TOPOLOGIES, team_config
+from team_helpers import TOPOLOGIES, team_config
 from test_engine import scripted_engine
 
 from mas.types import Task

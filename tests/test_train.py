@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import team_config, varied_reward
+from team_helpers import team_config, varied_reward
 
 from mas.config import validate_config
 from mas.team import build_team
