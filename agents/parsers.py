@@ -18,8 +18,9 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-_ANSWER = re.compile(r"ANSWER\s*:\s*(.+)", re.IGNORECASE)
-_CALL = re.compile(r"CALL\s+([A-Za-z_][\w-]*)\s*:\s*(.+)", re.IGNORECASE | re.DOTALL)
+# \b: the markers are words ("Recall that: ..." is no CALL); the subtask starts on the CALL line
+_ANSWER = re.compile(r"\bANSWER\s*:\s*(.+)", re.IGNORECASE)
+_CALL = re.compile(r"\bCALL\s+([A-Za-z_][\w-]*)\s*:[ \t]*(\S.*)", re.IGNORECASE | re.DOTALL)
 _VERDICT = re.compile(r"\b(ACCEPT|REJECT)\b", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -27,8 +28,17 @@ Parsed = tuple[dict[str, Any], bool]
 
 
 def _answer_marker(text: str) -> str | None:
+    """The first line after the first ANSWER marker; "" for a marker with only blanks after it."""
     m = _ANSWER.search(text)
-    return m.group(1).strip().splitlines()[0].strip() if m else None
+    if m is None:
+        return None
+    lines = m.group(1).strip().splitlines()  # [] for "ANSWER:  " (the old [0] raised IndexError)
+    return lines[0].strip() if lines else ""
+
+
+def _answer_start(text: str) -> int | None:
+    m = _ANSWER.search(text)
+    return m.start() if m else None
 
 
 def parse_answer(text: str) -> Parsed:
@@ -44,7 +54,7 @@ def parse_answer(text: str) -> Parsed:
 def parse_orchestrator(text: str) -> Parsed:
     call = _CALL.search(text)
     ans = _answer_marker(text)
-    if call and (ans is None or call.start() < text.upper().find("ANSWER")):
+    if call and (ans is None or call.start() < _answer_start(text)):  # the first marker wins
         subtask = call.group(2).strip()
         if subtask:
             return {"call": call.group(1), "subtask": subtask, "label": "call"}, True

@@ -60,7 +60,10 @@ def train_step(team: Team, step: int) -> StepResult:
     batch = build_credit_batch(groups, list(team.agents))
     requests = plan_credit(groups, cfg.credit)
     results = team.engine.execute(requests, seed=seed + 1) if requests else None
-    credit = run_credit(batch, cfg.credit, results)
+    try:
+        credit = run_credit(batch, cfg.credit, results)
+    except FloatingPointError as e:  # name the step too (the method names the agents)
+        raise FloatingPointError(f"step {step}: {e}") from e
     timings["credit"] = time.perf_counter() - t0
 
     # 3. update: each trainable policy learns from its own turns only

@@ -1,0 +1,63 @@
+"""`mas train`, `mas train --resume` and `mas eval` through the command line entry point."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from team_helpers import team_config
+
+from mas.cli import main
+
+
+def write_config(tmp_path, model_dir, **sections):
+    cfg = team_config(model_dir, "orchestrator", **sections)
+    path = tmp_path / "team.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_train_writes_a_complete_run_directory(tmp_path, tiny_model_dir, capsys):
+    cfg = write_config(tmp_path, tiny_model_dir)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=2", "trainer.eval_size=4", "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "held-out team accuracy: before" in out and str(run) in out
+    resolved = yaml.safe_load((run / "config.yaml").read_text())
+    assert resolved["trainer"]["steps"] == 2 and resolved["policies"]["main"]["optim"]["micro_batch_size"] == 4
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "step" in r]
+    assert [r["step"] for r in steps] == [0, 1] and {r["eval"] for r in rows if "eval" in r} == {"before", "after"}
+    m = steps[0]
+    assert set(m["agents"]["lead"]) >= {"reward", "advantage", "turns", "invalid", "completion_tokens"}
+    assert set(m["policies"]["main"]) >= {"loss", "kl", "grad_norm", "clip_frac", "lr", "tokens"}
+    assert set(m["time"]) == {"rollout", "credit", "update", "sync"} and m["tokens"] > 0
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    assert episodes and all("credit" in t and "text" in t for t in episodes[0]["turns"])
+    ckpt = run / "checkpoints" / "step_000001" / "policies" / "main"
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "tokenizer.json").exists()
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary) == {"eval_before", "eval_after"}
+
+    assert main(["eval", str(cfg), "--checkpoint", str(run), "--size", "3"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["episodes"] == 3 and 0.0 <= result["accuracy"] <= 1.0
+
+
+def test_resume_continues_from_the_last_checkpoint(tmp_path, tiny_model_dir):
+    cfg = write_config(tmp_path, tiny_model_dir)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=4", "--run-dir", str(run), "--stop-after", "2"]) == 0
+    assert (run / "checkpoints" / "latest").read_text() == "step_000001"
+    assert main(["train", "--resume", str(run)]) == 0
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
+    assert (run / "checkpoints" / "latest").read_text() == "step_000003"
+
+
+def test_train_reports_config_errors_without_a_traceback(tmp_path, tiny_model_dir, capsys):
+    cfg = write_config(tmp_path, tiny_model_dir)
+    assert main(["train", str(cfg), "trainer.stepz=3"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.stepz" in err and "steps" in err
+    assert main(["train", "--resume", str(tmp_path / "nowhere")]) == 2
