@@ -8,6 +8,10 @@ import os
 import sys
 from pathlib import Path
 
+# MKL's default code paths may depend on memory alignment, so two identical CPU runs can differ
+# in the last bits; conditional numerical reproducibility removes that (set before torch loads).
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
 from mas.config import ConfigError, RunConfig, dump_config, load_config
 
 

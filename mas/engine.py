@@ -91,16 +91,18 @@ class Script:
 class Batcher:
     """Collects requests from concurrently running episodes and serves them in batches.
 
-    A batch is flushed once every running episode is waiting on at least one request (then a
-    few more loop iterations let sibling requests of the same episode arrive), or after
-    ``max_wait_yields`` loop iterations if some episode is busy with something else.
+    A batch is flushed once every running episode is waiting on at least one request; a few
+    more loop iterations then let sibling requests of the same episode (concurrent calls in
+    one node) arrive.  The rule depends only on which episodes are waiting, never on timing,
+    so batches, and with them the sampled tokens, are the same in every run.  (Topology code
+    must therefore stay on the event loop: LangGraph runs sync node and routing functions in a
+    thread pool, so every topology function is async.)
     """
 
-    def __init__(self, backend: Backend, seed: int, settle_yields: int = 4, max_wait_yields: int = 1000):
+    def __init__(self, backend: Backend, seed: int, settle_yields: int = 4):
         self.backend = backend
         self.seed = seed
         self.settle_yields = settle_yields
-        self.max_wait_yields = max_wait_yields
         self.active: set[int] = set()  # episode keys still running
         self._pending: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []
         self._wake = asyncio.Event()
@@ -113,21 +115,21 @@ class Batcher:
         self._wake.set()
         return await fut
 
+    def finished(self, key: int) -> None:
+        self.active.discard(key)
+        self._wake.set()
+
     def _all_waiting(self) -> bool:
-        return {k[0] for k, _, _ in self._pending} >= self.active
+        return bool(self._pending) and {k[0] for k, _, _ in self._pending} >= self.active
 
     async def serve(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            waited = 0
-            while not self._all_waiting() and waited < self.max_wait_yields:
-                await asyncio.sleep(0)
-                waited += 1
+            if not self._all_waiting():
+                continue
             for _ in range(self.settle_yields):
                 await asyncio.sleep(0)
-            if not self._pending:
-                continue
             batch = sorted(self._pending, key=lambda item: item[0])
             self._pending = []
             torch.manual_seed(self.seed * 1_000_003 + self.batches)
@@ -144,8 +146,6 @@ class Batcher:
             else:
                 for (_, _, fut), res in zip(batch, results):
                     fut.set_result(res)
-            if self._pending:
-                self._wake.set()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,8 +334,7 @@ class Engine:
             ep.error = f"{type(exc).__name__}: {exc}"
             ep.info["traceback"] = traceback.format_exc(limit=5)
         finally:
-            batcher.active.discard(key)
-            batcher._wake.set()
+            batcher.finished(key)
         ep.turns.sort(key=lambda t: t.index)
         if ep.status == "error":
             ep.reward = 0.0

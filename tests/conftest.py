@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # alignment-independent MKL results (see mas/cli.py)
+
 import pytest
 import torch
 

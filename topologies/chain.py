@@ -39,7 +39,7 @@ def build_chain(cfg: ChainTopology) -> CompiledTopology:
     else:
         target = names[seq.index(cfg.loop_to)]
 
-        def after_last(state: TeamState, config) -> str:
+        async def after_last(state: TeamState, config) -> str:
             last = ctx_of(config).episode.turns[-1]
             loops_done = state["step"] - 1
             return target if last.parsed.get("verdict") == "reject" and loops_done < cfg.max_loops else END

@@ -60,6 +60,9 @@ def build_debate(cfg: DebateTopology) -> CompiledTopology:
     g.add_node("round", debate_round)
     g.add_node("aggregate", aggregate)
     g.add_edge(START, "round")
-    g.add_conditional_edges("round", lambda s: "round" if s["step"] < cfg.rounds else "aggregate", ["round", "aggregate"])
+    async def next_round(state: TeamState) -> str:
+        return "round" if state["step"] < cfg.rounds else "aggregate"
+
+    g.add_conditional_edges("round", next_round, ["round", "aggregate"])
     g.add_edge("aggregate", END)
     return CompiledTopology(g.compile(), recursion_limit=2 * cfg.rounds + 10)

@@ -87,6 +87,9 @@ def build_graph(cfg: Any) -> CompiledTopology:
     g = StateGraph(TeamState)
     g.add_node("step", step)
     g.add_edge(START, "step")
-    g.add_conditional_edges("step", lambda s: END if s["node"] == TERMINAL else "step", ["step", END])
+    async def route(state: TeamState) -> str:
+        return END if state["node"] == TERMINAL else "step"
+
+    g.add_conditional_edges("step", route, ["step", END])
     bound = cfg.max_turns or (len(cfg.nodes) + 1)
     return CompiledTopology(g.compile(), recursion_limit=2 * bound + 10, initial={"node": cfg.entry})

@@ -48,12 +48,12 @@ def build_orchestrator(cfg: OrchestratorTopology) -> CompiledTopology:
         return {"history": state["history"] + [{"role": "user", "content": f"{job['agent']}: {reply}"}],
                 "last": turn.index, "pending": None}
 
-    def after_orchestrator(state: TeamState) -> str:
+    async def after_orchestrator(state: TeamState) -> str:
         if state.get("truncated") or state.get("answer") is not None:
             return END
         return "specialist" if state.get("pending") else "orchestrator"
 
-    def after_specialist(state: TeamState) -> str:
+    async def after_specialist(state: TeamState) -> str:
         return END if state.get("truncated") else "orchestrator"
 
     g = StateGraph(TeamState)

@@ -1,0 +1,152 @@
+"""``mas validate``: the resolved config for a good file, every error with its path for a bad one."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mas.cli import main
+from mas.config import validate_config
+
+REPO = Path(__file__).parents[1]
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+
+GOOD: dict = {
+    "team": {"name": "cli-team"},
+    "policies": {"main": {"model": "some/hub-id"}},
+    "agents": [
+        {"name": "orchestrator", "policy": "main", "role": "You delegate.", "parser": "orchestrator"},
+        {"name": "adder", "policy": "main", "role": "You add."},
+    ],
+    "topology": {"kind": "orchestrator", "orchestrator": "orchestrator", "specialists": ["adder"]},
+    "env": {"name": "synthetic_math"},
+    "credit": {"method": "grpo"},
+}
+
+
+def write(tmp_path: Path, name: str, data: dict) -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture()
+def good(tmp_path) -> Path:
+    return write(tmp_path, "good.yaml", GOOD)
+
+
+@pytest.fixture()
+def bad(tmp_path) -> Path:
+    data = copy.deepcopy(GOOD)
+    data["trainer"] = {"stepz": 5}
+    data["credit"] = {"method": "shapley_magic"}
+    data["agents"][1]["policy"] = "ghost"
+    data["policies"]["main"]["optimm"] = {}
+    return write(tmp_path, "bad.yaml", data)
+
+
+BAD_PATHS = ("trainer.stepz", "credit.method", "agents[1].policy", "policies.main.optimm")
+
+
+def test_validate_good_file_prints_the_resolved_config(good, capsys):
+    assert main(["validate", str(good)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert f"# {good}: ok" in out
+    assert "micro_batch_size: 8" in out  # a default the file does not set
+    assert "max_new_tokens: 64" in out
+    assert "clip_high: 0.2" in out
+    resolved = yaml.safe_load(out)  # the header is a comment: the rest is the config as YAML
+    assert resolved["policies"]["main"]["optim"]["micro_batch_size"] == 8
+    assert resolved["trainer"]["steps"] == 10
+    assert resolved["credit"] == {"method": "grpo", "scale_by_std": True, "eps": 1e-6, "invalid_penalty": 0.0}
+    assert validate_config(resolved) == validate_config(copy.deepcopy(GOOD))
+
+
+def test_validate_quickstart_resolved_config(capsys):
+    assert main(["validate", str(QUICKSTART)]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["team"]["name"] == "quickstart"
+    assert resolved["policies"]["planner"]["optim"]["micro_batch_size"] == 64
+    assert resolved["policies"]["planner"]["optim"]["weight_decay"] == 0.0  # default
+
+
+def test_validate_quiet_prints_only_ok(good, capsys):
+    assert main(["validate", "-q", str(good)]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == f"{good}: ok"
+    assert err == ""
+
+
+def test_validate_bad_file_lists_every_error_with_its_path(bad, capsys):
+    status = main(["validate", str(bad)])
+    out, err = capsys.readouterr()
+    assert status != 0
+    assert out == ""
+    assert f"{bad}: {len(BAD_PATHS)} error(s)" in err
+    for path in BAD_PATHS:
+        assert f"  - {path}: " in err, path
+    assert "'shapley_magic'" in err and "'dr_mas'" in err
+    assert "'steps'" in err
+    assert "'ghost'" in err and "'main'" in err
+    assert "Traceback" not in err
+
+
+def test_validate_bad_file_quiet_still_lists_errors(bad, capsys):
+    assert main(["validate", "-q", str(bad)]) != 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    for path in BAD_PATHS:
+        assert f"  - {path}: " in err
+
+
+def test_validate_several_files_reports_each(good, bad, capsys):
+    status = main(["validate", "-q", str(good), str(bad), *map(str, sorted((REPO / "configs").glob("*.yaml")))])
+    out, err = capsys.readouterr()
+    assert status != 0
+    assert f"{good}: ok" in out and f"{bad}: ok" not in out
+    assert str(QUICKSTART) + ": ok" in out
+    assert f"{bad}: {len(BAD_PATHS)} error(s)" in err
+
+
+def test_validate_with_overrides(good, capsys):
+    assert main(["validate", str(good), "--set", "trainer.steps=3", "--set", "agents.adder.sampling.temperature=0.5"]) == 0
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["trainer"]["steps"] == 3
+    assert resolved["agents"][1]["sampling"]["temperature"] == 0.5
+
+
+def test_validate_with_bad_override_value(good, capsys):
+    assert main(["validate", str(good), "--set", "trainer.steps=-1"]) != 0
+    err = capsys.readouterr().err
+    assert "trainer.steps:" in err and "-1" in err
+
+
+def test_validate_with_malformed_override(good, capsys):
+    assert main(["validate", str(good), "--set", "agents.ghost.policy=main"]) != 0
+    err = capsys.readouterr().err
+    assert "ghost" in err and "Traceback" not in err
+
+
+def test_validate_missing_file(tmp_path, capsys):
+    path = tmp_path / "missing.yaml"
+    assert main(["validate", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert str(path) in err and "file not found" in err
+
+
+def test_validate_yaml_syntax_error(tmp_path, capsys):
+    path = tmp_path / "broken.yaml"
+    path.write_text("team: [unclosed\n")
+    assert main(["validate", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert str(path) in err and "YAML syntax" in err
+
+
+def test_validate_needs_a_file(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["validate"])
+    assert info.value.code != 0
