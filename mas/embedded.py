@@ -53,7 +53,7 @@ SPECIALIST_FOR = {"+": "adder", "-": "subtractor"}
 
 @dataclass(frozen=True)
 class Recipe:
-    version: int = 1  # bump when the recipe code changes, so stale caches are not reused
+    version: int = 2  # bump when the recipe code changes, so stale caches are not reused
     seed: int = 0
     tasks: int = 2000  # teacher episodes
     p_direct: float = 0.6  # teacher answers at once instead of delegating
