@@ -17,6 +17,9 @@ from mas.config import ConfigError, RunConfig, dump_config, load_config
 
 def _setup_runtime(cfg: RunConfig) -> None:
     import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bar is the one that matters
 
     if cfg.runtime.num_threads:
         torch.set_num_threads(cfg.runtime.num_threads)

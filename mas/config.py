@@ -182,7 +182,9 @@ class TrainerConfig(Section):
 
 class RuntimeConfig(Section):
     kind: Literal["local"] = Field("local", description="local: one process.")
-    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms and fixed thread count.")
+    deterministic: bool = Field(
+        False, description="torch.use_deterministic_algorithms (CUDA also needs CUBLAS_WORKSPACE_CONFIG, set by mas)."
+    )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None leaves torch's default.")
 
 

@@ -133,10 +133,10 @@ class RunLogger:
                     written += 1
                 pos += n
         if self.bar is not None:
-            self.bar.update(1)
             post = {"team": f"{metrics['reward']['team']:.2f}"}
             post.update({name: f"{a['reward']:.2f}" for name, a in metrics["agents"].items()})
             self.bar.set_postfix(post, refresh=False)
+            self.bar.update(1)
 
     def log_eval(self, name: str, metrics: dict) -> None:
         self._append(self.metrics_path, {"eval": name, **metrics})
