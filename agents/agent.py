@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mas.agents.parsers import PARSERS, Parsed
-from mas.config import AgentConfig, RunConfig, SamplingConfig
+from mas.config import AgentConfig, SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -30,5 +30,5 @@ def build_agent(cfg: AgentConfig, team: str) -> Agent:
     return Agent(name=cfg.name, policy=cfg.policy, role=role, sampling=cfg.sampling, parse=PARSERS[cfg.parser])
 
 
-def build_agents(cfg: RunConfig) -> dict[str, Agent]:
-    return {a.name: build_agent(a, cfg.team.name) for a in cfg.agents}
+def build_agents(agents: tuple[AgentConfig, ...], team: str) -> dict[str, Agent]:
+    return {a.name: build_agent(a, team) for a in agents}

@@ -49,7 +49,13 @@ def resolve_device(device: str) -> torch.device:
     """'auto' -> cuda if available, else cpu; anything else is passed to ``torch.device``."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ModelLoadError(f"device {device!r}: {e}; valid: auto, cpu, cuda, cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r}: CUDA is not available on this machine; use 'auto' or 'cpu'")
+    return dev
 
 
 def _is_adapter_param(name: str, adapter: str) -> bool:
@@ -347,10 +353,13 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
                     bias="none",
                     task_type="CAUSAL_LM",
                 )
-                if peft_model is None:
-                    peft_model = get_peft_model(base, pcfg, adapter_name=name)
-                else:
-                    peft_model.add_adapter(name, pcfg)
+                try:
+                    if peft_model is None:
+                        peft_model = get_peft_model(base, pcfg, adapter_name=name)
+                    else:
+                        peft_model.add_adapter(name, pcfg)
+                except ValueError as e:  # e.g. target_modules that the model does not have
+                    raise ModelLoadError(f"policy {name!r}: cannot add a LoRA adapter to {policies[name].model!r}: {e}") from e
         peft_model.eval()
         for name in names:
             handles[name] = PolicyHandle(

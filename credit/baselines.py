@@ -1,7 +1,14 @@
 """Episode-level baselines: GRPO, Dr. GRPO and RLOO (CREDIT_SPEC §1.1–1.3).
 
-Each method computes one advantage per episode and broadcasts it to every turn of the
-episode, so every agent in a rollout gets the same credit (no per-agent assignment).
+Each method is a credit pipeline: the method computes one raw score per episode and
+broadcasts it to every turn of the episode (``RawScores``); the configured ``normaliser``
+(see ``normalise.py``) turns the scores into advantages.  With each method's default
+normaliser every agent in a rollout gets the same credit (no per-agent assignment):
+
+    method    raw score of episode i (and of each of its turns)        default normaliser
+    grpo      s_i                                                      group, scale_by_std
+    dr_grpo   s_i                                                      group, centring only
+    rloo      s_i − mean_{j≠i} s_j  (the leave-one-out advantage)      none
 
 Trajectory score [C, DrMAS repo "vanilla GRPO"]: each turn (verl row) has the per-row
 reward R_i − invalid_penalty · invalid_t; the episode's score is the mean of its rows'
@@ -9,8 +16,30 @@ rewards, s_i = R_i − invalid_penalty · (fraction of the episode's turns that 
 That average smears a per-turn penalty over the whole rollout.  An episode with no turns
 has s_i = R_i [A] and still counts as one sample of its group.
 
+Other normalisers (YAML ``credit: {method: grpo, normaliser: agent}``):
+  * ``agent`` normalises the broadcast s_i per (task, agent) over that agent's turns; with
+    invalid_penalty = 0 (or no invalid turn) grpo + agent is exactly ``dr_mas`` with the
+    same penalty, because both give every turn the reward R_i.
+  * ``global`` takes one mean/std over all turns of the batch (turn-weighted: a long
+    episode counts once per turn).
+  * ``none`` leaves s_i raw: plain REINFORCE for grpo/dr_grpo.
+Dr. GRPO is defined by not dividing by a std, so ``DrGRPOConfig`` has no ``scale_by_std``
+key: dr_grpo + X is grpo + X with ``scale_by_std=False``.
+RLOO's leave-one-out baseline is part of the method, not a normaliser: its raw score is
+already centred, and its default ``none`` gives the spec formula.  Another normaliser acts
+on the RLOO advantages (``global`` whitens them over the batch, as some RLOO
+implementations optionally do; ``group`` rescales them per task, which for groups of two
+or more episodes gives GRPO's advantage up to eps).
+
 Non-trainable turns (frozen agents, masked turns) get advantages too; the learner drops
 them with ``batch.trainable``.
+
+Breakdown (for reports): ``turn_reward`` [N], ``episode_score`` s_i [E],
+``episode_advantage`` [E] (every turn's advantage, with normaliser group or none),
+``baseline_mean``/``baseline_std``/``baseline_count`` [N] (the normaliser's statistics of the
+turn's segment; for RLOO the leave-one-out mean and the group size instead),
+``norm_mean``/``norm_std``/``norm_count`` [N] (the normaliser's statistics, every method) and,
+for RLOO, ``loo_advantage`` [E] (the raw score before the normaliser).
 
 Shapes: B task groups, G episodes per group (may vary per group), E episodes,
 N flattened turns.
@@ -26,10 +55,9 @@ from pydantic import Field
 from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
-from .normalise import normalise_group, segment_stats
+from .normalise import CreditNormalised, NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field, segment_stats
 from .registry import register_credit
 
-_EPS = "Added to the std before dividing (verl: 1e-6) [C]."
 _PENALTY = (
     "Subtracted from the reward of each turn whose output did not parse (DrMAS "
     "`apply_invalid_action_penalty`; its run scripts use 0.1). The episode score is the mean "
@@ -41,28 +69,40 @@ class GRPOConfig(CreditConfigBase):
     """GRPO (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300), verl flavour."""
 
     method: Literal["grpo"] = Field("grpo", description="Credit method tag.")
-    scale_by_std: bool = Field(True, description="Divide by (group std + eps); False gives Dr. GRPO centring (verl norm_adv_by_std_in_grpo).")
-    eps: float = Field(1e-6, ge=0.0, allow_inf_nan=False, description=_EPS)
+    normaliser: NormaliserName = normaliser_field("group", "GRPO default: group.")
+    scale_by_std: bool = scale_by_std_field("False with group gives Dr. GRPO.")
+    eps: float = eps_field()
     invalid_penalty: float = Field(0.0, allow_inf_nan=False, description=_PENALTY)
 
 
 class DrGRPOConfig(CreditConfigBase):
-    """Dr. GRPO (Liu et al. 2025, arXiv 2503.20783): group centring, no std division."""
+    """Dr. GRPO (Liu et al. 2025, arXiv 2503.20783): centring only, never a std division.
+
+    ``scale_by_std`` is a read-only property (always False), not a YAML key.
+    """
 
     method: Literal["dr_grpo"] = Field("dr_grpo", description="Credit method tag.")
-    eps: float = Field(
-        1e-6, ge=0.0, allow_inf_nan=False, description="Kept so all baselines share a schema; Dr. GRPO does not divide by the std, so it has no effect."
-    )
+    normaliser: NormaliserName = normaliser_field("group", "Dr. GRPO default: group. Dr. GRPO only centres, so this picks which mean is subtracted.")
+    eps: float = eps_field("Kept so all baselines share a schema; Dr. GRPO does not divide by the std, so it has no effect.")
     invalid_penalty: float = Field(0.0, allow_inf_nan=False, description=_PENALTY)
+
+    @property
+    def scale_by_std(self) -> bool:
+        """Always False: Dr. GRPO only centres."""
+        return False
 
 
 class RLOOConfig(CreditConfigBase):
     """RLOO (Kool et al. 2019; Ahmadian et al. 2024, arXiv 2402.14740)."""
 
     method: Literal["rloo"] = Field("rloo", description="Credit method tag.")
-    eps: float = Field(
-        1e-6, ge=0.0, allow_inf_nan=False, description="Kept so all baselines share a schema; RLOO does not divide by a std, so it has no effect."
+    normaliser: NormaliserName = normaliser_field(
+        "none",
+        "RLOO default: none (the leave-one-out baseline is part of the method; another "
+        "normaliser is applied to the RLOO advantages).",
     )
+    scale_by_std: bool = scale_by_std_field("No effect with normaliser none.")
+    eps: float = eps_field("No effect with normaliser none.")
     invalid_penalty: float = Field(0.0, allow_inf_nan=False, description=_PENALTY)
 
 
@@ -88,22 +128,30 @@ def episode_scores(batch: CreditBatch, invalid_penalty: float) -> torch.Tensor:
     return batch.episode_rewards.to(torch.float64) - invalid_penalty * n_invalid / n_turns.clamp(min=1)  # [E]
 
 
-def _grpo(batch: CreditBatch, *, scale_by_std: bool, eps: float, invalid_penalty: float) -> Credit:
+def _breakdown(batch: CreditBatch, norm: CreditNormalised, dtype: torch.dtype, invalid_penalty: float, score: torch.Tensor) -> dict[str, torch.Tensor]:
+    out = {
+        "turn_reward": turn_rewards_with_penalty(batch, invalid_penalty).to(dtype),  # [N]
+        "episode_score": score.to(dtype),  # [E] s_i
+        "norm_mean": norm.mean.to(dtype),  # [N]
+        "norm_std": norm.std.to(dtype),  # [N]
+        "norm_count": norm.count,  # [N]
+    }
+    if norm.episode_values is not None:  # group / none: one advantage per episode
+        out["episode_advantage"] = norm.episode_values.to(dtype)  # [E]
+    return out
+
+
+def _grpo(batch: CreditBatch, cfg: GRPOConfig | DrGRPOConfig) -> Credit:
     dtype = _float_dtype(batch)
-    score = episode_scores(batch, invalid_penalty)  # [E]
-    norm = normalise_group(score, group_ids=batch.episode_group_ids, scale_by_std=scale_by_std, eps=eps)
-    ep = batch.episode_ids  # [N]
-    return Credit(
-        advantages=norm.values[ep].to(dtype),  # [N]
-        breakdown={
-            "turn_reward": turn_rewards_with_penalty(batch, invalid_penalty).to(dtype),  # [N]
-            "episode_score": score.to(dtype),  # [E]
-            "episode_advantage": norm.values.to(dtype),  # [E]
-            "baseline_mean": norm.mean[ep].to(dtype),  # [N]
-            "baseline_std": norm.std[ep].to(dtype),  # [N]
-            "baseline_count": norm.count[ep],  # [N] episodes in the group
-        },
+    score = episode_scores(batch, cfg.invalid_penalty)  # [E]
+    norm = normalise_credit(batch, RawScores(turn=score[batch.episode_ids], episode=score), cfg.normaliser, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
+    breakdown = _breakdown(batch, norm, dtype, cfg.invalid_penalty, score)
+    breakdown.update(
+        baseline_mean=breakdown["norm_mean"],  # [N]
+        baseline_std=breakdown["norm_std"],  # [N]
+        baseline_count=breakdown["norm_count"],  # [N] episodes in the group (group), turns in the segment (agent, global)
     )
+    return Credit(advantages=norm.values.to(dtype), breakdown=breakdown)  # [N]
 
 
 @register_credit("grpo", GRPOConfig)
@@ -116,8 +164,10 @@ def grpo(batch: CreditBatch, cfg: GRPOConfig, results: Results | None = None) ->
     not 0.  s_i is the trajectory score described in the module docstring.
     Deviation [A]: a group of identical scores gives exactly 0 (verl can leave float32
     rounding residue divided by eps).
+    That is the default normaliser (group); ``cfg.normaliser`` swaps the statistics
+    applied to the broadcast s_i (module docstring).
     """
-    return _grpo(batch, scale_by_std=cfg.scale_by_std, eps=cfg.eps, invalid_penalty=cfg.invalid_penalty)
+    return _grpo(batch, cfg)
 
 
 @register_credit("dr_grpo", DrGRPOConfig)
@@ -125,11 +175,27 @@ def dr_grpo(batch: CreditBatch, cfg: DrGRPOConfig, results: Results | None = Non
     """Dr. GRPO advantage A_i = s_i − mean_j s_j (arXiv 2503.20783).
 
     Identical to ``grpo`` with ``scale_by_std=False`` (verl ``norm_adv_by_std_in_grpo=False``,
-    whose docstring cites Dr. GRPO [C]).  A singleton group keeps its raw score (mean 0,
-    verl quirk [C]).  The paper's other change, dropping the 1/|o_i| length normalisation,
-    belongs to loss aggregation, not here.
+    whose docstring cites Dr. GRPO [C]), for every normaliser.  A singleton group keeps its
+    raw score (mean 0, verl quirk [C]).  The paper's other change, dropping the 1/|o_i|
+    length normalisation, belongs to loss aggregation, not here.
     """
-    return _grpo(batch, scale_by_std=False, eps=cfg.eps, invalid_penalty=cfg.invalid_penalty)
+    return _grpo(batch, cfg)
+
+
+def rloo_scores(batch: CreditBatch, invalid_penalty: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RLOO's raw episode score, float64: (advantage, leave-one-out mean, group size, s_i), all [E].
+
+    A_i = s_i − (1/(G−1)) Σ_{j≠i} s_j = G/(G−1) · (s_i − mean_j s_j); 0 for a group of one.
+    """
+    score = episode_scores(batch, invalid_penalty)  # [E]
+    stats = segment_stats(score, batch.episode_group_ids)
+    g = batch.episode_group_ids  # [E]
+    size = stats.count[g]  # [E] G of the episode's group
+    many = size > 1  # [E]
+    factor = torch.where(many, size / (size - 1).clamp(min=1), torch.zeros_like(size, dtype=torch.float64))  # [E]
+    adv = factor * (score - torch.where(many, stats.mean[g], score))  # [E]
+    loo_mean = score - adv  # [E] mean of the other episodes' scores (own score for G = 1)
+    return adv, loo_mean, size, score
 
 
 @register_credit("rloo", RLOOConfig)
@@ -141,24 +207,17 @@ def rloo(batch: CreditBatch, cfg: RLOOConfig, results: Results | None = None) ->
     float64, with the group mean exact for constant groups, so identical scores give 0.
     Group of one episode: A = 0 (there is no other sample to form a baseline) [A].  This
     deviates from verl, which leaves the raw score for a singleton group.
+    A_i is the method's raw score; the default normaliser ``none`` returns it unchanged,
+    another one is applied to it (module docstring).
     """
     dtype = _float_dtype(batch)
-    score = episode_scores(batch, cfg.invalid_penalty)  # [E]
-    stats = segment_stats(score, batch.episode_group_ids)
-    g = batch.episode_group_ids  # [E]
-    size = stats.count[g]  # [E] G of the episode's group
-    many = size > 1  # [E]
-    factor = torch.where(many, size / (size - 1).clamp(min=1), torch.zeros_like(size, dtype=torch.float64))  # [E]
-    adv = factor * (score - torch.where(many, stats.mean[g], score))  # [E]
-    loo_mean = score - adv  # [E] mean of the other episodes' scores (own score for G = 1)
+    adv, loo_mean, size, score = rloo_scores(batch, cfg.invalid_penalty)  # [E] each
     ep = batch.episode_ids  # [N]
-    return Credit(
-        advantages=adv[ep].to(dtype),  # [N]
-        breakdown={
-            "turn_reward": turn_rewards_with_penalty(batch, cfg.invalid_penalty).to(dtype),  # [N]
-            "episode_score": score.to(dtype),  # [E]
-            "episode_advantage": adv.to(dtype),  # [E]
-            "baseline_mean": loo_mean[ep].to(dtype),  # [N] leave-one-out mean
-            "baseline_count": size[ep],  # [N] episodes in the group
-        },
+    norm = normalise_credit(batch, RawScores(turn=adv[ep], episode=adv), cfg.normaliser, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
+    breakdown = _breakdown(batch, norm, dtype, cfg.invalid_penalty, score)
+    breakdown.update(
+        loo_advantage=adv.to(dtype),  # [E] raw score before the normaliser
+        baseline_mean=loo_mean[ep].to(dtype),  # [N] leave-one-out mean
+        baseline_count=size[ep],  # [N] episodes in the group
     )
+    return Credit(advantages=norm.values.to(dtype), breakdown=breakdown)  # [N]

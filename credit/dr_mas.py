@@ -18,8 +18,23 @@ Provenance:
     the run scripts, hence the default here).
   * Deviation [A]: a (task, agent) set of identical rewards gives exactly 0 (statistics in
     float64, see ``normalise.py``); verl can leave float32 rounding residue / ε.
-Non-trainable turns are normalised like the others (the learner drops them).  A frozen
-agent's turns form their own segments, so they never change a trainable agent's credit.
+As a credit pipeline: the method's raw scores are the per-row rewards R^{i,t} (per turn)
+and the DrMAS "vanilla GRPO" trajectory score s_i = mean_t R^{i,t} (per episode, R^i for an
+episode without turns); the normaliser defaults to ``agent``, which is Eq. 5 above.  Other
+normalisers (YAML ``credit: {method: dr_mas, normaliser: global}``):
+  * ``group``  GRPO's trajectory-level statistics over the episodes' s_i, every turn of an
+    episode gets its episode's advantage: exactly ``grpo`` with the same invalid_penalty,
+    scale_by_std and eps (the DrMAS repo's "vanilla GRPO" arm; the row penalty is averaged
+    over the rollout).
+  * ``global`` one mean/std over every turn of the batch, all agents and tasks pooled (the
+    "global step-level normalisation" control arm of DrMAS issue #81).
+  * ``none``   the raw per-row rewards (no baseline).
+Identity: ``grpo`` with normaliser agent equals ``dr_mas`` when invalid_penalty = 0 (or no
+turn is invalid): both then score every turn with R^i.
+
+Non-trainable turns are normalised like the others (the learner drops them).  With the
+agent normaliser a frozen agent's turns form their own segments, so they never change a
+trainable agent's credit.
 
 Shapes: B task groups, E episodes, N flattened turns, K agents.
 """
@@ -34,8 +49,8 @@ from pydantic import Field
 from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
-from .baselines import turn_rewards_with_penalty
-from .normalise import agent_group_key, normalise_segments
+from .baselines import episode_scores, turn_rewards_with_penalty
+from .normalise import NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field
 from .registry import register_credit
 
 
@@ -43,8 +58,9 @@ class DrMasConfig(CreditConfigBase):
     """Dr. MAS agent-wise normalisation (arXiv 2602.08847)."""
 
     method: Literal["dr_mas"] = Field("dr_mas", description="Credit method tag.")
-    scale_by_std: bool = Field(True, description="Divide by (agent std + eps); False gives Dr. GRPO-style agent-wise centring (verl norm_adv_by_std_in_grpo=False) [C].")
-    eps: float = Field(1e-6, ge=0.0, allow_inf_nan=False, description="Added to the std before dividing (verl: 1e-6) [C].")
+    normaliser: NormaliserName = normaliser_field("agent", "Dr. MAS default: agent.")
+    scale_by_std: bool = scale_by_std_field("With agent: Dr. GRPO-style agent-wise centring [C].")
+    eps: float = eps_field()
     invalid_penalty: float = Field(
         0.1, allow_inf_nan=False, description="Subtracted from the reward of each turn whose output did not parse, on that turn only (DrMAS run scripts: 0.1) [C]."
     )
@@ -54,18 +70,27 @@ class DrMasConfig(CreditConfigBase):
 def dr_mas(batch: CreditBatch, cfg: DrMasConfig, results: Results | None = None) -> Credit:
     """A^{i,t} = (R^{i,t} − μ_k) / (σ_k + ε) per (task group, agent k) over all k's turns.
 
-    See the module docstring for the formula, its sources and the one deviation.
+    That is the default normaliser (agent); see the module docstring for the formula, its
+    sources, the one deviation and the other normalisers.  Breakdown: ``turn_reward`` R^{i,t}
+    [N], ``episode_score`` s_i [E], ``baseline_mean``/``baseline_std``/``baseline_count`` [N]
+    (μ, σ and sample count of the turn's segment; also as ``norm_*``), and
+    ``episode_advantage`` [E] with the group normaliser.
     """
     dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
     reward = turn_rewards_with_penalty(batch, cfg.invalid_penalty)  # [N] R^{i,t}
-    key = agent_group_key(batch.group_ids, batch.agent_ids, num_agents=max(len(batch.agent_names), 1))  # [N] group*K + agent
-    norm = normalise_segments(reward, key, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
-    return Credit(
-        advantages=norm.values.to(dtype),  # [N]
-        breakdown={
-            "turn_reward": reward.to(dtype),  # [N]
-            "baseline_mean": norm.mean.to(dtype),  # [N] μ_k of the turn's (task, agent) set
-            "baseline_std": norm.std.to(dtype),  # [N] σ_k of the turn's (task, agent) set
-            "baseline_count": norm.count,  # [N] |Y_k|
-        },
-    )
+    score = episode_scores(batch, cfg.invalid_penalty)  # [E] s_i = mean_t R^{i,t}
+    norm = normalise_credit(batch, RawScores(turn=reward, episode=score), cfg.normaliser, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
+    mean, std = norm.mean.to(dtype), norm.std.to(dtype)  # [N]
+    breakdown = {
+        "turn_reward": reward.to(dtype),  # [N]
+        "episode_score": score.to(dtype),  # [E]
+        "baseline_mean": mean,  # [N] μ of the turn's segment
+        "baseline_std": std,  # [N] σ of the turn's segment
+        "baseline_count": norm.count,  # [N] |Y_k| for agent
+        "norm_mean": mean,  # [N]
+        "norm_std": std,  # [N]
+        "norm_count": norm.count,  # [N]
+    }
+    if cfg.normaliser == "group":
+        breakdown["episode_advantage"] = norm.episode_values.to(dtype)  # [E]
+    return Credit(advantages=norm.values.to(dtype), breakdown=breakdown)  # [N]

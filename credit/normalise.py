@@ -1,20 +1,36 @@
-"""Composable advantage normalisers: pure tensor functions over segment ids.
+"""Normalisers: the second half of a credit pipeline (method + normaliser, named in YAML).
 
-A normaliser maps M values to M normalised values using a mean and a standard deviation
-taken over *segments* of the values (all values sharing a segment id):
+A credit pipeline is ``credit: {method: <name>, normaliser: <none|group|global|agent>}``.
+The *method* computes raw scores (``RawScores``: one per turn [N] and one per episode [E]);
+the *normaliser* turns them into advantages with a mean and a standard deviation taken over
+*segments*.  ``normalise_credit`` is the batch-level entry point every method calls; the
+four levels, precisely (b = task group, i = episode, t = turn, k = agent):
 
-    none    no segments: values are returned unchanged
-    global  one segment holding every value (REINFORCE++-style whitening, or the
-            "global step-level normalisation" control arm of Dr. MAS issue #81)
-    group   one segment per task group (GRPO, arXiv 2402.03300): pass per-episode values
-            [E] with ``episode_group_ids`` to normalise over the G episodes of each task
-    agent   one segment per (task group, agent) pair (Dr. MAS, arXiv 2602.08847): pass
-            per-turn values [N] with ``group_ids`` and ``agent_ids``; an agent invoked
-            several times in an episode contributes one sample per invocation
+    none    no statistics: A^{i,t} = x^{i,t}, the raw per-turn score (centred by nothing;
+            for RLOO the score already carries the leave-one-out baseline).
+    group   GRPO's trajectory level (arXiv 2402.03300).  One sample per episode: the
+            method's episode score s_i (for every built-in method the mean of the
+            episode's turn scores, or the episode reward for an episode with no turns).
+            Mean/std per task group b over its G episodes (turn-less episodes count);
+            every turn of episode i gets A_i = (s_i − μ_b) / (σ_b + ε).  Differences
+            between turns of one episode are averaged away (DrMAS "vanilla GRPO").
+    agent   Dr. MAS (arXiv 2602.08847) Eq. 5.  Mean/std per (task group b, agent k) over
+            the multiset of all k's turns in the G episodes of b (an agent invoked three
+            times in an episode contributes three samples); A^{i,t} = (x^{i,t} − μ_{b,k})
+            / (σ_{b,k} + ε).
+    global  One mean/std over *all turns of the batch*, pooling every step of every agent
+            of every task: the "global step-level normalisation" control arm of DrMAS
+            issue #81 (also REINFORCE++-style batch whitening).  Turn-weighted: an episode
+            with more turns contributes more samples; turn-less episodes contribute none.
 
-Every normaliser has the same signature
-``fn(values, *, group_ids=None, agent_ids=None, scale_by_std=True, eps=1e-6) -> Normalised``
-and is listed in ``NORMALISERS`` under its name, so a credit pipeline can name one in YAML.
+All turns take part in the statistics, trainable or not (the learner drops non-trainable
+turns afterwards); ``scale_by_std=False`` only centres (Dr. GRPO, verl
+``norm_adv_by_std_in_grpo=False``).
+
+The same levels exist as flat tensor functions ``fn(values, *, group_ids=None,
+agent_ids=None, scale_by_std=True, eps=1e-6) -> Normalised`` in ``NORMALISERS`` (``group``
+there normalises whatever values it is given per ``group_ids``; ``normalise_credit`` feeds
+it the [E] episode scores).
 
 Statistics follow verl's ``compute_grpo_outcome_advantage`` [C] (as vendored in the
 DrMAS repo):
@@ -31,19 +47,21 @@ groups give exactly 0 (DESIGN "Numerical safety").  With eps = 0 a zero std give
 NaN.
 
 Shapes: M values being normalised (E episodes or N turns), S segments,
-B task groups, K agents (len(agent_names)).
+B task groups, K agents (len(agent_names)), E episodes, N flattened turns.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Literal, NamedTuple
+import typing
+from typing import Any, Callable, Literal, NamedTuple
 
 import torch
 from pydantic import Field
 
-from .base import CreditConfigBase
+from mas.types import CreditBatch
 
 NormaliserName = Literal["none", "group", "global", "agent"]
+NORMALISER_NAMES: tuple[str, ...] = typing.get_args(NormaliserName)
 
 
 class Normalised(NamedTuple):
@@ -211,12 +229,78 @@ def get_normaliser(name: str) -> Normaliser:
         raise ValueError(f"unknown normaliser {name!r}; valid: {sorted(NORMALISERS)}") from None
 
 
-class NormaliserConfig(CreditConfigBase):
-    """A normaliser as a config section, for credit pipelines that compose one."""
+# --- config fields shared by the method configs -------------------------------------------
 
-    kind: NormaliserName = Field("agent", description="Which segments share a mean/std: none, global, group (per task) or agent (per task and agent).")
-    scale_by_std: bool = Field(True, description="Divide by (std + eps) after centring; False only centres (Dr. GRPO style).")
-    eps: float = Field(1e-6, ge=0.0, allow_inf_nan=False, description="Added to the std before dividing (verl: 1e-6).")
+_NORMALISER_DOC = (
+    "Statistics that turn the method's raw scores into advantages: 'none' (raw scores), "
+    "'group' (per task group over episodes, one sample per episode: GRPO), 'agent' (per task "
+    "group and agent over that agent's turns: Dr. MAS), 'global' (one mean/std over all turns "
+    "of the batch)."
+)
 
-    def apply(self, values: torch.Tensor, *, group_ids: torch.Tensor | None = None, agent_ids: torch.Tensor | None = None) -> Normalised:
-        return NORMALISERS[self.kind](values, group_ids=group_ids, agent_ids=agent_ids, scale_by_std=self.scale_by_std, eps=self.eps)
+
+def normaliser_field(default: NormaliserName, note: str = "") -> Any:
+    """``Field`` for a method config's ``normaliser``; ``note`` adds the method's default."""
+    return Field(default, description=f"{_NORMALISER_DOC} {note}".strip())
+
+
+def scale_by_std_field(note: str = "") -> Any:
+    """``Field`` for ``scale_by_std`` (default True)."""
+    return Field(True, description=f"Divide by (segment std + eps) after centring; False only centres (Dr. GRPO, verl norm_adv_by_std_in_grpo=False). {note}".strip())
+
+
+def eps_field(note: str = "") -> Any:
+    """``Field`` for ``eps`` (default 1e-6, >= 0, finite)."""
+    return Field(1e-6, ge=0.0, allow_inf_nan=False, description=f"Added to the std before dividing (verl: 1e-6) [C]. {note}".strip())
+
+
+# --- the pipeline step -------------------------------------------------------------------------
+
+
+class RawScores(NamedTuple):
+    """What a credit method hands to the normaliser.
+
+    ``turn`` is the score x^{i,t} of every flattened turn (used by none, agent and global);
+    ``episode`` is the one sample per episode (used by group).  Methods keep them consistent:
+    an episode's score is the mean of its turns' scores (any value for a turn-less episode).
+    """
+
+    turn: torch.Tensor  # [N] float64
+    episode: torch.Tensor  # [E] float64
+
+
+class CreditNormalised(NamedTuple):
+    """Result of ``normalise_credit``, float64."""
+
+    values: torch.Tensor  # [N] advantages
+    mean: torch.Tensor  # [N] mean of the turn's segment (0 for none / a singleton)
+    std: torch.Tensor  # [N] ddof-1 std of the turn's segment (1 for none / a singleton)
+    count: torch.Tensor  # [N] long, samples in the turn's segment (episodes for group, turns otherwise; 1 for none)
+    episode_values: torch.Tensor | None  # [E] per-episode advantage for group; the raw episode scores for none; None otherwise
+
+
+def normalise_credit(batch: CreditBatch, scores: RawScores, normaliser: str, *, scale_by_std: bool = True, eps: float = 1e-6) -> CreditNormalised:
+    """Turn a method's raw scores into per-turn advantages with the named normaliser.
+
+    See the module docstring for the exact segments of each level.  Raises ValueError for
+    an unknown name (listing the valid ones) or mis-shaped scores.
+    """
+    if scores.turn.shape != (batch.num_turns,) or scores.episode.shape != (batch.num_episodes,):
+        raise ValueError(
+            f"raw scores of shape turn {tuple(scores.turn.shape)}, episode {tuple(scores.episode.shape)}; "
+            f"expected ({batch.num_turns},) and ({batch.num_episodes},)"
+        )
+    fn = get_normaliser(normaliser)
+    turn = scores.turn.to(torch.float64)  # [N]
+    if normaliser == "group":
+        ep = batch.episode_ids  # [N]
+        norm = fn(scores.episode.to(torch.float64), group_ids=batch.episode_group_ids, scale_by_std=scale_by_std, eps=eps)  # [E]
+        return CreditNormalised(norm.values[ep], norm.mean[ep], norm.std[ep], norm.count[ep], norm.values)
+    if normaliser == "agent":
+        norm = normalise_segments(
+            turn, agent_group_key(batch.group_ids, batch.agent_ids, num_agents=max(len(batch.agent_names), 1)), scale_by_std=scale_by_std, eps=eps
+        )
+    else:  # none, global
+        norm = fn(turn, scale_by_std=scale_by_std, eps=eps)
+    episode_values = scores.episode.to(torch.float64) if normaliser == "none" else None
+    return CreditNormalised(norm.values, norm.mean, norm.std, norm.count, episode_values)

@@ -15,19 +15,6 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 from mas.config import ConfigError, RunConfig, dump_config, load_config
 
 
-def _setup_runtime(cfg: RunConfig) -> None:
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress bar is the one that matters
-
-    if cfg.runtime.num_threads:
-        torch.set_num_threads(cfg.runtime.num_threads)
-    if cfg.runtime.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-
-
 def _run_dir(cfg: RunConfig, override: str | None) -> Path:
     return Path(override or cfg.logging.run_dir.replace("{team}", cfg.team.name))
 
@@ -65,7 +52,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             return 2
         cfg = load_config(args.config, args.overrides)
         run_dir = _run_dir(cfg, args.run_dir)
-    _setup_runtime(cfg)
     team = build_team(cfg)
     summary = train(team, run_dir, resume=bool(args.resume), stop_after=args.stop_after)
     before = summary.get("eval_before", {}).get("accuracy")
@@ -82,17 +68,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from mas.trainer import evaluate
 
     cfg = load_config(args.config, args.overrides)
-    _setup_runtime(cfg)
     team = build_team(cfg)
     if args.checkpoint:
         ckpt = Path(args.checkpoint)
         if (ckpt / "checkpoints").is_dir():  # a run directory: take its latest checkpoint
             ckpt = latest_checkpoint(ckpt) or ckpt
-        for name, policy in team.policies.items():
-            src = ckpt / "policies" / name
-            if src.is_dir():
-                policy.load_weights(src)
-                team.backend.sync_weights(name)
+        loaded = [name for name in team.policies if (ckpt / "policies" / name).is_dir()]
+        if not loaded:
+            print(f"--checkpoint {args.checkpoint}: no policy weights found there "
+                  f"(expected policies/<name>/ for one of {sorted(team.policies)})", file=sys.stderr)
+            return 2
+        for name in loaded:
+            team.policies[name].load_weights(ckpt / "policies" / name)
+            team.backend.sync_weights(name)
+        print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
     size = args.size or cfg.trainer.eval_size or 100
     result = evaluate(team, size, cfg.trainer.seed)
     print(json.dumps(result, indent=2))
@@ -134,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "train" and args.resume and args.config:  # `mas train --resume RUN key=value`
         args.overrides = [args.config, *args.overrides]
         args.config = None
+    from mas.agents.policy import ModelLoadError
+
     try:
         return args.fn(args)
-    except ConfigError as e:
+    except (ConfigError, ModelLoadError, FileNotFoundError) as e:
         print(e, file=sys.stderr)
         return 2
 

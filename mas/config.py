@@ -46,7 +46,7 @@ class OptimConfig(Section):
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="Learning-rate schedule after warm-up, over trainer.steps."
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up optimizer steps.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in training steps (one update call per step).")
     micro_batch_size: int = Field(8, ge=1, description="Turns per forward/backward pass; gradients accumulate.")
 
 
@@ -64,13 +64,30 @@ class PolicyConfig(Section):
     )
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     lora: LoraConfig | None = Field(None, description="Adapter settings; only for kind=lora (defaults apply if omitted).")
-    optim: OptimConfig = Field(default_factory=OptimConfig, description="This policy's own optimizer and schedule.")
+    optim: OptimConfig | None = Field(
+        None, description="This policy's own optimizer and schedule (defaults for full/lora; none for frozen)."
+    )
     trust_remote_code: bool = Field(False, description="Passed to from_pretrained.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_optim(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind", "full") != "frozen" and data.get("optim") is None:
+            return {**data, "optim": {}}
+        return data
+
     @model_validator(mode="after")
-    def _lora_only_for_lora(self) -> "PolicyConfig":
+    def _consistent(self) -> "PolicyConfig":
         if self.lora is not None and self.kind != "lora":
             raise ValueError(f"'lora' settings given but kind is {self.kind!r}; valid: set kind: lora or remove 'lora'")
+        if self.kind == "frozen" and self.optim is not None:
+            raise ValueError("'optim' given for a frozen policy, which is never updated; remove it or use kind: full/lora")
+        if self.kind == "full" and self.dtype in ("bfloat16", "float16"):
+            raise ValueError(
+                f"kind: full with dtype {self.dtype} would update {self.dtype} weights directly (no float32 master copy), "
+                "so small updates vanish in rounding; valid: dtype float32 for full fine-tuning, or kind: lora "
+                "(adapters stay float32 on a low-precision base)"
+            )
         return self
 
 
@@ -108,22 +125,25 @@ class AgentConfig(Section):
 class OrchestratorTopology(Section):
     kind: Literal["orchestrator"]
     orchestrator: str = Field(description="Agent that delegates and gives the final answer.")
-    specialists: tuple[str, ...] = Field(description="Agents the orchestrator may call by name.")
+    specialists: tuple[str, ...] = Field(min_length=1, description="Agents the orchestrator may call by name.")
     max_turns: int = Field(6, ge=1, description="Upper bound on agent turns per episode (all agents).")
 
 
 class DebateTopology(Section):
     kind: Literal["debate"]
-    debaters: tuple[str, ...] = Field(description="Agents that answer in parallel each round.")
+    debaters: tuple[str, ...] = Field(min_length=2, description="Agents that answer in parallel each round.")
     rounds: int = Field(2, ge=1, description="Rounds; from round 2 each debater sees the others' previous answers.")
     aggregator: str | None = Field(None, description="Agent that reads the last round and answers; None = majority vote.")
 
 
 class ChainTopology(Section):
     kind: Literal["chain"]
-    sequence: tuple[str, ...] = Field(description="Agents in order, e.g. [solver, verifier, reviser].")
+    sequence: tuple[str, ...] = Field(min_length=1, description="Agents in order, e.g. [solver, verifier, reviser].")
     loop_to: str | None = Field(
-        None, description="If the last-but-one agent's verdict is REJECT, go back to this agent (Dr. MAS solver/verifier loop)."
+        None, description="After the sequence, if verdict_from said REJECT, go back to this agent (Dr. MAS solver/verifier loop)."
+    )
+    verdict_from: str | None = Field(
+        None, description="Agent whose latest verdict decides the loop; None = the last agent of the sequence."
     )
     max_loops: int = Field(1, ge=0, description="How many times the loop may be taken.")
 
@@ -145,7 +165,7 @@ class GraphEdge(Section):
 class GraphTopology(Section):
     kind: Literal["graph"]
     entry: str = Field(description="First node.")
-    nodes: tuple[GraphNode, ...] = Field(description="Nodes; each is one agent turn.")
+    nodes: tuple[GraphNode, ...] = Field(min_length=1, description="Nodes; each is one agent turn.")
     edges: tuple[GraphEdge, ...] = Field(description="Directed edges; END marks the terminal.")
     max_turns: int | None = Field(None, ge=1, description="Turn bound; required if the graph has a cycle.")
 
@@ -172,7 +192,7 @@ class TrainerConfig(Section):
     loss_agg: Literal["token_mean", "seq_mean"] = Field(
         "token_mean", description="token_mean: mean over all completion tokens of the policy's batch; seq_mean: mean of per-turn token means."
     )
-    seed: int = Field(0, description="Seeds data order, sampling and initialisation.")
+    seed: int = Field(0, description="Seeds sampling and LoRA initialisation (the task stream has env.seed).")
     eval_size: int = Field(0, ge=0, description="Held-out tasks for greedy team accuracy; 0 disables.")
     eval_before: bool = Field(True, description="Evaluate before the first step.")
     eval_after: bool = Field(True, description="Evaluate after the last step.")
@@ -186,6 +206,9 @@ class RuntimeConfig(Section):
         False, description="torch.use_deterministic_algorithms (CUDA also needs CUBLAS_WORKSPACE_CONFIG, set by mas)."
     )
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads; None leaves torch's default.")
+    episode_timeout_s: float | None = Field(
+        None, gt=0, description="Wall-clock limit per episode; an episode over it is marked failed and scored 0."
+    )
 
 
 class LoggingConfig(Section):
@@ -255,6 +278,8 @@ def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
     errs: list = []
     if isinstance(topo, OrchestratorTopology):
         errs += check("orchestrator", topo.orchestrator)
+        if topo.orchestrator in topo.specialists:
+            errs.append((("topology", "specialists"), list(topo.specialists), "the orchestrator cannot be its own specialist"))
         for i, s in enumerate(topo.specialists):
             errs += check("specialists", s, i)
     elif isinstance(topo, DebateTopology):
@@ -264,8 +289,10 @@ def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
     elif isinstance(topo, ChainTopology):
         for i, s in enumerate(topo.sequence):
             errs += check("sequence", s, i)
-        if topo.loop_to is not None and topo.loop_to not in topo.sequence:
-            errs.append((("topology", "loop_to"), topo.loop_to, f"not in sequence; valid: {list(topo.sequence)}"))
+        for field in ("loop_to", "verdict_from"):
+            value = getattr(topo, field)
+            if value is not None and value not in topo.sequence:
+                errs.append((("topology", field), value, f"not in sequence; valid: {list(topo.sequence)}"))
     elif isinstance(topo, GraphTopology):
         for i, n in enumerate(topo.nodes):
             errs += [(("topology", "nodes", i, "agent"), n.agent, f"unknown agent; valid: {names}")] if n.agent not in names else []
@@ -302,7 +329,7 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
             lines += [f"{_path(p)}: {m} (found {v!r})" for p, v, m in inner.errors]
             continue
         # drop the union tag pydantic inserts for discriminated unions (e.g. credit.dr_mas.eps)
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and _is_tag(data, e["loc"], p)))
+        loc = _strip_tag(data, tuple(e["loc"]))
         msg = e["msg"]
         found = e.get("input")
         if e["type"] == "extra_forbidden":
@@ -323,11 +350,20 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
     return lines
 
 
-def _is_tag(data: dict, loc: tuple, part: str) -> bool:
-    """True if ``part`` in ``loc`` is a discriminated-union tag pydantic inserted (not a YAML key)."""
-    idx = loc.index(part)
-    parent = _lookup(data, loc[:idx])
-    return isinstance(parent, dict) and part not in parent and part in (parent.get("method"), parent.get("kind"), parent.get("name"))
+_UNION_TAGS = {"topology": "kind", "env": "name", "credit": "method"}  # the discriminated-union sections
+
+
+def _strip_tag(data: dict, loc: tuple) -> tuple:
+    """Drop the union tag pydantic inserts after a discriminated section (topology.<kind>.x -> topology.x).
+
+    Only position 1 under those sections can be a tag, so a field that happens to share the
+    tag's name (the orchestrator topology's ``orchestrator`` field) is never dropped.
+    """
+    if len(loc) >= 2 and loc[0] in _UNION_TAGS:
+        section = data.get(loc[0]) if isinstance(data, dict) else None
+        if isinstance(section, dict) and loc[1] == section.get(_UNION_TAGS[loc[0]]):
+            return loc[:1] + loc[2:]
+    return loc
 
 
 def _lookup(data: Any, loc: tuple) -> Any:

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -160,6 +161,7 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
     turns = teacher_transcripts(recipe, provisional)
     corpus = [provisional.apply_chat_template(m + [{"role": "assistant", "content": c}], tokenize=False) for m, c in turns]
     tok = train_tokenizer(corpus, vocab_size=recipe.vocab_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
     assert tok.chat_template == TINY_CHAT_TEMPLATE
     model = tiny_causal_lm(tok, hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
                            num_heads=recipe.num_heads, seed=recipe.seed)
@@ -167,12 +169,16 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
     log(f"embedded model: {len(examples)} teacher turns, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params; warm start...")
     _warm_start(model, examples, recipe, pad_id=tok.pad_token_id)
     model.eval()
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))  # unique: concurrent first runs
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2))
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process finished the same (deterministic) build first
+        if not (out / "recipe.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     log(f"embedded model ready in {time.perf_counter() - t0:.0f}s: {out}")
 
 

@@ -18,6 +18,7 @@ from (seed, batch number) before each ``generate_batch``.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import traceback
 from dataclasses import dataclass
@@ -130,8 +131,10 @@ class Batcher:
                 continue
             for _ in range(self.settle_yields):
                 await asyncio.sleep(0)
-            batch = sorted(self._pending, key=lambda item: item[0])
-            self._pending = []
+            batch = sorted((p for p in self._pending if not p[2].done()), key=lambda item: item[0])
+            self._pending = []  # (a future is done already only if its episode was cancelled by a timeout)
+            if not batch:
+                continue
             torch.manual_seed(self.seed * 1_000_003 + self.batches)
             self.batches += 1
             self.requests += len(batch)
@@ -140,12 +143,26 @@ class Batcher:
             except Exception:  # noqa: BLE001 - isolate the bad request(s): one at a time
                 for _, req, fut in batch:
                     try:
-                        fut.set_result(self.backend.generate_batch([req])[0])
+                        _settle(fut, result=self.backend.generate_batch([req])[0])
                     except Exception as exc:  # noqa: BLE001 - that episode fails and is marked
-                        fut.set_exception(exc)
+                        _settle(fut, error=exc)
             else:
+                if len(results) != len(batch):
+                    err = RuntimeError(f"backend returned {len(results)} results for {len(batch)} requests")
+                    for _, _, fut in batch:
+                        _settle(fut, error=err)
+                    continue
                 for (_, _, fut), res in zip(batch, results):
-                    fut.set_result(res)
+                    _settle(fut, result=res)
+
+
+def _settle(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    if fut.done():  # its episode timed out meanwhile
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +222,7 @@ class EpisodeContext:
             assert src is not None
             if d.check_prompt and src.prompt_ids != prompt_ids:
                 raise ReplayDivergence(f"turn {index} ({agent_name}): prompt differs from the recorded one")
-            turn = dataclasses.replace(src, **base, replayed=True, trainable=False)
+            turn = dataclasses.replace(copy.deepcopy(src), **base, replayed=True, trainable=False)
         elif d.kind in ("mask", "remove"):
             text = MASK_TEXT if d.kind == "mask" else ""
             turn = Turn(**base, completion_ids=[], logprobs=[], text=text, parsed={}, valid=False,
@@ -255,7 +272,9 @@ class Engine:
         trainable: dict[str, bool],
         backend: Backend,
         score: Callable[[Episode], float],
+        episode_timeout: float | None = None,
     ):
+        self.episode_timeout = episode_timeout  # seconds of wall time per episode; None: no limit
         self.topology = topology
         self.agents = agents
         self.tokenizers = tokenizers
@@ -282,6 +301,7 @@ class Engine:
         owners: list[str] = []
         for req in requests:
             src = req.source
+            _check_request(req, self.agents)
             if isinstance(req, ReplayRequest):
                 script = Script(src, freeze_upto=req.freeze_upto)
                 n = req.num_samples
@@ -326,9 +346,11 @@ class Engine:
     async def _episode(self, key: int, ep: Episode, script: Script | None, batcher: Batcher, greedy: bool) -> None:
         ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy)
         try:
-            outcome = await self.topology.run(ctx)
+            outcome = await asyncio.wait_for(self.topology.run(ctx), self.episode_timeout)
             ep.answer = outcome.answer
             ep.status = "truncated" if outcome.truncated else "ok"
+        except TimeoutError:
+            ep.status, ep.error = "error", f"timeout: episode exceeded {self.episode_timeout}s"
         except Exception as exc:  # noqa: BLE001 - a failed episode is kept, marked and scored 0
             ep.status = "error"
             ep.error = f"{type(exc).__name__}: {exc}"
@@ -343,3 +365,16 @@ class Engine:
                 ep.reward = float(self.score(ep))
             except Exception as exc:  # noqa: BLE001 - a scorer crash marks the episode, never the step
                 ep.status, ep.error, ep.reward = "error", f"score: {type(exc).__name__}: {exc}", 0.0
+
+
+def _check_request(req: Request, agents: dict[str, Agent]) -> None:
+    """Reject requests that could only run as silent no-ops."""
+    if isinstance(req, ReplayRequest):
+        if not 0 <= req.freeze_upto <= len(req.source.turns):
+            raise ValueError(f"request {req.key!r}: freeze_upto={req.freeze_upto} outside 0..{len(req.source.turns)}")
+        if req.num_samples < 1:
+            raise ValueError(f"request {req.key!r}: num_samples must be >= 1")
+    elif isinstance(req, InterventionRequest):
+        unknown = sorted(set(req.agents) - set(agents))
+        if unknown or not req.agents:
+            raise ValueError(f"request {req.key!r}: unknown agents {unknown or '(none given)'}; valid: {sorted(agents)}")

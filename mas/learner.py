@@ -34,6 +34,7 @@ whole mini-batch" [C]).  Turns with no completion token add nothing and are not 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -128,24 +129,57 @@ def collate(samples: list[TrainSample], pad_id: int = PAD_ID) -> dict[str, torch
     }
 
 
-def token_logprobs(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+ENTROPY_CHUNK = 256  # positions per chunk of the entropy diagnostic
+
+
+def token_logprobs(
+    model: nn.Module, batch: dict[str, torch.Tensor], entropy_chunk: int = ENTROPY_CHUNK
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy of each token under ``model`` at the sampling temperature.
 
     One forward pass; ``logits / T`` so that an unchanged policy reproduces the sampling
     logprobs exactly (ratio 1).  Computed in float32 as gather − logsumexp, which keeps no
-    [N, S, V] log-softmax alive for backward.  Entropy is a detached diagnostic.
+    [N, S, V] log-softmax alive for backward.
+
+    Memory: one float32 [N, S-1, V] tensor of scaled logits is built (none when the model
+    already returns float32 and every T is 1; the float32 copy of half-precision logits is
+    scaled in place), and logsumexp keeps it for backward.  Entropy is a detached diagnostic
+    computed under no_grad over at most ``entropy_chunk`` positions at a time (per row), so
+    its softmax temporaries are [entropy_chunk, V] rather than [N, S, V].
     """
+    if entropy_chunk < 1:
+        raise ValueError(f"entropy_chunk must be >= 1 (found {entropy_chunk})")
     input_ids = batch["input_ids"]  # [N, S]
-    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"]).logits  # [N, S, V]
-    temps = batch["temperatures"].to(device=logits.device, dtype=torch.float32)  # [N]
-    logits = logits[:, :-1].float() / temps[:, None, None]  # [N, S-1, V]  position t predicts t+1
+    raw = model(input_ids=input_ids, attention_mask=batch["attention_mask"]).logits[:, :-1]  # [N, S-1, V]
+    temps = batch["temperatures"].to(device=raw.device, dtype=torch.float32)  # [N]
+    scale = bool((temps != 1.0).any())
+    if raw.dtype != torch.float32:
+        logits = raw.float()  # [N, S-1, V]  our own copy: scale it in place
+        if scale:
+            logits.div_(temps[:, None, None])
+    else:
+        logits = raw / temps[:, None, None] if scale else raw  # position t predicts t+1
+    del raw  # the model's own (half-precision) logits are not needed for backward
     targets = input_ids[:, 1:]  # [N, S-1]
     lse = torch.logsumexp(logits, dim=-1)  # [N, S-1]
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [N, S-1]
-    with torch.no_grad():
-        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # [N, S-1]
+    entropy = _entropy(logits, lse, entropy_chunk)  # [N, S-1]
     zero = logp.new_zeros(logp.shape[0], 1)  # [N, 1]  column 0 predicts nothing
     return torch.cat([zero, logp], dim=1), torch.cat([zero, entropy], dim=1)  # [N, S] each
+
+
+@torch.no_grad()
+def _entropy(logits: torch.Tensor, lse: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``lse - sum(softmax(logits) * logits, -1)`` ([N, L] from [N, L, V]), ``chunk`` positions at a time."""
+    n, length = lse.shape
+    out = torch.empty((n, length), dtype=lse.dtype, device=lse.device)  # [N, L]
+    for i in range(n):
+        for j in range(0, length, chunk):
+            x = logits[i, j : j + chunk]  # [c, V]
+            p = torch.softmax(x, dim=-1)  # [c, V]
+            out[i, j : j + chunk] = lse[i, j : j + chunk] - p.mul_(x).sum(-1)
+            del p
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,10 +347,18 @@ class Learner:
         """``ppo_epochs`` optimizer steps over ``samples``, then one scheduler step.
 
         Metrics are token-weighted means over all epochs (``grad_norm``: mean pre-clip norm);
-        ``lr`` is the rate these steps used.
+        ``lr`` is the rate these steps used.  With no samples no optimizer step is taken, but
+        the scheduler still steps (one step per update call, so the schedule follows the
+        trainer's steps) and the same metric keys come back, at 0 (``lr``: this update's rate).
         """
         if not samples:
-            return {"samples": 0}
+            lr = self.optimizer.param_groups[0]["lr"]
+            with warnings.catch_warnings():  # stepping before any optimizer.step() is intended here
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+                self.scheduler.step()
+            metrics = dict.fromkeys(_METRIC_KEYS, 0.0)
+            metrics["lr"] = float(lr)
+            return metrics
         micro, norm, ref = self._prepare(samples)
         lr = self.optimizer.param_groups[0]["lr"]
         totals: dict[str, float] = {}
@@ -415,6 +457,9 @@ class Learner:
                 out["entropy_sum"] += float((entropy * mb["completion_mask"]).sum())
                 out["tokens"] += n
         return out
+
+
+_METRIC_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "tokens", "grad_norm", "lr", "samples")
 
 
 def _means(totals: dict[str, float], epochs: int) -> dict[str, float]:

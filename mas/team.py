@@ -5,15 +5,16 @@ Builders take the few values they need; only this module reads the whole RunConf
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
-
 from mas.agents.agent import Agent, build_agents
 from mas.agents.policy import PolicyHandle, build_policies
 from mas.backends import build_backend
-from mas.config import RunConfig
+from mas.backends.base import Backend
+from mas.config import RunConfig, RuntimeConfig
 from mas.engine import Engine
 from mas.envs import build_env
+from mas.envs.base import Env
 from mas.learner import Learner
 from mas.topologies import build_topology
 
@@ -23,15 +24,29 @@ class Team:
     cfg: RunConfig
     policies: dict[str, PolicyHandle]
     agents: dict[str, Agent]
-    backend: Any
+    backend: Backend
     engine: Engine
-    env: Any
+    env: Env
     learners: dict[str, Learner]  # one per trainable policy that some agent uses
 
 
+def apply_runtime(runtime: RuntimeConfig) -> None:
+    """Process-wide settings: torch threads and deterministic algorithms."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the training progress bar is the one that matters
+    if runtime.num_threads:
+        torch.set_num_threads(runtime.num_threads)
+    if runtime.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
 def build_team(cfg: RunConfig) -> Team:
+    apply_runtime(cfg.runtime)
     policies = build_policies(dict(cfg.policies), seed=cfg.trainer.seed)
-    agents = build_agents(cfg)
+    agents = build_agents(cfg.agents, cfg.team.name)
     backend = build_backend(policies)
     env = build_env(cfg.env)
     engine = Engine(
@@ -41,6 +56,7 @@ def build_team(cfg: RunConfig) -> Team:
         trainable={name: p.trainable for name, p in policies.items()},
         backend=backend,
         score=env.score,
+        episode_timeout=cfg.runtime.episode_timeout_s,
     )
     used = {a.policy for a in agents.values()}
     t = cfg.trainer

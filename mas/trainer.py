@@ -66,14 +66,20 @@ def train_step(team: Team, step: int) -> StepResult:
         raise FloatingPointError(f"step {step}: {e}") from e
     timings["credit"] = time.perf_counter() - t0
 
-    # 3. update: each trainable policy learns from its own turns only
+    # 3. update: each trainable policy learns from its own turns only (turns of episodes that
+    #    failed for infrastructure reasons count in the credit statistics but are not trained on)
     t0 = time.perf_counter()
     samples: dict[str, list[TrainSample]] = {name: [] for name in team.learners}
-    for (_, turn), adv in zip(flatten_turns(groups), credit.advantages.tolist()):
-        if turn.trainable and turn.completion_ids and turn.policy in samples:
+    for (ep, turn), adv in zip(flatten_turns(groups), credit.advantages.tolist()):
+        if turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
             temperature = team.agents[turn.agent].sampling.temperature
             samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
-    updates = {name: learner.update(samples[name]) for name, learner in team.learners.items()}
+    updates = {}
+    for name, learner in team.learners.items():
+        try:
+            updates[name] = learner.update(samples[name])
+        except FloatingPointError as e:  # the learner names the policy; add the step
+            raise FloatingPointError(f"step {step}: {e}") from e
     timings["update"] = time.perf_counter() - t0
 
     # 4. sync: the rollout backend serves the new weights
@@ -99,11 +105,12 @@ def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | Non
     summary: dict = {}
     if resume:
         ckpt = latest_checkpoint(run_dir)
-        if ckpt is not None:
-            state = load_checkpoint(ckpt, team)
-            start = state["step"] + 1
-            summary = state.get("summary", {})
-            logger.truncate_after(state["step"])
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume {run_dir}: no complete checkpoint there (checkpoints/latest is missing)")
+        state = load_checkpoint(ckpt, team)
+        start = state["step"] + 1
+        summary = state["summary"]
+        logger.truncate_after(state["step"])
     elif cfg.trainer.eval_size and cfg.trainer.eval_before:
         summary["eval_before"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
         logger.info(f"held-out team accuracy before training: {summary['eval_before']['accuracy']:.3f}")

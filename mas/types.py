@@ -68,7 +68,7 @@ class Episode:
     task: Task
     group_id: int  # index of the task in the batch
     sample_id: int  # index of the episode inside its group (0..G-1)
-    seed: int  # sampling seed of this episode; with the turns it is everything replay needs
+    seed: int  # seed of the rollout that produced it (sampling is seeded per backend batch)
     turns: list[Turn] = field(default_factory=list)
     answer: str | None = None
     reward: float = 0.0
@@ -164,7 +164,6 @@ class ReplayRequest:
     source: Episode
     freeze_upto: int
     num_samples: int = 1
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,7 +172,12 @@ class InterventionRequest:
 
     With ``keep_others`` the other agents' recorded outputs are reused at the same turn
     positions ("keep the realised outputs of the players in S fixed"); where the topology
-    asks for a turn that the source does not have, it is sampled.
+    asks for a turn that the source does not have, it is sampled.  Such a reused turn keeps
+    its recorded completion and logprobs under a prompt that may now differ: it is marked
+    ``replayed`` and never trained on.
+
+    Sampling in ``Engine.execute`` is seeded by its ``seed`` argument for the whole batch of
+    requests (requests share backend batches, so they cannot each own an RNG stream).
     """
 
     key: str
@@ -181,7 +185,6 @@ class InterventionRequest:
     agents: tuple[str, ...]
     mode: Literal["mask", "remove"] = "mask"
     keep_others: bool = True
-    seed: int = 0
 
 
 Request = ReplayRequest | InterventionRequest

@@ -646,3 +646,46 @@ def test_config_is_frozen():
     with pytest.raises(TypeError):
         cfg.agents[0] = cfg.agents[1]  # type: ignore[index]
     assert cfg.trainer.steps == 10 and cfg.agents[0].name == "orchestrator"
+
+
+def test_graph_cycle_in_an_unreachable_part_is_an_error_not_a_traceback():
+    nodes = LOOP_NODES + [("c", "orchestrator"), ("d", "adder")]
+    edges = [{"from": "a", "to": "b"}, {"from": "b", "to": "END"}, {"from": "c", "to": "d"}, {"from": "d", "to": "c"}]
+    lines = errors_of(with_topology(graph(nodes, edges)))
+    assert "unreachable" in line_for(lines, "topology.nodes[2]")
+    assert "c -> d -> c" in line_for(lines, "topology.max_turns") or "d -> c -> d" in line_for(lines, "topology.max_turns")
+
+
+@pytest.mark.parametrize("topology,field", [
+    ({"kind": "orchestrator", "orchestrator": "orchestrator", "specialists": []}, "topology.specialists"),
+    ({"kind": "debate", "debaters": ["adder"]}, "topology.debaters"),
+    ({"kind": "chain", "sequence": []}, "topology.sequence"),
+    ({"kind": "graph", "entry": "a", "nodes": [], "edges": []}, "topology.nodes"),
+])
+def test_empty_topologies_are_rejected(topology, field):
+    assert line_for(errors_of(with_topology(topology)), field)
+
+
+def test_orchestrator_cannot_be_its_own_specialist():
+    topo = {"kind": "orchestrator", "orchestrator": "orchestrator", "specialists": ["adder", "orchestrator"]}
+    assert "own specialist" in line_for(errors_of(with_topology(topo)), "topology.specialists")
+
+
+def test_chain_verdict_from_must_be_in_the_sequence():
+    topo = {"kind": "chain", "sequence": ["adder", "verifier"], "loop_to": "adder", "verdict_from": "orchestrator"}
+    assert "not in sequence" in line_for(errors_of(with_topology(topo)), "topology.verdict_from")
+
+
+def test_full_fine_tuning_in_bfloat16_is_refused_with_the_alternatives():
+    data = base()
+    data["policies"]["planner"]["dtype"] = "bfloat16"
+    line = line_for(errors_of(data), "policies.planner")
+    assert "float32" in line and "lora" in line
+    data["policies"]["planner"]["kind"] = "lora"
+    validate_config(data)  # adapters on a bfloat16 base are fine
+
+
+def test_optimizer_settings_on_a_frozen_policy_are_refused():
+    data = base()
+    data["policies"]["planner"] = {"kind": "frozen", "model": "x/y", "optim": {"lr": 1e-5}}
+    assert "frozen" in line_for(errors_of(data), "policies.planner")

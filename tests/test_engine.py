@@ -19,7 +19,7 @@ TASKS = [Task(f"t{i}", f"{i}+1", str(i + 1)) for i in range(3)]
 def scripted_engine(cfg: dict, respond, tokenizer, score=lambda ep: float(ep.answer == ep.task.answer)):
     run = validate_config(cfg)
     backend = ScriptedBackend(respond, {p: tokenizer for p in run.policies})
-    engine = Engine(build_topology(run.topology), build_agents(run), {p: tokenizer for p in run.policies},
+    engine = Engine(build_topology(run.topology), build_agents(run.agents, run.team.name), {p: tokenizer for p in run.policies},
                     {p: True for p in run.policies}, backend, score)
     return engine, backend
 
@@ -161,3 +161,48 @@ def test_rollout_batches_and_samples_are_the_same_in_every_run(tiny_model_dir, t
         runs.append((ids(team.engine.rollout(TASKS, 4, seed=5)), list(sizes)))
     assert all(r == runs[0] for r in runs)
     assert ids(team.engine.rollout(TASKS, 4, seed=6)) != runs[0][0]
+
+
+def test_requests_that_could_only_be_silent_no_ops_are_rejected(tiny_tokenizer):
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
+    src = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    with pytest.raises(ValueError, match="unknown agents"):
+        engine.execute([InterventionRequest("x", src, agents=("nobody",))], seed=0)
+    with pytest.raises(ValueError, match="freeze_upto"):
+        engine.execute([ReplayRequest("r", src, freeze_upto=-1)], seed=0)
+
+
+def test_replayed_turns_do_not_share_state_with_the_source(tiny_tokenizer):
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
+    src = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    out = engine.execute([ReplayRequest("r", src, freeze_upto=3)], seed=0)["r"][0]
+    out.turns[0].parsed["answer"] = "changed"
+    out.turns[0].completion_ids.append(99)
+    assert src.turns[0].parsed["answer"] == "0+1" and 99 not in src.turns[0].completion_ids
+
+
+def test_an_episode_over_its_time_limit_is_marked_and_the_rest_finish(tiny_tokenizer):
+    import time
+
+    def respond(req):
+        content = req.messages[-1]["content"]
+        if "Task: 1+1" in content and req.agent == "checker" and "REJECT" not in content:
+            return "REJECT"  # task 1 loops back once: three more turns after the others are done
+        if "Task: 1+1" in content and "REJECT" in content:
+            time.sleep(0.15)  # ... and each of them is slow
+        return chain_respond(req)
+
+    engine, _ = scripted_engine(team_config("m", "chain"), respond, tiny_tokenizer, score=lambda ep: 1.0)
+    engine.episode_timeout = 0.2
+    groups = engine.rollout(TASKS[:3], 1, seed=0)
+    status = [g.episodes[0].status for g in groups]
+    assert status[1] == "error" and "timeout" in groups[1].episodes[0].error
+    assert status[0] == status[2] == "ok"
+
+
+def test_a_backend_that_loses_results_fails_the_episodes_instead_of_hanging(tiny_tokenizer):
+    engine, backend = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
+    real = backend.generate_batch
+    backend.generate_batch = lambda reqs: real(reqs)[:-1]
+    groups = engine.rollout(TASKS[:2], 1, seed=0)
+    assert all(g.episodes[0].status == "error" for g in groups)

@@ -300,6 +300,56 @@ def test_logprobs_use_the_sampling_temperature(tiny_model):
     assert not torch.allclose(right[mask], wrong[mask], atol=1e-3)
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 5, 256])
+def test_chunked_entropy_equals_the_unchunked_formula(tiny_model, chunk):
+    """The entropy diagnostic, computed a few positions at a time, is lse - sum(softmax * logits)
+    over the whole [N, S, V] tensor at once; logprobs do not depend on the chunking."""
+    samples = make_samples(tiny_model, 4, seed=15, completion_lens=[7, 2, 5, 7], temperatures=(1.0, 0.7, 0.0, 1.3))
+    batch = collate(samples)
+    with torch.no_grad():
+        logp, entropy = token_logprobs(tiny_model, batch, entropy_chunk=chunk)
+        logits = tiny_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        x = logits[:, :-1].float() / batch["temperatures"][:, None, None]  # [N, S-1, V]
+        lse = torch.logsumexp(x, dim=-1)
+        expected = lse - (torch.softmax(x, dim=-1) * x).sum(-1)  # [N, S-1]
+        expected_logp = x.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1) - lse
+    assert batch["input_ids"].shape[1] - 1 > chunk or chunk == 256  # several chunks per row
+    torch.testing.assert_close(entropy[:, 1:], expected, atol=1e-6, rtol=1e-6)
+    assert (entropy[:, 0] == 0).all() and (logp[:, 0] == 0).all()
+    assert torch.equal(logp[:, 1:], expected_logp)
+    with pytest.raises(ValueError, match="entropy_chunk"):
+        token_logprobs(tiny_model, batch, entropy_chunk=0)
+
+
+def test_half_precision_logits_are_scaled_in_place_with_the_same_result(tiny_model):
+    """bf16 logits: one float32 copy, scaled in place, equals logits.float() / T."""
+    samples = make_samples(tiny_model, 3, seed=16, temperatures=(0.7, 1.0, 1.3))
+    batch = collate(samples)
+
+    class Bf16Logits(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            out.logits = out.logits.to(torch.bfloat16)
+            return out
+
+    model = Bf16Logits(tiny_model)
+    logp, entropy = token_logprobs(model, batch)
+    with torch.no_grad():
+        x = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+        x = x / batch["temperatures"][:, None, None]
+        lse = torch.logsumexp(x, dim=-1)
+        expected = x.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1) - lse
+    assert torch.equal(logp[:, 1:].detach(), expected)
+    torch.testing.assert_close(entropy[:, 1:], lse - (torch.softmax(x, -1) * x).sum(-1), atol=1e-6, rtol=1e-6)
+    mask = batch["completion_mask"]
+    logp[mask].sum().backward()  # the in-place scaling keeps the graph valid
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in tiny_model.parameters() if p.requires_grad)
+
+
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
 def test_padding_does_not_change_loss(tiny_model, agg):
     samples = make_samples(tiny_model, 4, seed=2)
@@ -477,12 +527,28 @@ def test_state_dict_round_trip_reproduces_next_update(tiny_model, tiny_tokenizer
 # --------------------------------------------------------------------------------------------
 
 
-def test_empty_batch_takes_no_step(tiny_model):
+def test_empty_batch_takes_no_optimizer_step_but_steps_the_schedule(tiny_model, recwarn):
+    """An update with no samples keeps the schedule in step with the trainer and reports every metric."""
     policy = TinyPolicy(tiny_model)
-    lrn = learner(policy, schedule="linear", warmup_steps=2)
-    lr = lrn.optimizer.param_groups[0]["lr"]
-    assert lrn.update([]) == {"samples": 0}
-    assert lrn.optimizer.param_groups[0]["lr"] == lr and policy.updates == 0
+    lrn = learner(policy, total_steps=6, lr=0.01, schedule="linear", warmup_steps=2)
+    before = params(tiny_model)
+    metrics = lrn.update([])
+    full = learner(TinyPolicy(copy.deepcopy(tiny_model))).update(make_samples(tiny_model, 2, seed=13))
+    assert set(metrics) == set(full) == {
+        "loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "grad_norm", "lr", "tokens", "samples"
+    }
+    assert metrics == {**dict.fromkeys(full, 0.0), "lr": pytest.approx(0.005)}  # warm-up step 0: 0.01 * 1/2
+    assert lrn.scheduler.last_epoch == 1 and lrn.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+    assert all(torch.equal(a, b) for a, b in zip(before, params(tiny_model)))
+    assert policy.updates == 0 and not lrn.optimizer.state  # no optimizer step, no AdamW state
+    assert not [w for w in recwarn if "lr_scheduler" in str(w.message)]
+    # the next real update runs at schedule step 1, as if the empty step had been a real one
+    samples = make_samples(tiny_model, 3, seed=14)
+    assert lrn.update(samples)["lr"] == pytest.approx(0.01)
+    assert lrn.update([])["lr"] == pytest.approx(0.01) and lrn.update(samples)["lr"] == pytest.approx(0.0075)
+    assert lrn.scheduler.last_epoch == 4 and policy.updates == 2
+    p = next(iter(tiny_model.parameters()))
+    assert int(lrn.optimizer.state[p]["step"]) == 2  # only the two real updates stepped AdamW
 
 
 def test_non_finite_loss_names_the_policy(tiny_model):

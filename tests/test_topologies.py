@@ -105,3 +105,36 @@ def test_graph_routes_by_parsed_label(tiny_tokenizer):
 def test_graph_cycle_is_cut_at_max_turns(tiny_tokenizer):
     ep, _ = run("graph", lambda req: "REJECT" if req.agent == "checker" else "ANSWER: 1", tiny_tokenizer, max_turns=4)
     assert len(ep.turns) == 4 and ep.status == "truncated"
+
+
+def test_chain_loop_can_be_decided_by_a_verifier_in_the_middle(tiny_tokenizer):
+    verdicts = iter(["REJECT", "ACCEPT"])
+
+    def respond(req):
+        return {"lead": "ANSWER: 4", "checker": "ANSWER: 5"}.get(req.agent) or next(verdicts)
+
+    # solver (lead) -> verifier (helper, verdict parser) -> reviser (checker), loop on the verifier
+    cfg = team_config("m", "chain")
+    cfg["topology"] = {"kind": "chain", "sequence": ["lead", "helper", "checker"], "loop_to": "lead",
+                       "verdict_from": "helper", "max_loops": 2}
+    cfg["agents"][1]["parser"] = "verdict"
+    engine, _ = scripted_engine(cfg, respond, tiny_tokenizer)
+    ep = engine.rollout(TASK, 1, seed=0)[0].episodes[0]
+    assert [t.agent for t in ep.turns] == ["lead", "helper", "checker"] * 2  # one loop, then ACCEPT ends it
+    assert ep.answer == "5"
+
+
+def test_debate_majority_counts_equal_numbers_as_one_answer(tiny_tokenizer):
+    answers = {"lead": "ANSWER: 7", "helper": "ANSWER: $5.00", "checker": "ANSWER: 5"}
+    ep, _ = run("debate", lambda req: answers[req.agent], tiny_tokenizer, rounds=1)
+    assert ep.answer == "$5.00"  # the first of the two equal numbers, not the lone 7
+
+
+def test_orchestrator_accepts_a_capitalised_specialist_name(tiny_tokenizer):
+    def respond(req):
+        if req.agent == "lead":
+            return "ANSWER: 5" if len(req.messages) > 2 else "CALL Helper: 2+3"
+        return "ANSWER: 5"
+
+    ep, _ = run("orchestrator", respond, tiny_tokenizer)
+    assert [t.agent for t in ep.turns] == ["lead", "helper", "lead"]

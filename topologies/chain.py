@@ -1,8 +1,10 @@
 """Chain: a fixed sequence of agents, e.g. solver -> verifier -> reviser.
 
 Each agent sees the task and every earlier message of the episode.  With ``loop_to``, a
-REJECT verdict from the last agent of the sequence sends the episode back to ``loop_to``
-(at most ``max_loops`` times), as in the Dr. MAS solver/verifier orchestra.  The team answer
+REJECT verdict from ``verdict_from`` (default: the last agent of the sequence), read when
+the sequence has run through, sends the episode back to ``loop_to`` (at most ``max_loops``
+times), as in the Dr. MAS solver/verifier orchestra; e.g. solver -> verifier -> reviser
+with ``verdict_from: verifier, loop_to: solver``.  The team answer
 is the most recent parsed answer (a verifier's ACCEPT keeps the solver's answer).
 """
 
@@ -39,10 +41,12 @@ def build_chain(cfg: ChainTopology) -> CompiledTopology:
     else:
         target = names[seq.index(cfg.loop_to)]
 
+        judge = cfg.verdict_from or seq[-1]
+
         async def after_last(state: TeamState, config) -> str:
-            last = ctx_of(config).episode.turns[-1]
+            verdict = next(t for t in reversed(ctx_of(config).episode.turns) if t.agent == judge).parsed.get("verdict")
             loops_done = state["step"] - 1
-            return target if last.parsed.get("verdict") == "reject" and loops_done < cfg.max_loops else END
+            return target if verdict == "reject" and loops_done < cfg.max_loops else END
 
         g.add_conditional_edges(names[-1], after_last, [target, END])
     return CompiledTopology(g.compile(), recursion_limit=len(seq) * (cfg.max_loops + 1) + 10)

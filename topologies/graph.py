@@ -56,7 +56,7 @@ def graph_errors(cfg: Any) -> list[tuple[tuple, Any, str]]:
             if n in reachable and not nx.has_path(g, n, TERMINAL):
                 errs.append((("topology", "nodes", i), n, "cannot reach END"))
     if cfg.max_turns is None and not nx.is_directed_acyclic_graph(g):
-        cycle = [u for u, _ in nx.find_cycle(g, source=cfg.entry)] if cfg.entry in g else []
+        cycle = [u for u, _ in nx.find_cycle(g)]
         errs.append((("topology", "max_turns"), None, f"the graph has a cycle {' -> '.join(cycle + cycle[:1])} but no turn bound; set max_turns"))
     return errs
 

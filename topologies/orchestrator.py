@@ -18,6 +18,7 @@ from mas.topologies.base import CompiledTopology, TeamState, ctx_of
 
 def build_orchestrator(cfg: OrchestratorTopology) -> CompiledTopology:
     specialists = list(cfg.specialists)
+    by_lower = {s.lower(): s for s in specialists}  # models often capitalise names: CALL Adder: ...
 
     async def orchestrate(state: TeamState, config) -> dict:
         ctx = ctx_of(config)
@@ -29,8 +30,9 @@ def build_orchestrator(cfg: OrchestratorTopology) -> CompiledTopology:
         turn = await ctx.call(cfg.orchestrator, agent.messages(user, history), parent=None)
         history += [{"role": "user", "content": user}, {"role": "assistant", "content": turn.text.strip()}]
         p = turn.parsed
-        if "call" in p and p["call"] in specialists:
-            return {"history": history, "last": turn.index, "pending": {"agent": p["call"], "subtask": p["subtask"], "parent": turn.index}}
+        if "call" in p and p["call"].lower() in by_lower:
+            callee = by_lower[p["call"].lower()]
+            return {"history": history, "last": turn.index, "pending": {"agent": callee, "subtask": p["subtask"], "parent": turn.index}}
         if "answer" in p and turn.valid:
             return {"history": history, "last": turn.index, "answer": p["answer"], "pending": None}
         hint = (f"Unknown agent {p['call']!r}; you can call {', '.join(specialists)}." if "call" in p

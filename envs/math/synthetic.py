@@ -212,7 +212,9 @@ class SyntheticMathEnv:
         return 1.0 if numbers_match(episode.answer, episode.task.answer) else 0.0
 
     def _stream_id(self) -> dict[str, Any]:
-        return {"env": "synthetic_math", "seed": self.cfg.seed}
+        c = self.cfg  # everything that shapes the task stream: a resume with other values must fail
+        return {"env": "synthetic_math", "seed": c.seed, "num_ops": c.num_ops, "max_operand": c.max_operand,
+                "ops": list(c.ops), "heldout_fraction": c.heldout_fraction}
 
     def state_dict(self) -> dict[str, Any]:
         return {**self._stream_id(), "cursor": self._cursor}

@@ -4,13 +4,23 @@ Shapes: B requests in one generate call, P padded prompt length, S generated ste
 
 Batching: requests are grouped by policy and by identical sampling parameters (temperature,
 top_p, top_k); each group is ONE left-padded ``model.generate`` call with ``max_new_tokens``
-the group's largest; each row is then cut to its own ``max_new_tokens``.
+the group's largest, unless the logits budget forces a split (below); each row is then cut to
+its own ``max_new_tokens``.  Results are returned in request order either way.
 
 Logprobs: ``logprobs[j] = log_softmax(raw_logits_j / T)[token_j]`` with ``T`` the request's
 temperature (1.0 for greedy).  This is exactly what the learner recomputes from a forward pass,
 so the PPO ratio is 1 on the first epoch.  Top-p/top-k truncation is NOT reflected (the sampled
-distribution is the truncated one), as in verl.  The raw logits of all S steps are kept for
-this ([B, S, V] float32), which bounds the batch size on large vocabularies.
+distribution is the truncated one), as in verl.  ``generate`` keeps the raw float32 logits of
+every step for this (``output_logits``): B * S * V * 4 bytes, about 20 GB for 128 rows x 256
+tokens of Qwen2.5's 151,936-token vocabulary.  Two bounds:
+
+* ``logits_budget_bytes`` (HFBackend argument, default 2 GiB): a group is cut into consecutive
+  chunks of ``rows = budget // (max_new_tokens * V * 4)`` requests (at least 1), one generate
+  call each, so the kept logits of one call stay within the budget (a single row longer than
+  the budget still runs, alone).
+* the logprobs are read step by step (the sampled token's logit and a logsumexp of each [B, V]
+  step, each step released once read): besides generate's own kept logits, only [B, S] floats
+  and one step's [B, V] temporaries are allocated, never a stacked [B, S, V] tensor.
 
 Sampling uses only the request's parameters: the model's own ``generation_config`` sampling
 defaults (Qwen ships temperature 0.7, top_k 20, repetition_penalty 1.05) are neutralised for the
@@ -103,11 +113,26 @@ def _neutral_generation_config(model: torch.nn.Module) -> Iterator[None]:
         hf_model.generation_config = saved
 
 
-class HFBackend:
-    """Serves ``PolicyHandle``s with ``model.generate``; synchronous, one call per request group."""
+def _vocab_size(model: torch.nn.Module) -> int:
+    """Width of the model's logits (the output embedding's rows; config.vocab_size otherwise)."""
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PeftModel -> HF model
+    head = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(hf_model.config.vocab_size)
 
-    def __init__(self, policies: dict[str, "PolicyHandle"]):
+
+class HFBackend:
+    """Serves ``PolicyHandle``s with ``model.generate``; synchronous, one call per request group
+    (several when a group's kept logits would exceed ``logits_budget_bytes``; see the module
+    docstring)."""
+
+    def __init__(self, policies: dict[str, "PolicyHandle"], logits_budget_bytes: int = 2 * 1024**3):
+        if logits_budget_bytes < 1:
+            raise ValueError(f"logits_budget_bytes must be positive (found {logits_budget_bytes})")
         self.policies = policies
+        self.logits_budget_bytes = int(logits_budget_bytes)
+        self.vocab_sizes = {name: _vocab_size(h.model) for name, h in policies.items()}
         # read once: a completion ends at any of these (model generation_config EOS ids + tokenizer EOS)
         self.stop_ids = {name: completion_stop_ids(h.tokenizer, h.model) for name, h in policies.items()}
         self.served_versions = {name: h.version for name, h in policies.items()}
@@ -126,11 +151,20 @@ class HFBackend:
             groups.setdefault((r.policy, float(r.temperature), float(r.top_p), int(r.top_k)), []).append(i)
         out: list[GenResult | None] = [None] * len(requests)
         for (policy, *_), idx in groups.items():
-            for i, res in zip(idx, self._generate_group(self.policies[policy], [requests[i] for i in idx])):
-                out[i] = res
+            rows = self.rows_per_call(policy, max(requests[i].max_new_tokens for i in idx))
+            for start in range(0, len(idx), rows):  # consecutive chunks, in request order
+                chunk = idx[start : start + rows]
+                for i, res in zip(chunk, self._generate_group(self.policies[policy], [requests[i] for i in chunk])):
+                    out[i] = res
         self.stats.requests += len(requests)
         self.stats.seconds += time.perf_counter() - t0
         return out  # type: ignore[return-value]
+
+    def rows_per_call(self, policy: str, max_new_tokens: int) -> int:
+        """Most requests of ``policy`` in one generate call: rows * max_new_tokens * V * 4 bytes
+        of kept float32 logits stay within ``logits_budget_bytes``; at least 1."""
+        per_row = max(1, max_new_tokens) * self.vocab_sizes[policy] * 4
+        return max(1, self.logits_budget_bytes // per_row)
 
     def sync_weights(self, policy: str) -> None:
         """Serve the learner's latest weights of ``policy``.
@@ -147,7 +181,8 @@ class HFBackend:
     # ------------------------------------------------------------------ internals
 
     def _generate_group(self, handle: "PolicyHandle", reqs: list[GenRequest]) -> list[GenResult]:
-        """One generate call for requests sharing a policy and sampling parameters."""
+        """One generate call for requests sharing a policy and sampling parameters (the caller
+        keeps them within the logits budget)."""
         if handle.model.training:
             raise RuntimeError(
                 f"policy {handle.name!r}: model is in train mode while sampling; call sync_weights() after an update"
@@ -180,12 +215,18 @@ class HFBackend:
                 **kwargs,
             )
             seq = out.sequences[:, P:]  # [B, S]
+            steps = list(out.logits)  # S x [B, V] float32 raw (before processors)
+            del out  # the list now holds the only references: each step is freed once read
             S = seq.shape[1]
-            logits = torch.stack(out.logits, dim=1).float()  # [B, S, V] raw (before processors)
             T = r0.temperature if sampling else 1.0
-            scaled = logits if T == 1.0 else logits / T
-            logprobs = scaled.gather(-1, seq.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)  # [B, S]
-            del logits, scaled
+            logprobs = torch.empty((B, S), dtype=torch.float32, device=seq.device)  # [B, S]
+            for j in range(S):
+                step = steps[j].float()  # [B, V]
+                steps[j] = None
+                if T != 1.0:
+                    step = step / T
+                logprobs[:, j] = step.gather(-1, seq[:, j : j + 1]).squeeze(-1) - torch.logsumexp(step, dim=-1)
+                del step
 
             # cut each row at its first stop id (kept) or at its own max_new_tokens
             limit = torch.tensor([min(r.max_new_tokens, S) for r in reqs], device=seq.device)  # [B]

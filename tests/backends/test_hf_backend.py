@@ -99,6 +99,66 @@ def test_temperature_changes_logprobs(full_handle):
     assert not torch.allclose(torch.tensor(r.logprobs), at_t1, atol=1e-3)
 
 
+def test_logits_budget_splits_a_group_into_chunks_in_request_order(full_handle, monkeypatch):
+    """A group whose kept logits (rows x max_new_tokens x V x 4 bytes) exceed the budget is cut into
+    consecutive chunks of rows, one generate call each; greedy results equal the unsplit call."""
+    ps = prompts(full_handle.tokenizer)
+    requests = [req("solver", p, 0.0, max_new_tokens=m) for p, m in zip(ps * 3, [12, 5, 9, 12, 3, 7, 10, 12, 1])]
+    V = full_handle.model.get_output_embeddings().weight.shape[0]
+
+    whole = HFBackend({"solver": full_handle})
+    calls = spy_generate(full_handle.model, monkeypatch)
+    expected = whole.generate_batch(requests)
+    assert len(calls) == 1 and whole.stats.generate_calls == 1  # the default budget: one call per group
+    assert whole.rows_per_call("solver", 12) >= len(requests)
+
+    budget = 2 * 12 * V * 4 + 1  # two rows of the group's 12 new tokens fit, three do not
+    split = HFBackend({"solver": full_handle}, logits_budget_bytes=budget)
+    assert split.rows_per_call("solver", 12) == 2
+    calls.clear()
+    results = split.generate_batch(requests)
+    assert len(calls) == 5 and split.stats.generate_calls == 5  # ceil(9 / 2)
+    assert [c["input_ids"].shape[0] for c in calls] == [2, 2, 2, 2, 1]
+    # consecutive chunks: call k sees requests 2k and 2k+1, right-aligned
+    for k, c in enumerate(calls):
+        for row, q in zip(c["input_ids"], requests[2 * k : 2 * k + 2]):
+            assert row[row.shape[0] - len(q.prompt_ids) :].tolist() == q.prompt_ids
+    for r, e, q in zip(results, expected, requests):
+        assert r.completion_ids == e.completion_ids and r.finish_reason == e.finish_reason and r.text == e.text
+        assert len(r.completion_ids) == q.max_new_tokens
+        torch.testing.assert_close(torch.tensor(r.logprobs), torch.tensor(e.logprobs), atol=1e-5, rtol=0)
+    assert split.stats.requests == whole.stats.requests == len(requests)
+    assert split.stats.completion_tokens == whole.stats.completion_tokens
+
+    # a budget below one row still runs, one request per call
+    tiny = HFBackend({"solver": full_handle}, logits_budget_bytes=1)
+    calls.clear()
+    assert [r.completion_ids for r in tiny.generate_batch(requests[:3])] == [e.completion_ids for e in expected[:3]]
+    assert len(calls) == 3
+    with pytest.raises(ValueError, match="logits_budget_bytes"):
+        HFBackend({"solver": full_handle}, logits_budget_bytes=0)
+
+
+def test_logprobs_are_read_step_by_step_without_stacking_the_logits(full_handle, monkeypatch):
+    """No [B, S, V] tensor is built from generate's per-step logits (only [B, S] floats are kept)."""
+    ps = prompts(full_handle.tokenizer)
+    stacked = []
+    real_stack = torch.stack
+
+    def spy_stack(tensors, *args, **kwargs):
+        out = real_stack(tensors, *args, **kwargs)
+        stacked.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(torch, "stack", spy_stack)
+    V = full_handle.model.get_output_embeddings().weight.shape[0]
+    for temperature in (0.0, 0.7):
+        results = HFBackend({"solver": full_handle}).generate_batch([req("solver", p, temperature, max_new_tokens=8) for p in ps])
+        for r, p in zip(results, ps):
+            torch.testing.assert_close(torch.tensor(r.logprobs), recompute(full_handle.model, p, r.completion_ids, temperature)[0], atol=1e-4, rtol=0)
+    assert not [s for s in stacked if len(s) == 3 and s[-1] == V]
+
+
 def test_greedy_is_argmax_and_ignores_checkpoint_sampling_defaults(full_handle):
     model = full_handle.model
     backend = HFBackend({"solver": full_handle})

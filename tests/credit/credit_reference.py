@@ -183,3 +183,72 @@ def ref_dr_mas(groups: list[EpisodeGroup], invalid_penalty: float = 0.1, scale_b
             for i, s, r in lst:
                 adv[(b, i, s)] = ref_apply(r, mu, sd, scale_by_std, eps)
     return [adv[(b, i, s)] for b, g in enumerate(groups) for i, ep in enumerate(g.episodes) for s in range(len(ep.turns))]
+
+
+# --- reference credit pipelines (method x normaliser) ------------------------------------------
+
+
+def ref_raw_scores(groups: list[EpisodeGroup], method: str, invalid_penalty: float) -> tuple[list[list[list[float]]], list[list[float]]]:
+    """Raw scores straight from the formulas: (turn[b][i][t], episode[b][i]).
+
+    grpo / dr_grpo: s_i on every turn; rloo: s_i - mean of the other episodes' s_j (0 for a
+    group of one) on every turn; dr_mas: R_i - p*invalid_t per turn, s_i per episode."""
+    turn: list[list[list[float]]] = []
+    episode: list[list[float]] = []
+    for g in groups:
+        s = [ref_episode_score(ep, invalid_penalty) for ep in g.episodes]
+        if method in ("grpo", "dr_grpo"):
+            ep_scores = s
+        elif method == "rloo":
+            G = len(s)
+            ep_scores = [0.0 if G == 1 else s[i] - sum(s[j] for j in range(G) if j != i) / (G - 1) for i in range(G)]
+        elif method == "dr_mas":
+            ep_scores = s
+        else:
+            raise ValueError(method)
+        episode.append(ep_scores)
+        if method == "dr_mas":
+            turn.append([[ep.reward - invalid_penalty * (0.0 if t.valid else 1.0) for t in ep.turns] for ep in g.episodes])
+        else:
+            turn.append([[ep_scores[i]] * len(ep.turns) for i, ep in enumerate(g.episodes)])
+    return turn, episode
+
+
+def ref_pipeline(
+    groups: list[EpisodeGroup], method: str, normaliser: str, invalid_penalty: float = 0.0, scale_by_std: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """Per-turn advantages of ``method`` + ``normaliser``, by nested loops.
+
+    none: the raw turn score; group: per task, stats over the episodes' scores, each turn gets
+    its episode's value; global: stats over every turn of the batch; agent: per (task, agent)
+    stats over that agent's turns.  dr_grpo never divides by the std."""
+    if method == "dr_grpo":
+        scale_by_std = False
+    turn, episode = ref_raw_scores(groups, method, invalid_penalty)
+    out: list[float] = []
+    if normaliser == "none":
+        return [x for b in turn for ep in b for x in ep]
+    if normaliser == "group":
+        for b, g in enumerate(groups):
+            mu, sd = ref_mean_std(episode[b])
+            for i, ep in enumerate(g.episodes):
+                out += [ref_apply(episode[b][i], mu, sd, scale_by_std, eps)] * len(ep.turns)
+        return out
+    if normaliser == "global":
+        flat = [x for b in turn for ep in b for x in ep]
+        if not flat:
+            return []
+        mu, sd = ref_mean_std(flat)
+        return [ref_apply(x, mu, sd, scale_by_std, eps) for x in flat]
+    if normaliser == "agent":
+        for b, g in enumerate(groups):
+            per_agent: dict[str, list[float]] = defaultdict(list)
+            for i, ep in enumerate(g.episodes):
+                for t, tr in enumerate(ep.turns):
+                    per_agent[tr.agent].append(turn[b][i][t])
+            stats = {a: ref_mean_std(xs) for a, xs in per_agent.items()}
+            for i, ep in enumerate(g.episodes):
+                for t, tr in enumerate(ep.turns):
+                    out.append(ref_apply(turn[b][i][t], *stats[tr.agent], scale_by_std, eps))
+        return out
+    raise ValueError(normaliser)

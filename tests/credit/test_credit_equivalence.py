@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from credit_reference import ref_dr_grpo, ref_dr_mas, ref_grpo, ref_normalise, ref_rloo, random_groups
+from credit_reference import ref_dr_grpo, ref_dr_mas, ref_grpo, ref_normalise, ref_pipeline, ref_rloo, random_groups
+from pydantic import TypeAdapter
 
-from mas.credit import build_credit_batch, run_credit
+from mas.credit import build_credit_batch, credit_config_union, run_credit
 from mas.credit.baselines import DrGRPOConfig, GRPOConfig, RLOOConfig
 from mas.credit.dr_mas import DrMasConfig
-from mas.credit.normalise import NORMALISERS
+from mas.credit.normalise import NORMALISER_NAMES, NORMALISERS
 
 AGENTS = ["planner", "search", "answer", "verifier", "critic"]
 
@@ -91,3 +92,24 @@ def test_normalisers_match_reference(kind, scale_by_std, eps, seed):
     out = NORMALISERS[kind](values, group_ids=group_ids, agent_ids=agent_ids, scale_by_std=scale_by_std, eps=eps)
     expected = ref_normalise(kind, values.tolist(), group_ids.tolist(), agent_ids.tolist(), scale_by_std, eps)
     torch.testing.assert_close(out.values, _expected(expected))
+
+
+METHODS = ["grpo", "dr_grpo", "rloo", "dr_mas"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("normaliser", NORMALISER_NAMES)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("penalty", [0.0, 0.3])
+@pytest.mark.parametrize("scale_by_std", [True, False])
+def test_every_pipeline_matches_reference(case, normaliser, method, penalty, scale_by_std):
+    """Every method x normaliser, configured as the YAML section would be, against the loops
+    of ``ref_pipeline``; eps alternates between verl's 1e-6 and a visible 0.25."""
+    groups, batch = _batch(case)
+    eps = 0.25 if case[-1] % 2 else 1e-6
+    section = {"method": method, "normaliser": normaliser, "eps": eps, "invalid_penalty": penalty}
+    if method != "dr_grpo":  # Dr. GRPO has no scale_by_std key: it never divides
+        section["scale_by_std"] = scale_by_std
+    cfg = TypeAdapter(credit_config_union()).validate_python(section)
+    credit = run_credit(batch, cfg)
+    torch.testing.assert_close(credit.advantages, _expected(ref_pipeline(groups, method, normaliser, penalty, scale_by_std, eps)))

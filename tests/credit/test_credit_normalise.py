@@ -6,13 +6,16 @@ import math
 
 import pytest
 import torch
-from pydantic import ValidationError
+from credit_reference import make_group
 
+from mas.credit import build_credit_batch
 from mas.credit.normalise import (
+    NORMALISER_NAMES,
     NORMALISERS,
-    NormaliserConfig,
+    RawScores,
     get_normaliser,
     normalise_agent,
+    normalise_credit,
     normalise_global,
     normalise_group,
     normalise_none,
@@ -159,11 +162,57 @@ def test_missing_ids_and_unknown_name_are_errors():
         get_normaliser("batch")
 
 
-def test_normaliser_config():
-    cfg = NormaliserConfig(kind="group", scale_by_std=False)
-    out = cfg.apply(torch.tensor([1.0, 3.0]), group_ids=torch.tensor([0, 0]))
-    torch.testing.assert_close(out.values, torch.tensor([-1.0, 1.0]))
-    with pytest.raises(ValidationError):
-        NormaliserConfig(kind="batch")
-    with pytest.raises(ValidationError):
-        NormaliserConfig(kind="group", extra_key=1)
+def test_normaliser_names():
+    assert sorted(NORMALISER_NAMES) == sorted(NORMALISERS) == ["agent", "global", "group", "none"]
+
+
+def _two_task_batch():
+    """Task 0: episodes [a, b, a] (R=1) and [b] (R=0); task 1: [a] (R=2), [] (R=4, no turns)."""
+    g0 = make_group([["a", "b", "a"], ["b"]], [1.0, 0.0], group_id=0)
+    g1 = make_group([["a"], []], [2.0, 4.0], group_id=1)
+    return build_credit_batch([g0, g1], ["a", "b"])
+
+
+def test_normalise_credit_levels_by_hand():
+    """Per-turn scores x = [1, 2, 3, 4, 5] (turns: a b a | b | a), episode scores s = [2, 4, 5, 7]."""
+    batch = _two_task_batch()
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+    s = torch.tensor([2.0, 4.0, 5.0, 7.0], dtype=torch.float64)
+    scores = RawScores(turn=x, episode=s)
+
+    none = normalise_credit(batch, scores, "none")
+    assert torch.equal(none.values, x) and torch.equal(none.episode_values, s)
+
+    # group: task 0 over episodes {2, 4}: mean 3, std sqrt(2); task 1 over {5, 7} (the turn-less
+    # episode counts): mean 6, std sqrt(2); each turn gets its episode's value
+    r2 = math.sqrt(2)
+    grp = normalise_credit(batch, scores, "group")
+    e_adv = [-1 / (r2 + EPS), 1 / (r2 + EPS), -1 / (r2 + EPS), 1 / (r2 + EPS)]
+    torch.testing.assert_close(grp.episode_values, torch.tensor(e_adv, dtype=torch.float64))
+    torch.testing.assert_close(grp.values, torch.tensor([e_adv[0]] * 3 + [e_adv[1], e_adv[2]], dtype=torch.float64))
+    assert grp.count.tolist() == [2, 2, 2, 2, 2]
+
+    # global: all five turns, mean 3, std sqrt(10/4); the turn-less episode contributes nothing
+    sd = math.sqrt(10 / 4)
+    glob = normalise_credit(batch, scores, "global", scale_by_std=False)
+    torch.testing.assert_close(glob.values, x - 3)
+    torch.testing.assert_close(normalise_credit(batch, scores, "global").values, (x - 3) / (sd + EPS))
+    assert glob.count.tolist() == [5] * 5 and glob.episode_values is None
+
+    # agent: (task 0, a) = {1, 3}: mean 2, std sqrt(2); (task 0, b) = {2, 4}: mean 3, std sqrt(2);
+    # (task 1, a) = {5}: singleton, raw value / (1 + eps)
+    agent = normalise_credit(batch, scores, "agent")
+    expected = [-1 / (r2 + EPS), -1 / (r2 + EPS), 1 / (r2 + EPS), 1 / (r2 + EPS), 5 / (1 + EPS)]
+    torch.testing.assert_close(agent.values, torch.tensor(expected, dtype=torch.float64))
+    assert agent.count.tolist() == [2, 2, 2, 2, 1] and agent.episode_values is None
+
+
+def test_normalise_credit_errors():
+    batch = _two_task_batch()
+    good = RawScores(turn=torch.zeros(5, dtype=torch.float64), episode=torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"valid: \['agent', 'global', 'group', 'none'\]"):
+        normalise_credit(batch, good, "batch")
+    with pytest.raises(ValueError, match="expected"):
+        normalise_credit(batch, RawScores(turn=torch.zeros(4), episode=torch.zeros(4)), "none")
+    with pytest.raises(ValueError, match="expected"):
+        normalise_credit(batch, RawScores(turn=torch.zeros(5), episode=torch.zeros(3)), "group")

@@ -146,7 +146,9 @@ def test_union_rejects_unknown_keys_and_bad_values():
     with pytest.raises(ValidationError, match="extra_forbidden|Extra inputs"):
         _RunConfig.model_validate({"credit": {"method": "grpo", "scale_by_stdd": False}})
     with pytest.raises(ValidationError, match="Extra inputs"):
-        _RunConfig.model_validate({"credit": {"method": "rloo", "scale_by_std": False}})  # grpo-only key
+        _RunConfig.model_validate({"credit": {"method": "dr_grpo", "scale_by_std": False}})  # Dr. GRPO never divides: no such key
+    with pytest.raises(ValidationError, match="'none', 'group', 'global' or 'agent'"):
+        _RunConfig.model_validate({"credit": {"method": "grpo", "normaliser": "agentwise"}})
     with pytest.raises(ValidationError):
         _RunConfig.model_validate({"credit": {"method": "dr_mas", "eps": -1.0}})
     with pytest.raises(ValidationError):
@@ -163,7 +165,7 @@ def test_configs_are_frozen_documented_and_tagged(name):
         cfg.eps = 0.5  # frozen
     for field_name, field in cls.model_fields.items():
         assert field.description, f"{cls.__name__}.{field_name} has no description"
-    assert {"method", "eps", "invalid_penalty"} <= set(cls.model_fields)
+    assert {"method", "normaliser", "eps", "invalid_penalty"} <= set(cls.model_fields)
 
 
 def test_defaults():
@@ -172,3 +174,8 @@ def test_defaults():
     assert GRPOConfig() == GRPOConfig(eps=1e-6, scale_by_std=True, invalid_penalty=0.0)
     assert DrGRPOConfig().invalid_penalty == 0.0 and RLOOConfig().invalid_penalty == 0.0
     assert DrMasConfig() == DrMasConfig(eps=1e-6, scale_by_std=True, invalid_penalty=0.1)
+    # each method's spec normaliser
+    assert GRPOConfig().normaliser == "group" and GRPOConfig().scale_by_std is True
+    assert DrGRPOConfig().normaliser == "group" and DrGRPOConfig().scale_by_std is False
+    assert RLOOConfig().normaliser == "none"
+    assert DrMasConfig().normaliser == "agent" and DrMasConfig().scale_by_std is True
