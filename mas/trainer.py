@@ -49,7 +49,8 @@ def train_step(team: Team, step: int) -> StepResult:
     seed_everything(seed)
     timings: dict[str, float] = {}
 
-    # 1. rollout: G joint episodes for each of B tasks (scored by the env inside the engine)
+    # 1. rollout + score: G joint episodes for each of B tasks; the engine scores each episode
+    #    with env.score as it ends (replays and interventions are scored the same way)
     t0 = time.perf_counter()
     tasks = team.env.sample_tasks(cfg.trainer.batch_size)
     groups = team.engine.rollout(tasks, cfg.trainer.group_size, seed=seed)
