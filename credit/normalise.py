@@ -301,6 +301,6 @@ def normalise_credit(batch: CreditBatch, scores: RawScores, normaliser: str, *, 
             turn, agent_group_key(batch.group_ids, batch.agent_ids, num_agents=max(len(batch.agent_names), 1)), scale_by_std=scale_by_std, eps=eps
         )
     else:  # none, global
-        norm = fn(turn, scale_by_std=scale_by_std, eps=eps) if normaliser == "none" else normalise_segments(turn, batch.group_ids, scale_by_std=scale_by_std, eps=eps)
+        norm = fn(turn, scale_by_std=scale_by_std, eps=eps)
     episode_values = scores.episode.to(torch.float64) if normaliser == "none" else None
     return CreditNormalised(norm.values, norm.mean, norm.std, norm.count, episode_values)

@@ -62,7 +62,7 @@ def test_validate_good_file_prints_the_resolved_config(good, capsys):
     resolved = yaml.safe_load(out)  # the header is a comment: the rest is the config as YAML
     assert resolved["policies"]["main"]["optim"]["micro_batch_size"] == 8
     assert resolved["trainer"]["steps"] == 10
-    assert resolved["credit"] == {"method": "grpo", "scale_by_std": True, "eps": 1e-6, "invalid_penalty": 0.0}
+    assert resolved["credit"] == {"method": "grpo", "normaliser": "group", "scale_by_std": True, "eps": 1e-6, "invalid_penalty": 0.0}
     assert validate_config(resolved) == validate_config(copy.deepcopy(GOOD))
 
 
