@@ -141,31 +141,61 @@ def token_logprobs(
     logprobs exactly (ratio 1).  Computed in float32 as gather − logsumexp, which keeps no
     [N, S, V] log-softmax alive for backward.
 
-    Memory: one float32 [N, S-1, V] tensor of scaled logits is built (none when the model
-    already returns float32 and every T is 1; the float32 copy of half-precision logits is
-    scaled in place), and logsumexp keeps it for backward.  Entropy is a detached diagnostic
-    computed under no_grad over at most ``entropy_chunk`` positions at a time (per row), so
-    its softmax temporaries are [entropy_chunk, V] rather than [N, S, V].
+    Memory (the [N, S, V] logits dominate at large V): at most one float32 copy of the
+    model's logits is made (none when they are float32 and every T is 1; a half-precision
+    output is converted, then scaled in place), and it is the only [N, S, V] tensor kept for
+    backward.  ``_TokenLogprob`` gives autograd's gradient of gather − logsumexp with one
+    [N, S, V] temporary instead of three.  All S positions are scored (the last one predicts
+    nothing and is dropped from the [N, S] result), so no gradient is padded back from a
+    sliced [N, S-1, V] view.  Entropy is a detached diagnostic computed under no_grad over at
+    most ``entropy_chunk`` positions at a time, so its softmax temporaries are
+    [entropy_chunk, V].
     """
     if entropy_chunk < 1:
         raise ValueError(f"entropy_chunk must be >= 1 (found {entropy_chunk})")
     input_ids = batch["input_ids"]  # [N, S]
-    raw = model(input_ids=input_ids, attention_mask=batch["attention_mask"]).logits[:, :-1]  # [N, S-1, V]
+    raw = model(input_ids=input_ids, attention_mask=batch["attention_mask"]).logits  # [N, S, V]
     temps = batch["temperatures"].to(device=raw.device, dtype=torch.float32)  # [N]
     scale = bool((temps != 1.0).any())
     if raw.dtype != torch.float32:
-        logits = raw.float()  # [N, S-1, V]  our own copy: scale it in place
+        logits = raw.float()  # [N, S, V]  our own copy: scale it in place
         if scale:
             logits.div_(temps[:, None, None])
     else:
-        logits = raw / temps[:, None, None] if scale else raw  # position t predicts t+1
+        logits = raw / temps[:, None, None] if scale else raw  # [N, S, V]
     del raw  # the model's own (half-precision) logits are not needed for backward
-    targets = input_ids[:, 1:]  # [N, S-1]
-    lse = torch.logsumexp(logits, dim=-1)  # [N, S-1]
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [N, S-1]
-    entropy = _entropy(logits, lse, entropy_chunk)  # [N, S-1]
+    # position t predicts t+1; the last position predicts nothing (any in-vocabulary id, dropped)
+    targets = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)  # [N, S]
+    logp, lse = _TokenLogprob.apply(logits, targets)  # [N, S] each
+    entropy = _entropy(logits[:, :-1], lse[:, :-1], entropy_chunk)  # [N, S-1]
     zero = logp.new_zeros(logp.shape[0], 1)  # [N, 1]  column 0 predicts nothing
-    return torch.cat([zero, logp], dim=1), torch.cat([zero, entropy], dim=1)  # [N, S] each
+    return torch.cat([zero, logp[:, :-1]], dim=1), torch.cat([zero, entropy], dim=1)  # [N, S] each
+
+
+class _TokenLogprob(torch.autograd.Function):
+    """``logits.gather(-1, targets) - logsumexp(logits, -1)`` and the (non-differentiable) lse.
+
+    Same values and, bit for bit, the same gradient as autograd's composition
+    (``-g * exp(logits - lse)``, plus ``g`` scattered onto each target), but the backward
+    builds it in a single [..., V] buffer rather than the softmax, its product with the
+    gradient, the gather's zero-filled scatter and their sum.  Saves ``logits`` (no copy).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lse = torch.logsumexp(logits, dim=-1)  # [...]
+        logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [...]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.mark_non_differentiable(lse)
+        return logp, lse
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _grad_lse: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        logits, targets, lse = ctx.saved_tensors
+        out = (logits - lse.unsqueeze(-1)).exp_()  # [..., V]  softmax
+        out.mul_(grad.neg().unsqueeze(-1))  # logsumexp's share: -g * softmax
+        out.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))  # gather's share: +g at the target
+        return out, None
 
 
 @torch.no_grad()
