@@ -321,6 +321,32 @@ def test_chunked_entropy_equals_the_unchunked_formula(tiny_model, chunk):
         token_logprobs(tiny_model, batch, entropy_chunk=0)
 
 
+@pytest.mark.parametrize("temperatures", [(1.0,), (0.7, 1.0, 1.3)])
+def test_logprob_gradient_equals_autograds_composition(tiny_model, temperatures):
+    """token_logprobs' hand-written backward (one [N, S, V] buffer) gives, bit for bit, the values
+    and parameter gradients of the plain autograd formula gather(logits / T) - logsumexp(logits / T)."""
+    samples = make_samples(tiny_model, 5, seed=17, temperatures=temperatures)
+    batch = collate(samples)
+    weight = torch.randn(batch["input_ids"].shape, generator=torch.Generator().manual_seed(0)) * batch["completion_mask"]
+
+    def plain(model, batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        x = logits[:, :-1].float() / batch["temperatures"][:, None, None]
+        logp = x.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1) - torch.logsumexp(x, dim=-1)
+        return torch.cat([logp.new_zeros(logp.shape[0], 1), logp], dim=1)
+
+    out = []
+    for fn in (plain, lambda m, b: token_logprobs(m, b)[0]):
+        tiny_model.zero_grad(set_to_none=True)
+        logp = fn(tiny_model, batch)
+        (logp * weight).sum().backward()
+        out.append((logp.detach(), [p.grad.clone() for p in tiny_model.parameters()]))
+    (lp_a, g_a), (lp_b, g_b) = out
+    assert torch.equal(lp_a, lp_b)
+    assert all(torch.equal(a, b) for a, b in zip(g_a, g_b))
+    assert any(g.abs().sum() > 0 for g in g_b)
+
+
 def test_half_precision_logits_are_scaled_in_place_with_the_same_result(tiny_model):
     """bf16 logits: one float32 copy, scaled in place, equals logits.float() / T."""
     samples = make_samples(tiny_model, 3, seed=16, temperatures=(0.7, 1.0, 1.3))
