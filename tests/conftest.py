@@ -18,7 +18,16 @@ CORPUS = [
     "Question: how many eggs? The answer is 18. #### 18 debate round previous answers",
 ] * 20
 
-torch.set_num_threads(1)  # tiny models: one thread is fastest and avoids oversubscription
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core box two spinning
+    OpenMP threads per process slow the tests down many-fold; restored after each test."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

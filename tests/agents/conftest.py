@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from mas.agents.policy import build_policies
 from mas.config import LoraConfig, PolicyConfig
@@ -26,12 +25,3 @@ def lora_pair(policy_config):
     """Two LoRA policies 'alpha' and 'beta' on one tiny base model."""
     return build_policies({"alpha": policy_config("lora"), "beta": policy_config("lora")}, seed=0)
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy CI box two spinning OpenMP
-    threads per process slow these tests down ten-fold; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from mas.agents.policy import PolicyHandle, build_policies
 from mas.config import LoraConfig, PolicyConfig
@@ -19,12 +18,3 @@ def lora_handles(tiny_model_dir):
     cfg = PolicyConfig(kind="lora", model=str(tiny_model_dir), device="cpu", lora=LoraConfig(r=4, alpha=8))
     return build_policies({"alpha": cfg, "beta": cfg}, seed=0)
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy CI box two spinning OpenMP
-    threads per process slow these tests down ten-fold; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
