@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny in-process tokenizer and models, Ray/temp isolation."""
+"""Shared fixtures: tiny in-process tokenizers and models, one torch thread per test."""
 
 from __future__ import annotations
 
