@@ -24,6 +24,8 @@ def build_credit_batch(groups: list[EpisodeGroup], agent_names: list[str]) -> Cr
     * ``agent_ids``: index of ``turn.agent`` in ``agent_names``; an unknown agent is a
       ValueError naming the episode and turn.
     * ``invalid`` = ``not turn.valid``; ``trainable`` = ``turn.trainable``.
+    * ``completion_lengths``: completion tokens per turn; ``parent_ids``: position (as in
+      ``turn_ids``) of the turn that called this one, -1 for a root turn.
     * ``turn_rewards``: one [N] tensor per key found in any ``turn.extra_rewards``; a turn
       that lacks the key gets 0.0 there [A].
     Episodes without turns still count in E (they take part in per-episode statistics).
@@ -41,6 +43,8 @@ def build_credit_batch(groups: list[EpisodeGroup], agent_names: list[str]) -> Cr
     invalid: list[bool] = []
     trainable: list[bool] = []
     extra: list[dict[str, float]] = []
+    lengths: list[int] = []
+    parents: list[int] = []
 
     e = 0
     for b, group in enumerate(groups):
@@ -60,6 +64,8 @@ def build_credit_batch(groups: list[EpisodeGroup], agent_names: list[str]) -> Cr
                 invalid.append(not turn.valid)
                 trainable.append(bool(turn.trainable))
                 extra.append(turn.extra_rewards)
+                lengths.append(len(turn.completion_ids))
+                parents.append(_position_of(episode, turn.parent))
             e += 1
 
     keys = sorted({k for d in extra for k in d})
@@ -76,4 +82,13 @@ def build_credit_batch(groups: list[EpisodeGroup], agent_names: list[str]) -> Cr
         trainable=torch.tensor(trainable, dtype=torch.bool),  # [N]
         agent_names=list(agent_names),
         turn_rewards=turn_rewards,
+        completion_lengths=torch.tensor(lengths, dtype=torch.long),  # [N]
+        parent_ids=torch.tensor(parents, dtype=torch.long),  # [N]
     )
+
+
+def _position_of(episode, index: int | None) -> int:
+    """Position in ``episode.turns`` of the turn with ``Turn.index == index`` (-1 if none)."""
+    if index is None:
+        return -1
+    return next((i for i, t in enumerate(episode.turns) if t.index == index), -1)

@@ -198,6 +198,10 @@ class TrainerConfig(Section):
     eval_after: bool = Field(True, description="Evaluate after the last step.")
     save_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only at the end).")
     sample_episodes: int = Field(2, ge=0, description="Episodes per step written to episodes.jsonl.")
+    alternate: tuple[str, ...] = Field(
+        (), description="Train these policies one at a time, switching every switch_every steps (CCPO); () trains all each step."
+    )
+    switch_every: int = Field(10, ge=1, description="Steps per turn in the alternate schedule.")
 
 
 class RuntimeConfig(Section):
@@ -244,6 +248,10 @@ class RunConfig(Section):
         errors: list[tuple[tuple, Any, str]] = []
         names = [a.name for a in self.agents]
         policies = sorted(self.policies)
+        for i, name in enumerate(self.trainer.alternate):
+            if name not in self.policies or self.policies[name].kind == "frozen":
+                valid = sorted(n for n, p in self.policies.items() if p.kind != "frozen")
+                errors.append((("trainer", "alternate", i), name, f"not a trainable policy; valid: {valid}"))
         for name, p in self.policies.items():
             if p.kind == "lora" and ("." in name or "lora_" in name or name in "lora_"):
                 errors.append((("policies", name), name, "a LoRA policy's name is its peft adapter name: "

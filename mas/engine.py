@@ -30,6 +30,7 @@ from mas.agents.agent import Agent
 from mas.agents.prompts import render_prompt
 from mas.backends.base import Backend, GenRequest, GenResult
 from mas.types import (
+    CritiqueRequest,
     Episode,
     EpisodeGroup,
     InterventionRequest,
@@ -281,7 +282,7 @@ class Engine:
         self.trainable = trainable
         self.backend = backend
         self.score = score
-        self.stats = {"batches": 0, "requests": 0}
+        self.stats = {"batches": 0, "requests": 0, "replay_episodes": 0, "critiques": 0}
 
     # -- public API ------------------------------------------------------------------------
 
@@ -296,10 +297,22 @@ class Engine:
         return groups
 
     def execute(self, requests: list[Request], seed: int) -> Results:
-        """Run replay and intervention requests in one concurrent pass."""
+        """Run replay, intervention and critique requests in one concurrent pass.
+
+        A request key names one evaluation: requests with a key already seen are not run again
+        (credit methods use canonical keys, e.g. one per coalition, so nothing is evaluated twice).
+        """
+        unique: dict[str, Request] = {}
+        for req in requests:
+            unique.setdefault(req.key, req)
         jobs: list[tuple[Episode, Script | None]] = []
         owners: list[str] = []
-        for req in requests:
+        critiques: list[CritiqueRequest] = []
+        for req in unique.values():
+            if isinstance(req, CritiqueRequest):
+                _check_critique(req, self.tokenizers)
+                critiques.append(req)
+                continue
             src = req.source
             _check_request(req, self.agents)
             if isinstance(req, ReplayRequest):
@@ -313,10 +326,14 @@ class Engine:
             for i in range(n):
                 jobs.append((Episode(task=src.task, group_id=src.group_id, sample_id=i, seed=seed, info={"request": req.key}), script))
                 owners.append(req.key)
-        self._run(jobs, seed, greedy=False)
+        texts = self._run(jobs, seed, greedy=False, critiques=critiques)
         out: Results = {}
         for key, (ep, _) in zip(owners, jobs):
             out.setdefault(key, []).append(ep)
+        for req, text in zip(critiques, texts):
+            out[req.key] = [text]
+        self.stats["replay_episodes"] += len(jobs)
+        self.stats["critiques"] += len(critiques)
         return out
 
     def evaluate(self, tasks: list[Task], seed: int) -> list[Episode]:
@@ -325,15 +342,21 @@ class Engine:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _run(self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool) -> None:
-        asyncio.run(self._run_async(jobs, seed, greedy))
+    def _run(
+        self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest] = ()
+    ) -> list[str]:
+        return asyncio.run(self._run_async(jobs, seed, greedy, list(critiques)))
 
-    async def _run_async(self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool) -> None:
+    async def _run_async(
+        self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest]
+    ) -> list[str]:
         batcher = Batcher(self.backend, seed)
-        batcher.active = set(range(len(jobs)))
+        batcher.active = set(range(len(jobs) + len(critiques)))
         server = asyncio.create_task(batcher.serve())
         try:
-            await asyncio.gather(*(self._episode(k, ep, script, batcher, greedy) for k, (ep, script) in enumerate(jobs)))
+            episodes = [self._episode(k, ep, script, batcher, greedy) for k, (ep, script) in enumerate(jobs)]
+            asks = [self._critique(len(jobs) + i, req, batcher) for i, req in enumerate(critiques)]
+            texts = (await asyncio.gather(*episodes, *asks))[len(jobs):]
         finally:
             server.cancel()
             try:
@@ -342,6 +365,20 @@ class Engine:
                 pass
         self.stats["batches"] += batcher.batches
         self.stats["requests"] += batcher.requests
+        return list(texts)
+
+    async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher) -> str:
+        """One critic call; a failure gives an empty reply (the method's fallback handles it)."""
+        messages = [{"role": r, "content": c} for r, c in req.messages]
+        gen = GenRequest(policy=req.policy, prompt_ids=render_prompt(self.tokenizers[req.policy], messages),
+                         temperature=req.temperature, top_p=1.0, top_k=0, max_new_tokens=req.max_new_tokens,
+                         agent=f"critic:{req.policy}", messages=messages)
+        try:
+            return (await batcher.generate((key, 0), gen)).text
+        except Exception:  # noqa: BLE001 - counted by the method as a parse/call failure
+            return ""
+        finally:
+            batcher.finished(key)
 
     async def _episode(self, key: int, ep: Episode, script: Script | None, batcher: Batcher, greedy: bool) -> None:
         ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy)
@@ -365,6 +402,11 @@ class Engine:
                 ep.reward = float(self.score(ep))
             except Exception as exc:  # noqa: BLE001 - a scorer crash marks the episode, never the step
                 ep.status, ep.error, ep.reward = "error", f"score: {type(exc).__name__}: {exc}", 0.0
+
+
+def _check_critique(req: CritiqueRequest, tokenizers: dict[str, Any]) -> None:
+    if req.policy not in tokenizers:
+        raise ValueError(f"critique {req.key!r}: unknown policy {req.policy!r}; valid: {sorted(tokenizers)}")
 
 
 def _check_request(req: Request, agents: dict[str, Agent]) -> None:

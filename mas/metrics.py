@@ -42,6 +42,7 @@ def step_metrics(
     credit: Credit,
     updates: dict[str, dict[str, float]],
     timings: dict[str, float],
+    cost: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     episodes = [ep for g in groups for ep in g.episodes]
     turn_reward = batch.episode_rewards[batch.episode_ids]  # [N]
@@ -71,8 +72,27 @@ def step_metrics(
             "turns": statistics.fmean(len(ep.turns) for ep in episodes),
         },
         "policies": updates,
+        "credit_cost": cost or {},
         "tokens": sum(len(t.completion_ids) for _, t in flat),
         "time": timings,
+    }
+
+
+def credit_cost(requests: list, results: dict | None) -> dict[str, int]:
+    """Credit-specific overhead of a step: evaluations planned and generations they took."""
+    from mas.types import CritiqueRequest, InterventionRequest, ReplayRequest
+
+    keys = {r.key: r for r in requests}  # equal keys are evaluated once
+    sampled = 0
+    for items in (results or {}).values():
+        for ep in items:
+            if isinstance(ep, Episode):
+                sampled += sum(1 for t in ep.turns if not t.replayed and t.finish_reason not in ("masked", "removed"))
+    return {
+        "replays": sum(isinstance(r, ReplayRequest) for r in keys.values()),
+        "interventions": sum(isinstance(r, InterventionRequest) for r in keys.values()),
+        "critiques": sum(isinstance(r, CritiqueRequest) for r in keys.values()),
+        "extra_generations": sampled,
     }
 
 

@@ -21,7 +21,7 @@ from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mas.credit import build_credit_batch, run_credit
 from mas.credit.registry import plan_credit
 from mas.learner import TrainSample
-from mas.metrics import RunLogger, eval_metrics, step_metrics
+from mas.metrics import RunLogger, credit_cost, eval_metrics, step_metrics
 from mas.team import Team
 from mas.types import Credit, EpisodeGroup, flatten_turns
 
@@ -61,6 +61,7 @@ def train_step(team: Team, step: int) -> StepResult:
     batch = build_credit_batch(groups, list(team.agents))
     requests = plan_credit(groups, cfg.credit)
     results = team.engine.execute(requests, seed=seed + 1) if requests else None
+    cost = credit_cost(requests, results)
     try:
         credit = run_credit(batch, cfg.credit, results)
     except FloatingPointError as e:  # name the step too (the method names the agents)
@@ -70,13 +71,13 @@ def train_step(team: Team, step: int) -> StepResult:
     # 3. update: each trainable policy learns from its own turns only (turns of episodes that
     #    failed for infrastructure reasons count in the credit statistics but are not trained on)
     t0 = time.perf_counter()
-    samples: dict[str, list[TrainSample]] = {name: [] for name in team.learners}
+    samples: dict[str, list[TrainSample]] = {name: [] for name in active_learners(team, step)}
     for (ep, turn), adv in zip(flatten_turns(groups), credit.advantages.tolist()):
         if turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
             temperature = team.agents[turn.agent].sampling.temperature
             samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
     updates = {}
-    for name, learner in team.learners.items():
+    for name, learner in active_learners(team, step).items():
         try:
             updates[name] = learner.update(samples[name])
         except FloatingPointError as e:  # the learner names the policy; add the step
@@ -85,12 +86,22 @@ def train_step(team: Team, step: int) -> StepResult:
 
     # 4. sync: the rollout backend serves the new weights
     t0 = time.perf_counter()
-    for name in team.learners:
+    for name in updates:
         team.backend.sync_weights(name)
     timings["sync"] = time.perf_counter() - t0
 
-    metrics = step_metrics(step, groups, batch, credit, updates, timings)
+    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost)
     return StepResult(groups, credit, metrics)
+
+
+def active_learners(team: Team, step: int) -> dict:
+    """Learners that update at ``step``: all, or with ``trainer.alternate`` one policy at a time
+    for ``switch_every`` steps while the others are frozen (as in CCPO's alternating schedule)."""
+    order = team.cfg.trainer.alternate
+    if not order:
+        return team.learners
+    name = order[(step // team.cfg.trainer.switch_every) % len(order)]
+    return {name: team.learners[name]}
 
 
 def evaluate(team: Team, size: int, seed: int) -> dict:

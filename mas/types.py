@@ -127,6 +127,8 @@ class CreditBatch:
     trainable: torch.Tensor  # [N] bool   the turn is optimised (frozen/masked turns are not)
     agent_names: list[str]
     turn_rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # named [N] per-turn signals
+    completion_lengths: torch.Tensor | None = None  # [N] long  completion tokens of each turn
+    parent_ids: torch.Tensor | None = None  # [N] long  position of the calling turn in its episode, -1 for none
 
     @property
     def num_turns(self) -> int:
@@ -187,5 +189,20 @@ class InterventionRequest:
     keep_others: bool = True
 
 
-Request = ReplayRequest | InterventionRequest
-Results = dict[str, list[Episode]]  # request key -> the episodes it produced
+@dataclass(frozen=True)
+class CritiqueRequest:
+    """Ask ``policy`` (any policy of the team, e.g. a frozen critic) one chat prompt; the result is its text.
+
+    Greedy by default (temperature 0), as LLM critics are run in MAPPA and LLM-MCA.
+    """
+
+    key: str
+    policy: str
+    messages: tuple[tuple[str, str], ...]  # (role, content) pairs; a tuple so the request is hashable
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+
+
+Request = ReplayRequest | InterventionRequest | CritiqueRequest
+# request key -> the episodes a replay/intervention produced, or [text] for a critique
+Results = dict[str, list[Any]]

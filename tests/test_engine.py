@@ -206,3 +206,26 @@ def test_a_backend_that_loses_results_fails_the_episodes_instead_of_hanging(tiny
     backend.generate_batch = lambda reqs: real(reqs)[:-1]
     groups = engine.rollout(TASKS[:2], 1, seed=0)
     assert all(g.episodes[0].status == "error" for g in groups)
+
+
+def test_critiques_run_batched_with_replays_and_equal_keys_run_once(tiny_tokenizer):
+    from mas.types import CritiqueRequest
+
+    seen = []
+
+    def respond(req):
+        seen.append(req.agent)
+        if req.agent.startswith("critic:"):
+            return f"PROCESS_SCORE: {len(req.messages[-1]['content'])}"
+        return chain_respond(req)
+
+    engine, backend = scripted_engine(team_config("m", "chain"), respond, tiny_tokenizer)
+    src = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    seen.clear()
+    ask = CritiqueRequest("c1", "judge", (("system", "Score it."), ("user", "abcd")))
+    replay = ReplayRequest("r", src, freeze_upto=2)
+    out = engine.execute([ask, replay, ask, ReplayRequest("r", src, freeze_upto=2)], seed=0)
+    assert out["c1"] == ["PROCESS_SCORE: 4"] and len(out["r"]) == 1
+    assert seen.count("critic:judge") == 1 and seen.count("checker") == 1  # each key evaluated once
+    with pytest.raises(ValueError, match="unknown policy"):
+        engine.execute([CritiqueRequest("c2", "nobody", (("user", "x"),))], seed=0)
