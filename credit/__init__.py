@@ -1,6 +1,7 @@
 """Credit assignment: the registry and one module per method.
 
-Importing ``mas.credit`` registers every built-in method (grpo, dr_grpo, rloo, dr_mas).
+Importing ``mas.credit`` imports every module of this package, which registers every built-in
+method (one module per method; helpers shared by several methods live in their own modules).
 A credit pipeline is a method plus a normaliser, named in YAML, e.g.
 ``credit: {method: dr_mas, normaliser: global}``: the method computes raw scores, the
 normaliser (none, group, global or agent; ``normalise.py``) turns them into advantages.
@@ -9,8 +10,10 @@ group, rloo: none, dr_mas: agent), plus ``scale_by_std`` (not dr_grpo, which onl
 centres) and ``eps``.
 """
 
+import importlib
+import pkgutil
+
 from . import normalise, registry  # noqa: F401  (registry first: method modules register into it)
-from . import baselines, dr_mas  # noqa: F401  (import for registration)
 from .base import CreditConfigBase
 from .batch import build_credit_batch
 from .registry import (
@@ -24,6 +27,12 @@ from .registry import (
     register_credit,
     run_credit,
 )
+
+# Every other module of this package is a method (or its helpers) and registers on import.
+_INFRA = {"base", "batch", "normalise", "registry"}
+for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _mod not in _INFRA:
+        importlib.import_module(f"{__name__}.{_mod}")
 
 __all__ = [
     "CreditConfigBase",
