@@ -70,6 +70,7 @@ class Script:
     masked: tuple[str, ...] = ()
     mode: Literal["mask", "remove"] = "mask"
     keep_others: bool = False  # reuse other agents' recorded outputs at the same positions
+    resample: tuple[str, ...] = ()  # ... except these agents, which are always sampled afresh
 
     def directive(self, index: int, agent: str) -> Directive:
         src = self.source.turns[index] if index < len(self.source.turns) else None
@@ -80,7 +81,8 @@ class Script:
                 found = None if src is None else src.agent
                 raise ReplayDivergence(f"turn {index}: topology asked for {agent!r}, recorded turn is {found!r}")
             return Directive("replay", src, check_prompt=True)
-        if self.keep_others and src is not None and src.agent == agent and src.finish_reason not in ("masked", "removed"):
+        if (self.keep_others and agent not in self.resample and src is not None and src.agent == agent
+                and src.finish_reason not in ("masked", "removed")):
             return Directive("replay", src)
         return SAMPLE
 
@@ -319,7 +321,8 @@ class Engine:
                 script = Script(src, freeze_upto=req.freeze_upto)
                 n = req.num_samples
             elif isinstance(req, InterventionRequest):
-                script = Script(src, masked=tuple(req.agents), mode=req.mode, keep_others=req.keep_others)
+                script = Script(src, masked=tuple(req.agents), mode=req.mode, keep_others=req.keep_others,
+                                resample=tuple(req.resample))
                 n = 1
             else:
                 raise TypeError(f"unknown request type {type(req).__name__}")
@@ -417,6 +420,6 @@ def _check_request(req: Request, agents: dict[str, Agent]) -> None:
         if req.num_samples < 1:
             raise ValueError(f"request {req.key!r}: num_samples must be >= 1")
     elif isinstance(req, InterventionRequest):
-        unknown = sorted(set(req.agents) - set(agents))
+        unknown = sorted((set(req.agents) | set(req.resample)) - set(agents))
         if unknown or not req.agents:
             raise ValueError(f"request {req.key!r}: unknown agents {unknown or '(none given)'}; valid: {sorted(agents)}")

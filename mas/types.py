@@ -187,6 +187,7 @@ class InterventionRequest:
     agents: tuple[str, ...]
     mode: Literal["mask", "remove"] = "mask"
     keep_others: bool = True
+    resample: tuple[str, ...] = ()  # agents always sampled afresh, e.g. the synthesiser that re-reads the masked team
 
 
 @dataclass(frozen=True)

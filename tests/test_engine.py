@@ -229,3 +229,18 @@ def test_critiques_run_batched_with_replays_and_equal_keys_run_once(tiny_tokeniz
     assert seen.count("critic:judge") == 1 and seen.count("checker") == 1  # each key evaluated once
     with pytest.raises(ValueError, match="unknown policy"):
         engine.execute([CritiqueRequest("c2", "nobody", (("user", "x"),))], seed=0)
+
+
+def test_intervention_can_resample_the_synthesiser_while_keeping_the_others(tiny_tokenizer):
+    def respond(req):
+        if req.agent == "checker":  # the synthesiser: its verdict depends on what it can read
+            return "REJECT" if "[masked]" in req.messages[-1]["content"] else "ACCEPT"
+        return chain_respond(req)
+
+    engine, _ = scripted_engine(team_config("m", "chain"), respond, tiny_tokenizer)
+    src = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    kept = engine.execute([InterventionRequest("k", src, agents=("helper",))], seed=0)["k"][0]
+    fresh = engine.execute([InterventionRequest("f", src, agents=("helper",), resample=("checker",))], seed=0)["f"][0]
+    assert kept.turns[2].text == "ACCEPT" and kept.turns[2].replayed  # realised output reused
+    assert fresh.turns[2].text == "REJECT" and not fresh.turns[2].replayed  # re-read the masked team
+    assert fresh.turns[0].replayed  # the lead still keeps its realised output
