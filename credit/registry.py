@@ -42,6 +42,7 @@ class CreditMethod:
     fn: CreditFn
     config_cls: type[BaseModel]
     plan: PlanFn | None = None
+    state: Any = None  # for methods that keep state across steps: an object with state_dict/load_state_dict/reset
 
 
 class UnknownCreditMethodError(KeyError):
@@ -73,18 +74,22 @@ def _check_config_cls(name: str, config_cls: type[BaseModel]) -> None:
         )
 
 
-def register_credit(name: str, config_cls: type[BaseModel], plan: PlanFn | None = None) -> Callable[[F], F]:
+def register_credit(
+    name: str, config_cls: type[BaseModel], plan: PlanFn | None = None, state: Any = None
+) -> Callable[[F], F]:
     """Decorator registering ``fn(batch, cfg, results=None) -> Credit`` under ``name``.
 
     Registering a name twice is a ValueError; ``config_cls`` must declare
-    ``method: Literal[name]`` (TypeError otherwise).
+    ``method: Literal[name]`` (TypeError otherwise).  ``state``: for a method that keeps
+    state across steps (CCPO v1's history), an object with ``state_dict()``,
+    ``load_state_dict(d)`` and ``reset()``; checkpoints save it and a fresh run resets it.
     """
 
     def decorator(fn: F) -> F:
         if name in _REGISTRY:
             raise ValueError(f"credit method {name!r} is already registered (by {_REGISTRY[name].fn.__module__}.{_REGISTRY[name].fn.__qualname__})")
         _check_config_cls(name, config_cls)
-        _REGISTRY[name] = CreditMethod(name=name, fn=fn, config_cls=config_cls, plan=plan)
+        _REGISTRY[name] = CreditMethod(name=name, fn=fn, config_cls=config_cls, plan=plan, state=state)
         return fn
 
     return decorator

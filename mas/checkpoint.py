@@ -4,7 +4,7 @@
         policies/<name>/      Hugging Face format (full models via save_pretrained, adapters via
                               peft save_pretrained) for every trainable policy
         learners/<name>.pt    optimizer and LR-schedule state
-        trainer_state.json    step, data cursor, summary so far
+        trainer_state.json    step, data cursor, credit-method state (e.g. CCPO v1's history), summary
         rng.pt                python, numpy and torch RNG states
     checkpoints/latest        name of the newest complete checkpoint
 
@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+from mas.credit import get_credit
 
 if TYPE_CHECKING:
     from mas.team import Team
@@ -44,7 +46,9 @@ def save_checkpoint(run_dir: Path, step: int, team: "Team", summary: dict[str, A
     (tmp / "learners").mkdir()
     for name, learner in team.learners.items():
         torch.save(learner.state_dict(), tmp / "learners" / f"{name}.pt")
-    state = {"step": step, "env": team.env.state_dict(), "summary": summary}
+    method = get_credit(team.cfg.credit.method)
+    credit_state = method.state.state_dict() if method.state is not None else None
+    state = {"step": step, "env": team.env.state_dict(), "summary": summary, "credit": credit_state}
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
     old = root / f"step_{step:06d}.old"
@@ -76,6 +80,9 @@ def load_checkpoint(path: Path, team: "Team") -> dict[str, Any]:
         team.backend.sync_weights(name)
     state = json.loads((path / "trainer_state.json").read_text())
     team.env.load_state_dict(state["env"])
+    method = get_credit(team.cfg.credit.method)
+    if method.state is not None:
+        method.state.load_state_dict(state["credit"] or {})
     rng = torch.load(path / "rng.pt", weights_only=False)
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from mas.credit import build_credit_batch, run_credit
+from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import plan_credit
 from mas.learner import TrainSample
 from mas.metrics import RunLogger, credit_cost, eval_metrics, step_metrics
@@ -123,7 +123,11 @@ def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | Non
         start = state["step"] + 1
         summary = state["summary"]
         logger.truncate_after(state["step"])
-    elif cfg.trainer.eval_size and cfg.trainer.eval_before:
+    else:
+        method = get_credit(cfg.credit.method)
+        if method.state is not None:  # a fresh run starts without history from earlier runs
+            method.state.reset()
+    if not resume and cfg.trainer.eval_size and cfg.trainer.eval_before:
         summary["eval_before"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
         logger.info(f"held-out team accuracy before training: {summary['eval_before']['accuracy']:.3f}")
         logger.log_eval("before", summary["eval_before"])

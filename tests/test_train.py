@@ -100,15 +100,24 @@ def assert_close(a, b, path=""):
         assert a == b, path
 
 
-def test_resume_reproduces_a_straight_run(tiny_model_dir, tmp_path):
-    cfg = team_config(tiny_model_dir, "orchestrator", trainer={"steps": 6, "batch_size": 2, "group_size": 4, "eval_size": 0},
-                      runtime={"deterministic": True})
+@pytest.mark.parametrize("topology,credit", [
+    ("orchestrator", {"method": "dr_mas"}),
+    ("chain", {"method": "ccpo", "version": "v1", "min_samples": 2}),  # keeps a history across steps
+])
+def test_resume_reproduces_a_straight_run(tiny_model_dir, tmp_path, topology, credit):
+    cfg = team_config(tiny_model_dir, topology, trainer={"steps": 6, "batch_size": 2, "group_size": 4, "eval_size": 0},
+                      runtime={"deterministic": True}, credit=credit)
     try:
         straight = tmp_path / "straight"
         train(build(cfg), straight)
         resumed = tmp_path / "resumed"
         train(build(cfg), resumed, stop_after=3)
         assert len(metric_rows(resumed)) == 3
+        from mas.credit import get_credit
+
+        state = get_credit(credit["method"]).state
+        if state is not None:
+            state.reset()  # a fresh process starts with none of the in-memory credit state
         train(build(cfg), resumed, resume=True)  # a fresh process would do exactly this
         assert torch.are_deterministic_algorithms_enabled()  # runtime.deterministic took effect
     finally:

@@ -27,7 +27,9 @@ from mas.credit.baselines import GRPOConfig
 from mas.credit.dr_mas import DrMasConfig, dr_mas
 from mas.types import Credit
 
-BUILTIN = ["dr_grpo", "dr_mas", "grpo", "rloo"]
+BUILTIN = ["dr_grpo", "dr_mas", "grpo", "rloo"]  # the episode-level baselines and Dr. MAS: no plan
+ALL_METHODS = sorted(BUILTIN + ["c3", "ccpo", "critic", "m_grpo", "magrpo", "reinforce_pp", "sharp"])
+PLANNED = {"c3", "ccpo", "critic", "sharp"}  # methods that ask the engine for extra evaluations
 
 
 class _NanConfig(CreditConfigBase):
@@ -47,7 +49,8 @@ def _batch():
 
 
 def test_builtins_are_registered_on_import():
-    assert credit_names() == BUILTIN
+    assert credit_names() == ALL_METHODS
+    assert {n for n in ALL_METHODS if get_credit(n).plan is not None} == PLANNED
     assert get_credit("dr_mas").fn is dr_mas
     assert get_credit("dr_mas").config_cls is DrMasConfig
     assert all(get_credit(n).plan is None for n in BUILTIN)
@@ -80,7 +83,7 @@ def test_config_must_carry_the_method_tag(isolated_registry):
 def test_unknown_name_lists_valid_names_sorted():
     with pytest.raises(KeyError) as info:
         get_credit("magic")
-    assert str(info.value) == "unknown credit method 'magic'; valid: dr_grpo, dr_mas, grpo, rloo"
+    assert str(info.value) == f"unknown credit method 'magic'; valid: {', '.join(ALL_METHODS)}"
 
 
 def test_run_credit_dispatches_on_method():
@@ -139,7 +142,7 @@ def test_union_rejects_unknown_method_listing_valid_tags():
         _RunConfig.model_validate({"credit": {"method": "shapley_magic"}})
     msg = str(info.value)
     assert "shapley_magic" in msg
-    assert "'dr_grpo', 'dr_mas', 'grpo', 'rloo'" in msg
+    assert ", ".join(repr(n) for n in ALL_METHODS) in msg
 
 
 def test_union_rejects_unknown_keys_and_bad_values():

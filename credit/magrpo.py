@@ -1,0 +1,134 @@
+"""MAGRPO node advantage (Liu et al. 2025, arXiv 2508.04652; CoMLRL) — CREDIT_SPEC §1.5.
+
+MAGRPO samples K joint actions at a node of a rollout tree and scores each joint action with
+one shared reward.  Read from CoMLRL's ``trainers/reinforce/magrpo.py`` [C]:
+
+    return of sibling j at node n   R_j = r_j + γ · mean(returns of the child node of j)
+    advantage (``advantage_mode``)  mean  A_j = R_j − mean_j' R_j'          (the default)
+                                    rloo  A_j = R_j − mean_{j'≠j} R_j' = K/(K−1) · (R_j − mean)
+                                    max   A_j = R_j − max_j' R_j'
+                                    raw   A_j = R_j
+    no std scaling, and every agent at the node gets the same A_j.
+
+In mas [A]:
+  * node = task group.  The G episodes of one task are the K siblings of one node, each
+    episode one joint sample ("aligned" joint mode: episode j's turns form joint action j).
+  * mas rollouts are single-level: an episode is not expanded into child nodes by an
+    external transition, so the tree's multi-turn return recursion reduces to R_j = the
+    episode reward (there is no γ and no early termination to configure).
+  * every turn of episode j, whatever its agent and position, gets A_j: no per-agent credit.
+  * a group of one episode: mean, rloo and max give 0, raw gives R_j (CoMLRL's rloo falls
+    back to R − mean for K ≤ 1 [C]; CoMLRL itself refuses K < 2).
+  * a constant group gives exactly 0 (float64 statistics, exact group mean), as everywhere in
+    ``mas.credit``.
+The learning rule also differs: CoMLRL optimises −(Σ_tokens logπ)·A with no ratio and no
+clipping; mas's learner applies its PPO-clip surrogate (on-policy at ppo_epochs = 1 the ratio
+is 1 and the gradient matches up to the loss aggregation).
+
+As a credit pipeline the node advantage A_j is the method's raw score (per turn and per
+episode, like RLOO); the default normaliser ``none`` returns it unchanged.  With ``group``
+the node advantages are re-centred and divided by the group std, which for mode ``mean``
+(or ``rloo``, ``max``: a per-group shift/scale) is exactly GRPO: C3's reimplementation of
+MAGRPO, which divides by the group std by default [C].
+
+Breakdown: ``node_return`` R_j [E], ``node_baseline`` [E] (the subtracted baseline: group
+mean, leave-one-out mean, group max, or 0), ``node_advantage`` A_j [E], ``node_size`` K [E],
+``norm_mean``/``norm_std``/``norm_count`` [N] and ``episode_advantage`` [E] (normalisers
+none and group).
+
+Shapes: B task groups (nodes), E episodes, N flattened turns.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from mas.types import Credit, CreditBatch, Results
+
+from .base import CreditConfigBase
+from .normalise import NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field
+from .registry import register_credit
+
+AdvantageMode = Literal["mean", "rloo", "max", "raw"]
+
+
+class MAGRPOConfig(CreditConfigBase):
+    """MAGRPO node advantage (arXiv 2508.04652, CoMLRL ``advantage_mode``)."""
+
+    method: Literal["magrpo"] = Field("magrpo", description="Credit method tag.")
+    advantage_mode: AdvantageMode = Field(
+        "mean",
+        description="Baseline subtracted from each episode reward within its task group (the node): "
+        "'mean' R − mean (CoMLRL default) [C], 'rloo' R − mean of the others, 'max' R − max, 'raw' R. No std scaling.",
+    )
+    normaliser: NormaliserName = normaliser_field(
+        "none",
+        "MAGRPO default: none (the node baseline is part of the method and CoMLRL divides by no std [C]); "
+        "'group' on top gives C3's MAGRPO reimplementation, i.e. GRPO.",
+    )
+    scale_by_std: bool = scale_by_std_field("No effect with normaliser none.")
+    eps: float = eps_field("No effect with normaliser none.")
+
+
+def node_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, mode: str, num_groups: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(A_j, baseline_j, K_j) of every episode, float64, all [E].
+
+    ``rewards`` [E] are the node returns R_j, ``group_ids`` [E] their node (task group).
+    """
+    if num_groups is None:
+        num_groups = int(group_ids.max()) + 1 if group_ids.numel() else 0
+    r = rewards.to(torch.float64)  # [E]
+    g = group_ids.to(torch.long)  # [E]
+    count = torch.bincount(g, minlength=num_groups)  # [B]
+    total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, g, r)  # [B]
+    mean = total / count.clamp(min=1)  # [B]
+    gmax = torch.full((num_groups,), -torch.inf, dtype=torch.float64).scatter_reduce_(0, g, r, reduce="amax")  # [B]
+    gmin = torch.full((num_groups,), torch.inf, dtype=torch.float64).scatter_reduce_(0, g, r, reduce="amin")  # [B]
+    mean = torch.where(gmax == gmin, gmax, mean)  # [B] exact mean of a constant group (its only value)
+    k = count[g]  # [E] K of the episode's node
+    if mode == "mean":
+        baseline = mean[g]  # [E]
+        adv = r - baseline
+    elif mode == "rloo":
+        many = k > 1  # [E]
+        factor = torch.where(many, k / (k - 1).clamp(min=1), torch.ones_like(k, dtype=torch.float64))  # [E]
+        adv = factor * (r - mean[g])  # [E]  = R − mean of the others; R − mean = 0 for K = 1
+        baseline = r - adv  # [E] the leave-one-out mean (own reward for K = 1)
+    elif mode == "max":
+        baseline = gmax[g]  # [E]
+        adv = r - baseline
+    elif mode == "raw":
+        baseline = torch.zeros_like(r)  # [E]
+        adv = r
+    else:
+        raise ValueError(f"unknown advantage_mode {mode!r}; valid: mean, rloo, max, raw")
+    return adv, baseline, k
+
+
+@register_credit("magrpo", MAGRPOConfig)
+def magrpo(batch: CreditBatch, cfg: MAGRPOConfig, results: Results | None = None) -> Credit:
+    """A_j = R_j − baseline(node) for every turn of episode j (CoMLRL ``_compute_advantages`` [C]).
+
+    Node = task group, R_j = episode reward (single-level rollouts, see module docstring).
+    Every agent's turns in episode j get the same A_j: no per-agent credit (CREDIT_SPEC §1.5).
+    """
+    dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
+    num_groups = int(batch.episode_group_ids.max()) + 1 if batch.num_episodes else 0
+    adv, baseline, k = node_advantages(batch.episode_rewards, batch.episode_group_ids, cfg.advantage_mode, num_groups)  # [E] each
+    ep = batch.episode_ids  # [N]
+    norm = normalise_credit(batch, RawScores(turn=adv[ep], episode=adv), cfg.normaliser, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
+    breakdown = {
+        "node_return": batch.episode_rewards.to(dtype),  # [E] R_j
+        "node_baseline": baseline.to(dtype),  # [E]
+        "node_advantage": adv.to(dtype),  # [E] A_j before the normaliser
+        "node_size": k,  # [E] K
+        "norm_mean": norm.mean.to(dtype),  # [N]
+        "norm_std": norm.std.to(dtype),  # [N]
+        "norm_count": norm.count,  # [N]
+    }
+    if norm.episode_values is not None:  # none / group: one advantage per episode
+        breakdown["episode_advantage"] = norm.episode_values.to(dtype)  # [E]
+    return Credit(advantages=norm.values.to(dtype), breakdown=breakdown)  # [N]

@@ -1,0 +1,180 @@
+"""The ``openai`` rollout backend: a frozen policy (an agent or a critic) served by a remote
+OpenAI-compatible chat endpoint (OpenAI, vLLM's ``vllm serve``, SGLang, llama.cpp, ...).
+
+Each ``GenRequest`` becomes one ``POST {base_url}/chat/completions`` with the request's chat
+``messages`` (``GenRequest.messages``; the engine always sets them), sent with the standard
+library only (``urllib``); the requests of one ``generate_batch`` run concurrently in a thread
+pool and come back in request order.  Body::
+
+    {"model": model, "messages": [...], "max_tokens": max_new_tokens, "temperature": T,
+     "top_p": top_p, "n": 1, **extra_body}
+
+``top_k`` is not part of the OpenAI API and is not sent (pass it in ``extra_body`` for servers
+that accept it, e.g. vLLM).  Temperature 0 asks the server for greedy decoding.
+
+The reply's ``choices[0].message.content`` is the text; ``finish_reason`` "length" is kept,
+every other value ("stop", "content_filter", "tool_calls", null) reads as "stop".
+``completion_ids`` and ``logprobs`` are empty: a remote policy is never trained (the config
+must declare it ``kind: frozen``; ``sync_weights`` refuses), so no token ids or sampling
+logprobs are needed, and its turns count 0 completion tokens in reports.
+
+Authentication: the API key is read from the environment variable ``api_key_env`` when the
+backend is built (never from the config file, never logged); without it no Authorization
+header is sent (a local server needs none).  Transient failures (connection errors,
+timeouts, HTTP 408/409/429/5xx) are retried ``max_retries`` times with exponential back-off;
+any other failure raises ``EndpointError`` naming the endpoint and the HTTP status, which the
+engine turns into a failed episode (agents) or an empty reply (critiques).
+
+``ChatOnlyTokenizer`` stands in for a tokenizer where the engine renders prompt ids for a
+remote policy: the ids are the UTF-8 bytes of the plain-format prompt (never sent anywhere),
+which keeps replay's "same prompt" check meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from mas.backends.base import GenRequest, GenResult
+
+_TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class EndpointError(RuntimeError):
+    """A chat completion request failed; the message names the endpoint and the cause."""
+
+
+class OpenAICompatBackend:
+    """Serve requests from one OpenAI-compatible ``/chat/completions`` endpoint.
+
+    Args:
+        base_url: the API root, e.g. ``http://127.0.0.1:8000/v1`` (``/chat/completions`` is appended).
+        model: the model name the server expects in the request body.
+        api_key_env: environment variable holding the API key (unset: no Authorization header).
+        timeout_s: per-request socket timeout in seconds.
+        max_concurrency: requests in flight at once (thread pool size).
+        max_retries: extra attempts after a transient failure.
+        retry_backoff_s: first back-off; doubles on each retry.
+        extra_body: extra JSON fields merged into every request body (e.g. ``{"top_k": 20}``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout_s: float = 60,
+        max_concurrency: int = 8,
+        max_retries: int = 2,
+        retry_backoff_s: float = 0.5,
+        extra_body: dict[str, Any] | None = None,
+    ):
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
+            raise ValueError("max_concurrency >= 1, max_retries >= 0 and timeout_s > 0 are required")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.extra_body = dict(extra_body or {})
+        key = os.environ.get(api_key_env, "").strip() if api_key_env else ""
+        self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        self.requests = 0  # completions requested (for tests and cost reports)
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"OpenAICompatBackend(url={self.url!r}, model={self.model!r})"
+
+    # -- Backend protocol -----------------------------------------------------------------------
+
+    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+        """One chat completion per request, concurrently; results in request order."""
+        for r in requests:
+            if not r.messages:
+                raise ValueError(f"request of agent {r.agent!r} for policy {r.policy!r} has no chat messages; the openai backend sends messages, not token ids")
+        self.requests += len(requests)
+        if len(requests) <= 1 or self.max_concurrency == 1:
+            return [self._complete(r) for r in requests]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests))) as pool:
+            return list(pool.map(self._complete, requests))
+
+    def sync_weights(self, policy: str) -> None:
+        """A remote policy has no local weights to serve: it must be frozen."""
+        raise RuntimeError(f"policy {policy!r} is served by the remote endpoint {self.url} and cannot be trained; declare it kind: frozen")
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def body(self, req: GenRequest) -> dict[str, Any]:
+        """The JSON body sent for ``req``."""
+        return {
+            "model": self.model,
+            "messages": [{"role": m["role"], "content": m["content"]} for m in req.messages or []],
+            "max_tokens": req.max_new_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "n": 1,
+            **self.extra_body,
+        }
+
+    def _complete(self, req: GenRequest) -> GenResult:
+        data = json.dumps(self.body(req)).encode("utf-8")
+        for attempt in range(self.max_retries + 1):
+            try:
+                reply = self._post(data)
+                break
+            except _Transient as e:
+                if attempt == self.max_retries:
+                    raise EndpointError(f"{self.url}: {e} (after {attempt + 1} attempts)") from None
+                time.sleep(self.retry_backoff_s * 2**attempt)
+        return _result(reply, self.url)
+
+    def _post(self, data: bytes) -> dict[str, Any]:
+        request = urllib.request.Request(self.url, data=data, headers=self._headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read()[:300].decode("utf-8", "replace")
+            if e.code in _TRANSIENT_STATUS:
+                raise _Transient(f"HTTP {e.code}: {detail}") from None
+            raise EndpointError(f"{self.url}: HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            raise _Transient(f"{type(e).__name__}: {getattr(e, 'reason', e)}") from None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise EndpointError(f"{self.url}: reply is not JSON: {raw[:200]!r}") from None
+
+
+class _Transient(Exception):
+    """A failure worth retrying."""
+
+
+def _result(reply: dict[str, Any], url: str) -> GenResult:
+    try:
+        choice = reply["choices"][0]
+        text = choice["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise EndpointError(f"{url}: reply has no choices[0].message.content: {json.dumps(reply)[:200]}") from None
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    return GenResult(completion_ids=[], logprobs=[], text=text if isinstance(text, str) else "",
+                     finish_reason="length" if finish == "length" else "stop")
+
+
+class ChatOnlyTokenizer:
+    """What the engine needs of a tokenizer for a remote policy: no chat template (the plain
+    prompt format is used) and ``__call__`` giving the UTF-8 bytes of the text as ids."""
+
+    chat_template = None
+    padding_side = "left"
+    eos_token_id = None
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": list(text.encode("utf-8"))}

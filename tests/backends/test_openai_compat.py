@@ -1,0 +1,238 @@
+"""The OpenAI-compatible chat backend against a real HTTP server on 127.0.0.1 (never any other address)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from mas.agents.prompts import PLAIN_GENERATION_PROMPT, PLAIN_MESSAGE, render_prompt
+from mas.backends.base import GenRequest, RoutedBackend
+from mas.backends.openai_compat import ChatOnlyTokenizer, EndpointError, OpenAICompatBackend
+
+
+class ChatServer:
+    """A local /v1/chat/completions endpoint; ``respond(body) -> (status, payload)`` is set per test."""
+
+    def __init__(self):
+        self.calls: list[dict] = []  # {"path", "headers", "body"}
+        self.lock = threading.Lock()
+        self.respond = lambda body: (200, reply(f"echo {body['messages'][-1]['content']}"))
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server API
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
+                with server.lock:
+                    server.calls.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                status, payload = server.respond(body)
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (the timeout test)
+
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+        self.thread.start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def reply(text, finish="stop") -> dict:
+    return {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}]}
+
+
+@pytest.fixture()
+def server():
+    s = ChatServer()
+    yield s
+    s.close()
+
+
+def request(content="hi", **kw) -> GenRequest:
+    msgs = [{"role": "system", "content": "You judge."}, {"role": "user", "content": content}]
+    base = dict(policy="critic", prompt_ids=[1, 2], temperature=0.0, top_p=0.9, top_k=20, max_new_tokens=33, agent="critic:critic", messages=msgs)
+    return GenRequest(**{**base, **kw})
+
+
+def test_posts_the_chat_messages_and_reads_the_reply(server, monkeypatch):
+    monkeypatch.setenv("MAS_TEST_KEY", "sk-test-123")
+    backend = OpenAICompatBackend(server.base_url, "judge-model", api_key_env="MAS_TEST_KEY", extra_body={"top_k": 20})
+    [res] = backend.generate_batch([request("score this")])
+    assert res.text == "echo score this" and res.finish_reason == "stop"
+    assert res.completion_ids == [] and res.logprobs == []  # a remote policy is never trained
+    call = server.calls[0]
+    assert call["path"] == "/v1/chat/completions"
+    assert call["headers"]["Authorization"] == "Bearer sk-test-123" and call["headers"]["Content-Type"] == "application/json"
+    assert call["body"] == {
+        "model": "judge-model",
+        "messages": [{"role": "system", "content": "You judge."}, {"role": "user", "content": "score this"}],
+        "max_tokens": 33,
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "n": 1,
+        "top_k": 20,
+    }
+    assert "sk-test" not in repr(backend)
+
+
+def test_no_key_means_no_authorization_header_and_top_k_is_not_sent(server, monkeypatch):
+    monkeypatch.delenv("MAS_TEST_KEY", raising=False)
+    OpenAICompatBackend(server.base_url + "/", "m", api_key_env="MAS_TEST_KEY").generate_batch([request()])
+    call = server.calls[0]
+    assert "Authorization" not in call["headers"] and "top_k" not in call["body"]
+    assert call["path"] == "/v1/chat/completions"  # a trailing slash on base_url is fine
+
+
+@pytest.mark.parametrize("finish,expected", [("stop", "stop"), ("length", "length"), ("content_filter", "stop"), (None, "stop"), ("tool_calls", "stop")])
+def test_finish_reason(server, finish, expected):
+    server.respond = lambda body: (200, reply("t", finish))
+    assert OpenAICompatBackend(server.base_url, "m").generate_batch([request()])[0].finish_reason == expected
+
+
+def test_concurrent_requests_come_back_in_request_order(server):
+    """Later requests answer first (the server sleeps less for them); results keep request order."""
+    active, peak = [0], [0]
+
+    def respond(body):
+        i = int(body["messages"][-1]["content"])
+        with server.lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.02 * (6 - i))
+        with server.lock:
+            active[0] -= 1
+        return 200, reply(f"r{i}")
+
+    server.respond = respond
+    backend = OpenAICompatBackend(server.base_url, "m", max_concurrency=6)
+    out = backend.generate_batch([request(str(i)) for i in range(6)])
+    assert [r.text for r in out] == [f"r{i}" for i in range(6)]
+    assert peak[0] > 1 and backend.requests == 6
+
+
+def test_transient_errors_are_retried(server):
+    status = iter([503, 429, 200])
+    server.respond = lambda body: (s := next(status), reply("ok") if s == 200 else {"error": "busy"})
+    backend = OpenAICompatBackend(server.base_url, "m", max_retries=2, retry_backoff_s=0.001)
+    assert backend.generate_batch([request()])[0].text == "ok" and len(server.calls) == 3
+
+
+def test_persistent_and_client_errors_raise_naming_the_endpoint(server):
+    server.respond = lambda body: (503, {"error": "down"})
+    with pytest.raises(EndpointError, match=r"HTTP 503.*after 2 attempts"):
+        OpenAICompatBackend(server.base_url, "m", max_retries=1, retry_backoff_s=0.001).generate_batch([request()])
+    server.calls.clear()
+    server.respond = lambda body: (400, {"error": {"message": "unknown model 'm'"}})
+    with pytest.raises(EndpointError, match=r"127\.0\.0\.1.*HTTP 400.*unknown model") as info:
+        OpenAICompatBackend(server.base_url, "m", max_retries=3).generate_batch([request()])
+    assert len(server.calls) == 1  # a client error is not retried
+    assert "/chat/completions" in str(info.value)
+
+
+@pytest.mark.parametrize("payload", [b"not json", {"choices": []}, {"choices": [{"message": {}}]}, {"error": "x"}])
+def test_malformed_replies_raise(server, payload):
+    server.respond = lambda body: (200, payload)
+    with pytest.raises(EndpointError):
+        OpenAICompatBackend(server.base_url, "m").generate_batch([request()])
+
+
+def test_a_timeout_is_an_endpoint_error(server):
+    server.respond = lambda body: (time.sleep(0.5), (200, reply("late")))[1]
+    with pytest.raises(EndpointError, match="after 1 attempts"):
+        OpenAICompatBackend(server.base_url, "m", timeout_s=0.1, max_retries=0).generate_batch([request()])
+
+
+def test_requests_without_messages_and_training_are_refused():
+    backend = OpenAICompatBackend("http://127.0.0.1:9/v1", "m")
+    with pytest.raises(ValueError, match="no chat messages"):
+        backend.generate_batch([request(messages=None)])
+    with pytest.raises(RuntimeError, match="kind: frozen"):
+        backend.sync_weights("critic")
+    with pytest.raises(ValueError, match="http"):
+        OpenAICompatBackend("127.0.0.1:8000", "m")
+
+
+def test_constructor_takes_the_proposed_endpoint_config_fields(server):
+    """The YAML ``endpoint`` section proposed for PolicyConfig maps 1:1 onto the constructor."""
+    endpoint = {"base_url": server.base_url, "api_key_env": "OPENAI_API_KEY", "timeout_s": 30, "max_concurrency": 4,
+                "max_retries": 1, "retry_backoff_s": 0.5, "extra_body": {}}
+    assert OpenAICompatBackend(model="judge-model", **endpoint).generate_batch([request("x")])[0].text == "echo x"
+
+
+def test_chat_only_tokenizer_renders_plain_prompts_as_utf8_bytes():
+    tok = ChatOnlyTokenizer()
+    msgs = [{"role": "user", "content": "Größe?"}]
+    ids = render_prompt(tok, msgs)
+    assert bytes(ids).decode("utf-8") == PLAIN_MESSAGE.format(role="user", content="Größe?") + PLAIN_GENERATION_PROMPT
+    assert render_prompt(tok, msgs) == ids and render_prompt(tok, [{"role": "user", "content": "other"}]) != ids
+
+
+# --- through the engine: a remote critic and a remote frozen agent ---------------------------------------------
+
+
+def test_a_remote_critic_and_a_remote_frozen_agent_through_the_engine(server, tiny_tokenizer):
+    """Agents lead/helper on a scripted backend, checker and the critic on the HTTP endpoint (one
+    'judge' policy), routed by policy; the critic's replies become MAPPA scores; a 500 from the
+    endpoint becomes an empty reply, i.e. a counted parse failure."""
+    from mas.agents.agent import build_agents
+    from mas.backends.scripted import ScriptedBackend
+    from mas.config import validate_config
+    from mas.credit import build_credit_batch, plan_credit, run_credit
+    from mas.engine import Engine
+    from mas.topologies import build_topology
+    from mas.types import Task
+
+    def respond(body):
+        content = body["messages"][-1]["content"]
+        if "**Current agent being evaluated:**" in content:
+            if "\nhelper\n" in content:
+                return 500, {"error": "critic overloaded"}
+            return 200, reply("PROCESS_SCORE: 7")
+        return 200, reply("ACCEPT")  # the checker agent
+
+    server.respond = respond
+    cfg = {
+        "team": {"name": "remote"},
+        "policies": {"main": {"kind": "full", "model": "m", "device": "cpu"}, "judge": {"kind": "frozen", "model": "m", "device": "cpu"}},
+        "agents": [
+            {"name": "lead", "policy": "main", "role": "Lead.", "parser": "orchestrator"},
+            {"name": "helper", "policy": "main", "role": "Help.", "parser": "answer"},
+            {"name": "checker", "policy": "judge", "role": "Check.", "parser": "verdict"},
+        ],
+        "topology": {"kind": "chain", "sequence": ["lead", "helper", "checker"]},
+        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
+        "credit": {"method": "critic", "critic": "judge", "normaliser": "none"},
+    }
+    run = validate_config(cfg)
+    scripted = ScriptedBackend(lambda req: "ANSWER: 2" if req.agent == "lead" else "ANSWER: 7", {"main": tiny_tokenizer})
+    remote = OpenAICompatBackend(server.base_url, "judge-model", max_retries=0)
+    backend = RoutedBackend({"main": scripted, "judge": remote})
+    engine = Engine(build_topology(run.topology), build_agents(run.agents, run.team.name),
+                    {"main": tiny_tokenizer, "judge": ChatOnlyTokenizer()}, {"main": True, "judge": False}, backend,
+                    score=lambda ep: 1.0)
+    groups = engine.rollout([Task("t0", "1+1", "2")], group_size=2, seed=0)
+    for ep in groups[0].episodes:
+        checker = ep.turns[2]
+        assert checker.text == "ACCEPT" and checker.completion_ids == [] and not checker.trainable and ep.reward == 1.0
+    results = engine.execute(plan_credit(groups, run.credit), seed=1)
+    credit = run_credit(build_credit_batch(groups, list(run.agent_names)), run.credit, results)
+    assert credit.breakdown["critic_score"].tolist() == [7.0, 5.0, 7.0] * 2
+    assert credit.breakdown["parse_failures"].item() == 2 and credit.breakdown["fallbacks"].item() == 2
+    assert all(c["body"]["model"] == "judge-model" for c in server.calls)

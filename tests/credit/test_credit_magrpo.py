@@ -1,0 +1,288 @@
+"""MAGRPO node advantage (CREDIT_SPEC §1.5): the [T] mode table, agent-independence, the
+reference loop, the engine end to end and a 3-step training smoke run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from credit_reference import make_group, random_groups
+from pydantic import TypeAdapter, ValidationError
+
+from mas.credit import build_credit_batch, credit_config_union, run_credit
+from mas.credit.baselines import GRPOConfig, RLOOConfig
+from mas.credit.magrpo import MAGRPOConfig
+from mas.types import Task
+
+AGENTS = ["planner", "search", "answer"]
+MODES = ["mean", "rloo", "max", "raw"]
+
+
+def _node_batch(rewards, orders=None):
+    """One task (node) whose episode j has reward rewards[j] and turns by orders[j]."""
+    orders = orders or [["planner", "search", "answer"], ["search", "answer"], ["planner", "answer", "answer"], ["answer"]][: len(rewards)]
+    return build_credit_batch([make_group(orders, rewards)], AGENTS)
+
+
+def _per_episode(batch, adv):
+    """The advantage of each episode's turns (asserting they are all equal)."""
+    out = []
+    for e in range(batch.num_episodes):
+        a = adv[batch.episode_ids == e]
+        assert torch.equal(a, a[:1].expand_as(a)), f"episode {e}: turns differ {a.tolist()}"
+        out.append(float(a[0]) if a.numel() else None)
+    return out
+
+
+# --- [T] the mode table (§1.5, §10 row 4) ---------------------------------------------------------
+
+
+def test_modes_on_the_spec_vector():
+    """R = [1, 0, 0, 1]: mean 1/2, max 1, leave-one-out means [1/3, 2/3, 2/3, 1/3]."""
+    batch = _node_batch([1.0, 0.0, 0.0, 1.0])
+    R = [1.0, 0.0, 0.0, 1.0]
+    mean, mx = sum(R) / 4, max(R)
+    expected = {
+        "mean": [r - mean for r in R],  # [.5, -.5, -.5, .5]
+        "max": [r - mx for r in R],  # [0, -1, -1, 0]
+        "rloo": [R[j] - sum(R[k] for k in range(4) if k != j) / 3 for j in range(4)],  # 4/3 * [.5, -.5, -.5, .5]
+        "raw": R,
+    }
+    assert expected["mean"] == [0.5, -0.5, -0.5, 0.5] and expected["max"] == [0.0, -1.0, -1.0, 0.0]
+    assert expected["rloo"] == pytest.approx([4 / 3 * a for a in [0.5, -0.5, -0.5, 0.5]])
+    for mode, exp in expected.items():
+        credit = run_credit(batch, MAGRPOConfig(advantage_mode=mode))
+        assert _per_episode(batch, credit.advantages) == pytest.approx(exp), mode
+        torch.testing.assert_close(credit.breakdown["node_advantage"], torch.tensor(exp, dtype=torch.float32))
+    assert MAGRPOConfig().advantage_mode == "mean" and MAGRPOConfig().normaliser == "none"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", range(4))
+def test_every_agent_at_a_node_gets_the_same_advantage(mode, seed):
+    """[T] No per-agent credit: all turns of episode j, whatever their agent, carry A_j."""
+    groups = random_groups(seed, 3, 5, 6, AGENTS, min_turns=1)
+    batch = build_credit_batch(groups, AGENTS)
+    credit = run_credit(batch, MAGRPOConfig(advantage_mode=mode))
+    node_adv = credit.breakdown["node_advantage"]  # [E]
+    assert torch.equal(credit.advantages, node_adv[batch.episode_ids])
+    for e in range(batch.num_episodes):
+        sel = batch.episode_ids == e
+        assert len(set(credit.advantages[sel].tolist())) <= 1
+        assert len(set(batch.agent_ids[sel].tolist())) >= 1
+
+
+def test_no_std_scaling():
+    """Scaling the rewards by c scales every mode's advantage by c (GRPO's would not change)."""
+    R = [0.2, 0.9, 0.4, 0.4]
+    c = 3.0
+    small, big = _node_batch(R), _node_batch([c * r for r in R])
+    for mode in MODES:
+        a = run_credit(small, MAGRPOConfig(advantage_mode=mode)).advantages
+        torch.testing.assert_close(run_credit(big, MAGRPOConfig(advantage_mode=mode)).advantages, c * a)
+    torch.testing.assert_close(run_credit(big, GRPOConfig()).advantages, run_credit(small, GRPOConfig()).advantages)
+
+
+def test_rloo_is_k_over_k_minus_one_times_mean_and_equals_the_rloo_baseline():
+    R = [0.3, 1.0, 0.0, 0.7, 0.25]
+    batch = _node_batch(R, [["planner"], ["search", "answer"], ["answer"], ["planner", "planner"], ["search"]])
+    mean = run_credit(batch, MAGRPOConfig(advantage_mode="mean")).breakdown["node_advantage"]
+    rloo = run_credit(batch, MAGRPOConfig(advantage_mode="rloo"))
+    torch.testing.assert_close(rloo.breakdown["node_advantage"], 5 / 4 * mean)
+    assert abs(float(rloo.breakdown["node_advantage"].sum())) < 1e-6
+    torch.testing.assert_close(rloo.advantages, run_credit(batch, RLOOConfig()).advantages)
+    loo = [sum(R[k] for k in range(5) if k != j) / 4 for j in range(5)]
+    torch.testing.assert_close(rloo.breakdown["node_baseline"], torch.tensor(loo, dtype=torch.float32))
+
+
+def test_singleton_and_constant_nodes():
+    """A node of one episode: mean, rloo and max give 0, raw gives R (CoMLRL's rloo falls back to
+    R - mean for K <= 1).  A constant node gives exactly 0 (0.9 three times: no float residue)."""
+    g0 = make_group([["planner", "answer"]], [0.7], group_id=0)
+    g1 = make_group([["planner"], ["answer"], ["search", "answer"]], [0.9, 0.9, 0.9], group_id=1)
+    batch = build_credit_batch([g0, g1], AGENTS)
+    for mode in ("mean", "rloo", "max"):
+        assert torch.equal(run_credit(batch, MAGRPOConfig(advantage_mode=mode)).advantages, torch.zeros(batch.num_turns)), mode
+    raw = run_credit(batch, MAGRPOConfig(advantage_mode="raw")).advantages
+    torch.testing.assert_close(raw, torch.tensor([0.7, 0.7, 0.9, 0.9, 0.9, 0.9]))
+
+
+def test_nodes_are_separate_tasks():
+    g0 = make_group([["planner"], ["answer"]], [1.0, 0.0], group_id=0)
+    g1 = make_group([["planner"], ["answer"], ["search"]], [5.0, 2.0, 2.0], group_id=1)
+    batch = build_credit_batch([g0, g1], AGENTS)
+    adv = run_credit(batch, MAGRPOConfig(advantage_mode="max")).advantages
+    torch.testing.assert_close(adv, torch.tensor([0.0, -1.0, 0.0, -3.0, -3.0]))
+
+
+def test_group_normaliser_gives_grpo():
+    """C3's MAGRPO reimplementation divides the centred reward by the group std: magrpo + group == grpo."""
+    groups = random_groups(3, 4, 5, 4, AGENTS, ragged_groups=True)
+    batch = build_credit_batch(groups, AGENTS)
+    for mode in ("mean", "rloo", "max"):
+        got = run_credit(batch, MAGRPOConfig(advantage_mode=mode, normaliser="group", eps=0.0)).advantages
+        want = run_credit(batch, GRPOConfig(eps=0.0)).advantages
+        multi = torch.bincount(batch.episode_group_ids)[batch.group_ids] > 1  # singleton groups keep their raw score
+        torch.testing.assert_close(got[multi], want[multi], atol=1e-5, rtol=1e-5)
+
+
+# --- the slow reference (STYLE 3) ------------------------------------------------------------------
+
+
+def ref_magrpo(groups, mode):
+    """CoMLRL ``_compute_advantages`` per node, broadcast to every turn of each episode."""
+    out = []
+    for g in groups:
+        R = [ep.reward for ep in g.episodes]
+        K = len(R)
+        mean = sum(R) / K
+        for j, ep in enumerate(g.episodes):
+            if mode == "mean":
+                a = R[j] - mean
+            elif mode == "raw":
+                a = R[j]
+            elif mode == "max":
+                a = R[j] - max(R)
+            else:
+                a = R[j] - mean if K <= 1 else (R[j] * K - sum(R)) / (K - 1)
+            out += [a] * len(ep.turns)
+    return out
+
+
+CASES = [(1, 1, 1, 0), (1, 4, 3, 1), (3, 5, 4, 2), (4, 8, 6, 3), (6, 3, 5, 4), (8, 8, 8, 5)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"B{c[0]}-G{c[1]}-T{c[2]}-s{c[3]}" for c in CASES])
+@pytest.mark.parametrize("mode", MODES)
+def test_matches_reference(case, mode):
+    B, G, T, seed = case
+    groups = random_groups(seed, B, G, T, AGENTS, ragged_groups=seed % 2 == 1)
+    batch = build_credit_batch(groups, AGENTS)
+    credit = run_credit(batch, MAGRPOConfig(advantage_mode=mode))
+    torch.testing.assert_close(credit.advantages, torch.tensor(ref_magrpo(groups, mode), dtype=torch.float32))
+
+
+# --- config --------------------------------------------------------------------------------------
+
+
+def test_yaml_section():
+    ta = TypeAdapter(credit_config_union())
+    cfg = ta.validate_python(yaml.safe_load("method: magrpo\nadvantage_mode: rloo\n"))
+    assert isinstance(cfg, MAGRPOConfig) and cfg.advantage_mode == "rloo"
+    with pytest.raises(ValidationError, match="advantage_mode"):
+        ta.validate_python({"method": "magrpo", "advantage_mode": "median"})
+    with pytest.raises(ValidationError, match="discount"):
+        ta.validate_python({"method": "magrpo", "discount": 0.9})  # single-level rollouts: no γ key
+
+
+# --- through the real engine with scripted agents --------------------------------------------------
+
+
+def _scripted_engine(cfg, respond, tokenizer, score):
+    from mas.agents.agent import build_agents
+    from mas.backends.scripted import ScriptedBackend
+    from mas.config import validate_config
+    from mas.engine import Engine
+    from mas.topologies import build_topology
+
+    run = validate_config(cfg)
+    backend = ScriptedBackend(respond, {p: tokenizer for p in run.policies})
+    toks = {p: tokenizer for p in run.policies}
+    return Engine(build_topology(run.topology), build_agents(run.agents, run.team.name), toks, {p: True for p in run.policies}, backend, score)
+
+
+def _team(model_dir, topology, credit, **extra):
+    """A 3-agent team (lead and helper train on 'main', checker is frozen) on tiny models."""
+    topologies = {
+        "chain": {"kind": "chain", "sequence": ["lead", "helper", "checker"], "loop_to": "lead", "max_loops": 1},
+        "debate": {"kind": "debate", "debaters": ["lead", "helper", "checker"], "rounds": 2},
+        "orchestrator": {"kind": "orchestrator", "orchestrator": "lead", "specialists": ["helper", "checker"], "max_turns": 4},
+    }
+    cfg = {
+        "team": {"name": "test-team"},
+        "policies": {
+            "main": {"kind": "full", "model": str(model_dir), "device": "cpu", "optim": {"lr": 1e-2, "micro_batch_size": 4}},
+            "judge": {"kind": "frozen", "model": str(model_dir), "device": "cpu"},
+        },
+        "agents": [
+            {"name": "lead", "policy": "main", "role": "You are the lead.", "parser": "orchestrator", "sampling": {"max_new_tokens": 6}},
+            {"name": "helper", "policy": "main", "role": "You help.", "parser": "answer", "sampling": {"max_new_tokens": 6}},
+            {"name": "checker", "policy": "judge", "role": "You check.", "parser": "verdict", "sampling": {"max_new_tokens": 6}},
+        ],
+        "topology": topologies[topology],
+        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
+        "credit": credit,
+        "trainer": {"steps": 3, "batch_size": 2, "group_size": 4, "eval_size": 0, "sample_episodes": 1},
+        "logging": {"progress": False},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def test_end_to_end_debate_with_scripted_agents(tiny_tokenizer):
+    """Debaters answer by script; episode j of a task is correct iff the lead's first answer is.
+    Every turn of episode j (lead, helper, checker, both rounds) gets R_j − mean R."""
+    counts: dict[str, int] = {}
+
+    def respond(req):
+        content = req.messages[-1]["content"]
+        if req.agent == "lead" and "Other answers" not in content:  # round 1: episodes arrive in order
+            counts[content] = counts.get(content, 0) + 1
+            return "ANSWER: 2" if counts[content] % 2 else "ANSWER: 3"
+        return "ANSWER: 2"
+
+    def score(ep):  # correct iff the first turn said 2
+        return float(ep.turns[0].text.strip() == "ANSWER: 2")
+
+    engine = _scripted_engine(_team("m", "debate", {"method": "magrpo"}), respond, tiny_tokenizer, score)
+    tasks = [Task("t0", "1+1", "2"), Task("t1", "2+0", "2")]
+    groups = engine.rollout(tasks, group_size=4, seed=0)
+    batch = build_credit_batch(groups, ["lead", "helper", "checker"])
+    R = batch.episode_rewards.tolist()
+    assert sorted(set(R)) == [0.0, 1.0]  # the script made the node non-degenerate
+    credit = run_credit(batch, MAGRPOConfig())
+    per_ep = _per_episode(batch, credit.advantages)
+    for b in range(2):
+        Rb = [R[e] for e in range(batch.num_episodes) if int(batch.episode_group_ids[e]) == b]
+        mb = sum(Rb) / len(Rb)
+        assert [per_ep[e] for e in range(batch.num_episodes) if int(batch.episode_group_ids[e]) == b] == pytest.approx([r - mb for r in Rb])
+    assert {batch.agent_names[i] for i in batch.agent_ids.tolist()} == {"lead", "helper", "checker"}
+
+
+# --- 3 training steps on a tiny random model --------------------------------------------------------
+
+
+def _smoke(tmp_path, model_dir, credit, topology):
+    from mas.cli import main
+    from mas.config import load_config
+    from mas.team import build_team
+    from mas.trainer import train
+
+    path = tmp_path / "team.yaml"
+    path.write_text(yaml.safe_dump(_team(model_dir, topology, credit)))
+    assert main(["validate", str(path)]) == 0
+    team = build_team(load_config(path))
+
+    def varied_reward(episode):  # random models never solve the task: the parity of the first token instead
+        turns = [t for t in episode.turns if t.completion_ids]
+        return float(turns[0].completion_ids[0] % 2) if turns else 0.0
+
+    team.engine.score = varied_reward
+    model = team.policies["main"].model
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    train(team, tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        assert math.isfinite(r["policies"]["main"]["loss"]) and r["policies"]["main"]["samples"] > 0
+    moved = [k for k, v in model.state_dict().items() if not torch.equal(before[k], v)]
+    assert len(moved) == len(before)
+    return rows
+
+
+def test_three_training_steps_on_a_tiny_model(tmp_path, tiny_model_dir):
+    rows = _smoke(tmp_path, tiny_model_dir, {"method": "magrpo"}, "debate")
+    assert any(r["advantage"]["max"] > 0.0 for r in rows)  # the parity reward gave the nodes variance
