@@ -514,7 +514,7 @@ def _episode_means(batch: CreditBatch, turn: torch.Tensor, empty: torch.Tensor) 
     return torch.where(n > 0, total / n.clamp(min=1), empty)  # [E]
 
 
-@register_credit("critic", CriticConfig, plan=plan_critic)
+@register_credit("critic", CriticConfig, plan=plan_critic, followup=plan_retries)
 def critic(batch: CreditBatch, cfg: CriticConfig, results: Results | None = None) -> Credit:
     """Per-turn advantages from an LLM critic's replies (see the module docstring for both modes).
 

@@ -43,6 +43,7 @@ class CreditMethod:
     config_cls: type[BaseModel]
     plan: PlanFn | None = None
     state: Any = None  # for methods that keep state across steps: an object with state_dict/load_state_dict/reset
+    followup: Callable[..., list[Request]] | None = None  # (groups, cfg, results) -> a second round (e.g. critic retries)
 
 
 class UnknownCreditMethodError(KeyError):
@@ -75,7 +76,11 @@ def _check_config_cls(name: str, config_cls: type[BaseModel]) -> None:
 
 
 def register_credit(
-    name: str, config_cls: type[BaseModel], plan: PlanFn | None = None, state: Any = None
+    name: str,
+    config_cls: type[BaseModel],
+    plan: PlanFn | None = None,
+    state: Any = None,
+    followup: Callable[..., list[Request]] | None = None,
 ) -> Callable[[F], F]:
     """Decorator registering ``fn(batch, cfg, results=None) -> Credit`` under ``name``.
 
@@ -83,13 +88,15 @@ def register_credit(
     ``method: Literal[name]`` (TypeError otherwise).  ``state``: for a method that keeps
     state across steps (CCPO v1's history), an object with ``state_dict()``,
     ``load_state_dict(d)`` and ``reset()``; checkpoints save it and a fresh run resets it.
+    ``followup(groups, cfg, results)``: a second round of requests planned from the first
+    round's results (e.g. a critic's format-retry prompts); [] when none are needed.
     """
 
     def decorator(fn: F) -> F:
         if name in _REGISTRY:
             raise ValueError(f"credit method {name!r} is already registered (by {_REGISTRY[name].fn.__module__}.{_REGISTRY[name].fn.__qualname__})")
         _check_config_cls(name, config_cls)
-        _REGISTRY[name] = CreditMethod(name=name, fn=fn, config_cls=config_cls, plan=plan, state=state)
+        _REGISTRY[name] = CreditMethod(name=name, fn=fn, config_cls=config_cls, plan=plan, state=state, followup=followup)
         return fn
 
     return decorator
@@ -126,6 +133,14 @@ def plan_credit(groups: list[EpisodeGroup], cfg: Any) -> list[Request]:
     """The extra evaluations ``cfg.method`` asks for ([] for methods without a plan)."""
     method = get_credit(cfg.method)
     return [] if method.plan is None else list(method.plan(groups, cfg))
+
+
+def followup_credit(groups: list[EpisodeGroup], cfg: Any, results: Results | None) -> list[Request]:
+    """The second round ``cfg.method`` asks for after seeing ``results`` ([] for most methods)."""
+    method = get_credit(cfg.method)
+    if method.followup is None or results is None:
+        return []
+    return list(method.followup(groups, cfg, results))
 
 
 def _agents_of(batch: CreditBatch, turn_mask: torch.Tensor) -> list[str]:

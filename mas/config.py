@@ -262,6 +262,7 @@ class RunConfig(Section):
             if names.count(a.name) > 1:
                 errors.append((("agents", i, "name"), a.name, "duplicate agent name"))
         errors += _topology_refs(self.topology, names)
+        errors += _credit_refs(getattr(self, "credit", None), names, policies, getattr(self, "trainer", None))
         if errors:
             raise CrossFieldErrors(errors)
         return self
@@ -271,6 +272,28 @@ class CrossFieldErrors(ValueError):
     def __init__(self, errors: list[tuple[tuple, Any, str]]):
         self.errors = errors
         super().__init__("; ".join(f"{_path(p)}: {m} (found {v!r})" for p, v, m in errors))
+
+
+def _credit_refs(credit: Any, agents: list[str], policies: list[str], trainer: Any) -> list[tuple[tuple, Any, str]]:
+    """Agents and policies a credit method names must exist (checked here, not at step 0)."""
+    if credit is None:
+        return []
+    errs = []
+    for field in ("main_agent", "upstream", "final_agent"):
+        value = getattr(credit, field, None)
+        if value is not None and value not in agents:
+            errs.append((("credit", field), value, f"unknown agent; valid: {agents}"))
+    for i, value in enumerate(getattr(credit, "exclude", ()) or ()):
+        if value not in agents:
+            errs.append((("credit", "exclude", i), value, f"unknown agent; valid: {agents}"))
+    critic = getattr(credit, "critic", None)
+    if critic is not None and critic not in policies:
+        errs.append((("credit", "critic"), critic, f"unknown policy; valid: {policies}"))
+    fanout = getattr(credit, "fanout", None)
+    if fanout and trainer is not None and trainer.group_size != fanout[0]:
+        errs.append((("trainer", "group_size"), trainer.group_size,
+                     f"C3's tree has fanout[0] = {fanout[0]} roots per task; set group_size to {fanout[0]}"))
+    return errs
 
 
 def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:

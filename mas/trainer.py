@@ -19,7 +19,7 @@ import torch
 
 from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mas.credit import build_credit_batch, get_credit, run_credit
-from mas.credit.registry import plan_credit
+from mas.credit.registry import followup_credit, plan_credit
 from mas.learner import TrainSample
 from mas.metrics import RunLogger, credit_cost, eval_metrics, step_metrics
 from mas.team import Team
@@ -61,6 +61,10 @@ def train_step(team: Team, step: int) -> StepResult:
     batch = build_credit_batch(groups, list(team.agents))
     requests = plan_credit(groups, cfg.credit)
     results = team.engine.execute(requests, seed=seed + 1) if requests else None
+    more = followup_credit(groups, cfg.credit, results)  # e.g. a critic's format retries
+    if more:
+        results.update(team.engine.execute(more, seed=seed + 2))
+        requests += more
     cost = credit_cost(requests, results)
     try:
         credit = run_credit(batch, cfg.credit, results)

@@ -689,3 +689,17 @@ def test_optimizer_settings_on_a_frozen_policy_are_refused():
     data = base()
     data["policies"]["planner"] = {"kind": "frozen", "model": "x/y", "optim": {"lr": 1e-5}}
     assert "frozen" in line_for(errors_of(data), "policies.planner")
+
+
+@pytest.mark.parametrize("credit,path", [
+    ({"method": "m_grpo", "main_agent": "boss"}, "credit.main_agent"),
+    ({"method": "critic", "critic": "oracle"}, "credit.critic"),
+    ({"method": "sharp", "exclude": ["nobody"]}, "credit.exclude[0]"),
+    ({"method": "ccpo", "upstream": "ghost"}, "credit.upstream"),
+    ({"method": "c3", "fanout": [3, 2]}, "trainer.group_size"),
+])
+def test_credit_methods_naming_missing_agents_or_policies_fail_at_load_time(credit, path):
+    data = base()
+    data["credit"] = credit
+    data["trainer"] = {"group_size": 4}
+    assert line_for(errors_of(data), path)
