@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import random
 import math
 import time
@@ -199,10 +200,43 @@ def scripted_team(design: Design, tokenizer, seed: int) -> tuple[Engine, Scripte
     return engine, backend, tasks
 
 
+# Prompts the scripted critic below can read (credit.prompt overrides the default templates).
+MAPPA_BENCH_PROMPT = "ROLE={agent_role}\nOUTPUT={agent_output}\nGive PROCESS_SCORE: 0-10."
+MCA_BENCH_PROMPT = "R={outcome}\nKEYS={json_example}\n{transcript}"
+
+
+def substance(text: str) -> float:
+    """How much a message gives the team, as a careful judge would read it (no ground truth)."""
+    if text.startswith("CORRUPT"):
+        return 0.0
+    if ("ANSWER:" in text) or (text.startswith("PART:") and "?" not in text):
+        return 1.0
+    return 0.2
+
+
 def scripted_critic(req) -> str:
-    """A stand-in for an LLM critic: rewards a worker message that holds the right answer."""
+    """A stand-in for an LLM critic (none runs offline): it judges each message by its substance.
+
+    MAPPA mode: one PROCESS_SCORE per action.  LLM-MCA mode: splits R over the workers'
+    messages in proportion to their substance, as JSON.  This measures the credit methods'
+    plumbing and maths with a sensible judge; it says nothing about a real LLM's judgement.
+    """
     text = req.messages[-1]["content"]
-    return "PROCESS_SCORE: 10" if "ANSWER:" in text else "PROCESS_SCORE: 5"
+    if text.startswith("ROLE="):
+        role = text.split("\n")[0].removeprefix("ROLE=")
+        output = text.split("OUTPUT=", 1)[1].rsplit("\nGive", 1)[0]
+        return f"PROCESS_SCORE: {10 * substance(output) if role in WORKERS else 5:.0f}"
+    r = float(text.split("\n")[0].removeprefix("R="))
+    keys = json.loads(text.split("KEYS=", 1)[1].split("\n")[0])
+    said: dict[str, list[str]] = {}
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        for agent in keys:
+            if line.startswith("[") and f"] {agent} (" in line and i + 1 < len(lines):
+                said.setdefault(agent, []).append(lines[i + 1].strip())
+    weights = {a: [substance(m) if a in WORKERS else 0.0 for m in said.get(a, [])] for a in keys}
+    total = sum(sum(w) for w in weights.values()) or 1.0
+    return json.dumps({a: [r * w / total for w in ws] for a, ws in weights.items()})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,8 +268,9 @@ METHODS: list[tuple[str, dict, str]] = [
     ("C3 (reward_only)", {"method": "c3"}, "advantage"),
     ("CCPO v2", {"method": "ccpo"}, "advantage"),
     ("M-GRPO", {"method": "m_grpo", "main_agent": "aggregator"}, "advantage"),
-    ("critic: MAPPA (scripted critic)", {"method": "critic", "critic": "judge"}, "critic_score"),
-    ("critic: LLM-MCA (scripted critic)", {"method": "critic", "critic": "judge", "mode": "llm_mca"}, "critic_score"),
+    ("critic: MAPPA (scripted critic)", {"method": "critic", "critic": "judge", "prompt": MAPPA_BENCH_PROMPT}, "critic_score"),
+    ("critic: LLM-MCA (scripted critic)", {"method": "critic", "critic": "judge", "mode": "llm_mca",
+                                           "prompt": MCA_BENCH_PROMPT}, "critic_score"),
     ("Dr. MAS", {"method": "dr_mas"}, "advantage"),
     ("GRPO", {"method": "grpo"}, "advantage"),
     ("RLOO", {"method": "rloo"}, "advantage"),
@@ -275,20 +310,30 @@ def run_method(design: Design, groups, engine, cfg_dict: dict, view: str, seed: 
     wall = time.perf_counter() - t0
     credit_of = per_episode_worker_credit(batch, credit_view(view, credit, cfg))
     xs, ys = [], []
+    phis: dict[tuple[int, str], float] = {}
     for e, ep in enumerate(episodes):
         phi = exact_shapley(lambda S, ep=ep: coalition_value(design, ep, S), WORKERS)
+        phis.update({(e, w): phi[w] for w in WORKERS})
         for w in WORKERS:
             if (e, w) in credit_of:
                 xs.append(credit_of[(e, w)])
                 ys.append(phi[w])
-    detected = 0
+    detected, contributed = 0, 0
     G = len(groups[0].episodes)
     for b in range(len(groups)):
+        # only groups where worker1 did contribute (phi > 0 in some episode) have a free rider to find
+        if not any(phis[(b * G + i, "worker1")] > 0 for i in range(G)):
+            continue
+        contributed += 1
         mean_abs = {w: np.mean([abs(credit_of.get((b * G + i, w), 0.0)) for i in range(G)]) for w in WORKERS}
         detected += mean_abs["worker2"] < mean_abs["worker1"]
     cost = credit_cost(requests, results)
     per_group = {k: v / len(groups) for k, v in cost.items()}
-    return {"rho": spearman(np.array(xs), np.array(ys)), "detect": detected / len(groups), "cost": per_group, "wall": wall}
+    # does the method ever tell the agents of one episode apart?
+    separates = any(abs(credit_of.get((e, "worker1"), 0.0) - credit_of.get((e, "worker2"), 0.0)) > 1e-9
+                    for e in range(len(episodes)))
+    return {"rho": spearman(np.array(xs), np.array(ys)), "detect": detected / max(contributed, 1),
+            "cost": per_group, "wall": wall, "separates": separates}
 
 
 def main() -> None:
@@ -318,24 +363,28 @@ def main() -> None:
     names = [d.name for d in DESIGNS]
     print(f"credit accuracy: {args.groups} groups x {args.group_size} episodes per design, scripted agents, "
           f"real engine; total {total:.1f} s\n")
-    print("Spearman correlation of per-agent credit with the exact Shapley value (per episode, both workers)")
-    head = f"| method | {' | '.join(names)} | free-rider found | extra gens / group | coalition evals / group | critic calls / group | wall s |"
+    print("Spearman correlation of per-agent credit with the exact Shapley value (pooled over episodes and both")
+    print("workers; a method that gives every agent its episode's credit still correlates through the outcome)")
+    head = (f"| method | per-agent credit | {' | '.join(names)} | free-rider found | extra generations / group | "
+            f"replays + interventions / group | critic calls / group | wall s (5 designs) |")
     print(head)
-    print("|" + "---|" * (len(names) + 6))
+    print("|" + "---|" * (len(names) + 7))
     for label, by_design in rows.items():
         def fmt(x):
-            return "n/a (same credit for all)" if math.isnan(x) else f"{x:.2f}"
+            return "n/a (constant credit)" if math.isnan(x) else f"{x:.2f}"
         cells = [fmt(by_design[n]["rho"]) for n in names]
         fr = by_design["free-rider"]
         cost = fr["cost"]
         wall = sum(r["wall"] for r in by_design.values())
-        print(f"| {label} | {' | '.join(cells)} | {100 * fr['detect']:.0f}% | {cost['extra_generations']:.1f} | "
-              f"{cost['interventions']:.1f} | {cost['critiques']:.1f} | {wall:.2f} |")
+        distinct = "yes" if any(r["separates"] for r in by_design.values()) else "no: same for every agent"
+        print(f"| {label} | {distinct} | {' | '.join(cells)} | {100 * fr['detect']:.0f}% | {cost['extra_generations']:.1f} | "
+              f"{cost['replays'] + cost['interventions']:.1f} | {cost['critiques']:.1f} | {wall:.2f} |")
     missing = [label for label, cfg, _ in METHODS if cfg["method"] not in available]
     if missing:
         print(f"\nnot registered here (skipped): {', '.join(missing)}")
-    print("\nfree-rider found: share of free-rider groups where worker2's mean |credit| is strictly below worker1's"
-          "\n(ties, as when every agent gets the same credit, count as not found).")
+    print("\nfree-rider found: share of the free-rider design's groups (those where worker1 contributed at least once)"
+          "\nin which worker2's mean |credit| is strictly below worker1's; ties, as when every agent gets the same"
+          "\ncredit, count as not found. Costs are per group in the free-rider design.")
 
 
 if __name__ == "__main__":
