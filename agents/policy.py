@@ -21,7 +21,7 @@ import contextlib
 import copy
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Literal
+from typing import Any, TYPE_CHECKING, Callable, Iterator, Literal
 
 import torch
 from torch import nn
@@ -86,6 +86,8 @@ class PolicyHandle:
         adapter: str | None = None,
         backend: str = "hf",
         source: Callable[[], nn.Module] | None = None,
+        endpoint: Any = None,
+        remote_model: str | None = None,
     ):
         if (kind == "lora") != (adapter is not None):
             raise ValueError(f"policy {name!r}: an adapter name is required for kind=lora and only for it")
@@ -98,6 +100,8 @@ class PolicyHandle:
         self.device = torch.device(device)
         self.backend = backend
         self.source = source  # loads the initial weights again (full reference after an update/resume)
+        self.endpoint = endpoint  # backend: openai — the server's EndpointConfig
+        self.remote_model = remote_model  # backend: openai — the model name sent to the server
         self.version = 0
         self._reference: nn.Module | None = None
         self._pristine = True  # weights are still the initial ones (no update, no load since build)
@@ -316,6 +320,12 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
             raise ModelLoadError(f"policy {name!r}: {e}") from e
 
     for name, cfg in policies.items():
+        if cfg.backend == "openai":  # a remote frozen model: nothing to load here
+            from mas.backends.openai_compat import ChatOnlyTokenizer
+
+            handles[name] = PolicyHandle(name, "frozen", None, ChatOnlyTokenizer(), "cpu", backend="openai",
+                                         endpoint=cfg.endpoint, remote_model=cfg.model)
+            continue
         if cfg.kind == "lora":
             key = (cfg.model, cfg.dtype, str(resolve_device(cfg.device)), cfg.trust_remote_code)
             lora_groups.setdefault(key, []).append(name)

@@ -50,6 +50,16 @@ class OptimConfig(Section):
     micro_batch_size: int = Field(8, ge=1, description="Turns per forward/backward pass; gradients accumulate.")
 
 
+class EndpointConfig(Section):
+    base_url: str = Field(description="API root of an OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key (unset: no auth header).")
+    timeout_s: float = Field(60, gt=0, description="Per-request timeout in seconds.")
+    max_concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
+    max_retries: int = Field(2, ge=0, description="Extra attempts after a transient failure (408/409/429/5xx, timeout).")
+    retry_backoff_s: float = Field(0.5, ge=0, description="First back-off; doubles on each retry.")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra JSON fields merged into every request body.")
+
+
 class PolicyConfig(Section):
     kind: Literal["full", "lora", "frozen"] = Field(
         "full", description="full: train all weights; lora: train one peft adapter on a shared base; frozen: never updated."
@@ -58,7 +68,10 @@ class PolicyConfig(Section):
         description="'embedded' (the built-in tiny model), a Hugging Face hub id, or a local path. "
         "For kind=lora this is the base model; LoRA policies naming the same base share one copy."
     )
-    backend: Literal["hf", "vllm"] = Field("hf", description="Rollout backend serving this policy.")
+    backend: Literal["hf", "vllm", "openai"] = Field(
+        "hf", description="Rollout backend: hf (transformers), vllm (GPU), openai (a remote OpenAI-compatible endpoint; frozen only)."
+    )
+    endpoint: EndpointConfig | None = Field(None, description="Server of a backend: openai policy; 'model' is the name sent to it.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights dtype; 'auto' takes the checkpoint's."
     )
@@ -80,6 +93,10 @@ class PolicyConfig(Section):
     def _consistent(self) -> "PolicyConfig":
         if self.lora is not None and self.kind != "lora":
             raise ValueError(f"'lora' settings given but kind is {self.kind!r}; valid: set kind: lora or remove 'lora'")
+        if self.backend == "openai" and (self.kind != "frozen" or self.endpoint is None):
+            raise ValueError("backend: openai serves a remote model that cannot be trained: it needs kind: frozen and an 'endpoint'")
+        if self.endpoint is not None and self.backend != "openai":
+            raise ValueError(f"'endpoint' given but backend is {self.backend!r}; valid: backend: openai")
         if self.kind == "frozen" and self.optim is not None:
             raise ValueError("'optim' given for a frozen policy, which is never updated; remove it or use kind: full/lora")
         if self.kind == "full" and self.dtype in ("bfloat16", "float16"):

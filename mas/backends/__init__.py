@@ -1,7 +1,9 @@
 """Rollout backends.  ``build_backend`` picks one per policy from its config's ``backend`` field.
 
 ``hf`` (``mas.backends.hf``) is always available; ``vllm`` (``mas.backends.vllm``) is imported
-only when a policy asks for it, so machines without vLLM never touch it.
+only when a policy asks for it, so machines without vLLM never touch it; ``openai``
+(``mas.backends.openai_compat``) sends a frozen policy's requests to a remote
+OpenAI-compatible chat endpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "GenRequest", "GenResult", "RoutedBackend", "build_backend"]
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "openai")
 
 
 def build_backend(policies: dict[str, "PolicyHandle"]) -> Backend:
@@ -46,6 +48,13 @@ def build_backend(policies: dict[str, "PolicyHandle"]) -> Backend:
             ) from e
         engines["vllm"] = VLLMBackend(by_kind["vllm"])
 
-    if len(engines) == 1:
-        return next(iter(engines.values()))
-    return RoutedBackend({name: engines[kind] for kind, hs in by_kind.items() for name in hs})
+    routes = {name: engines[kind] for kind, hs in by_kind.items() if kind in engines for name in hs}
+    if "openai" in by_kind:  # one client per remote policy (each names its own server and model)
+        from mas.backends.openai_compat import OpenAICompatBackend
+
+        for name, h in by_kind["openai"].items():
+            routes[name] = OpenAICompatBackend(model=h.remote_model, **h.endpoint.model_dump())
+    distinct = {id(b): b for b in routes.values()}
+    if len(distinct) == 1:
+        return next(iter(distinct.values()))
+    return RoutedBackend(routes)

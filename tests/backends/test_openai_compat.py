@@ -236,3 +236,47 @@ def test_a_remote_critic_and_a_remote_frozen_agent_through_the_engine(server, ti
     assert credit.breakdown["critic_score"].tolist() == [7.0, 5.0, 7.0] * 2
     assert credit.breakdown["parse_failures"].item() == 2 and credit.breakdown["fallbacks"].item() == 2
     assert all(c["body"]["model"] == "judge-model" for c in server.calls)
+
+
+def test_a_remote_critic_from_yaml_trains_a_team_step(server, tiny_model_dir, tmp_path, monkeypatch):
+    """backend: openai in a config: the policy is built without weights, routed to the server,
+    and the critic method's prompts reach it; the local policy trains as usual."""
+    import math
+
+    import yaml
+
+    from mas.backends import RoutedBackend
+    from mas.backends.openai_compat import OpenAICompatBackend as Remote
+    from mas.config import ConfigError, load_config
+    from mas.team import build_team
+    from mas.trainer import train_step
+
+    server.respond = lambda body: (200, reply("PROCESS_SCORE: 7" if "helper" in body["messages"][-1]["content"] else "PROCESS_SCORE: 2"))
+    data = {
+        "team": {"name": "remote-critic"},
+        "policies": {
+            "main": {"model": str(tiny_model_dir), "device": "cpu", "optim": {"lr": 1e-2}},
+            "coach": {"kind": "frozen", "backend": "openai", "model": "judge-model", "endpoint": {"base_url": server.base_url}},
+        },
+        "agents": [
+            {"name": "lead", "policy": "main", "role": "You lead.", "sampling": {"max_new_tokens": 4}},
+            {"name": "helper", "policy": "main", "role": "You help.", "sampling": {"max_new_tokens": 4}},
+        ],
+        "topology": {"kind": "chain", "sequence": ["lead", "helper"]},
+        "env": {"name": "synthetic_math", "num_ops": 1},
+        "credit": {"method": "critic", "critic": "coach"},
+        "trainer": {"batch_size": 1, "group_size": 2},
+    }
+    path = tmp_path / "team.yaml"
+    path.write_text(yaml.safe_dump(data))
+    team = build_team(load_config(path))
+    assert isinstance(team.backend, RoutedBackend) and isinstance(team.backend.routes["coach"], Remote)
+    assert team.policies["coach"].model is None and set(team.learners) == {"main"}
+    metrics = train_step(team, 0).metrics
+    assert len(server.calls) == 4  # one critique per action: 2 episodes x 2 turns
+    assert all(c["body"]["model"] == "judge-model" for c in server.calls)
+    assert math.isfinite(metrics["policies"]["main"]["loss"]) and metrics["credit_cost"]["critiques"] == 4
+    data["policies"]["coach"]["kind"] = "full"  # a remote model cannot be trained
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="kind: frozen"):
+        load_config(path)
