@@ -86,7 +86,7 @@ from mas.types import Credit, CreditBatch, CritiqueRequest, Episode, EpisodeGrou
 
 from .base import CreditConfigBase
 from .critic_prompts import LLM_MCA_PLACEHOLDERS, LLM_MCA_PROMPT, MAPPA_PLACEHOLDERS, MAPPA_PROMPT, MAPPA_RETRY_PROMPT
-from .normalise import Normalised, RawScores, eps_field, normalise_credit, scale_by_std_field
+from .normalise import Normalised, RawScores, eps_field, normalise_credit, scale_by_std_field, weighted_whiten
 from .registry import register_credit
 
 CriticMode = Literal["mappa", "llm_mca"]
@@ -410,34 +410,17 @@ def token_weighted_whiten(
     ``weights`` (completion tokens) weigh each value.  A value of weight 0 (a turn without
     tokens: nothing to train) gets 0 and takes no part in the statistics; a segment whose
     weighted values are all equal gets exactly 0 (mean = that value, std 0), singletons
-    included.  Statistics in float64.
+    included.  Statistics in float64 (``normalise.weighted_whiten``, shared with REINFORCE++).
     """
     if not (values.shape == agent_ids.shape == weights.shape) or values.dim() != 1:
         raise ValueError(f"values {tuple(values.shape)}, agent_ids {tuple(agent_ids.shape)}, weights {tuple(weights.shape)} must be equal 1-d shapes")
-    if num_agents is None:
-        num_agents = int(agent_ids.max()) + 1 if agent_ids.numel() else 0
-    K = num_agents
-    v = values.to(torch.float64)  # [N]
-    seg = agent_ids.to(torch.long)  # [N]
+    K = num_agents if num_agents is not None else (int(agent_ids.max()) + 1 if agent_ids.numel() else 0)
     w = weights.to(torch.float64).clamp(min=0.0)  # [N]
-    live = w > 0  # [N] turns that carry tokens
-    zeros = functools.partial(torch.zeros, K, dtype=torch.float64, device=v.device)
-    wsum = zeros().index_add_(0, seg, w).clamp(min=torch.finfo(torch.float64).tiny)  # [K]
-    mean = zeros().index_add_(0, seg, w * v) / wsum  # [K] token-weighted mean
-    vmax = torch.full((K,), -torch.inf, dtype=torch.float64, device=v.device)
-    vmax = vmax.scatter_reduce_(0, seg, torch.where(live, v, torch.full_like(v, -torch.inf)), reduce="amax")  # [K]
-    vmin = torch.full((K,), torch.inf, dtype=torch.float64, device=v.device)
-    vmin = vmin.scatter_reduce_(0, seg, torch.where(live, v, torch.full_like(v, torch.inf)), reduce="amin")  # [K]
-    constant = vmax == vmin  # [K] one weighted value (or one turn): no signal
-    mean = torch.where(constant, vmax, mean)  # [K] exact for a constant segment
-    dev = v - mean[seg]  # [N]
-    var = zeros().index_add_(0, seg, w * dev * dev) / wsum  # [K] population variance
-    std = torch.where(constant, torch.zeros_like(var), var.sqrt())  # [K]
-    out = dev / (std[seg] + eps) if scale_by_std else dev  # [N]
-    out = torch.where(live & ~constant[seg], out, torch.zeros_like(out))  # [N]
-    count = torch.bincount(seg, minlength=K)  # [K]
+    white = weighted_whiten(values, w, agent_ids, scale_by_std=scale_by_std, eps=eps, num_segments=K, variance_floor=False)
+    count = torch.bincount(agent_ids.to(torch.long), minlength=K)  # [K]
     dtype = values.dtype if values.is_floating_point() else torch.float32
-    return Normalised(values=out.to(dtype), mean=mean[seg].to(dtype), std=std[seg].to(dtype), count=count[seg])
+    return Normalised(values=white.values.to(dtype), mean=white.mean.to(dtype), std=white.std.to(dtype),
+                      count=count[agent_ids.to(torch.long)])
 
 
 # --- the credit function -------------------------------------------------------------------------

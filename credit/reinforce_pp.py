@@ -43,7 +43,7 @@ Shapes: B task groups, E episodes, N flattened turns, K agents, S segments.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -51,6 +51,7 @@ from pydantic import Field
 from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
+from .normalise import Whitened, weighted_whiten  # noqa: F401  (Whitened re-exported for callers)
 from .registry import register_credit
 
 
@@ -75,52 +76,6 @@ class ReinforcePPConfig(CreditConfigBase):
     )
     scale_by_std: bool = Field(True, description="Divide by the std after centring; False only centres (OpenRLHF --no_advantage_std_norm) [C].")
     eps: float = Field(1e-8, ge=0.0, allow_inf_nan=False, description="Lower bound on the variance before rsqrt (OpenRLHF: var.clamp(min=1e-8)) [C].")
-
-
-class Whitened(NamedTuple):
-    """Result of ``weighted_whiten``, float64; every field is [M]."""
-
-    values: torch.Tensor  # (x − mean) / std, 0 where the weight is 0
-    mean: torch.Tensor  # weighted mean of the element's segment
-    std: torch.Tensor  # weighted population std of the element's segment (0 for a constant segment)
-    weight: torch.Tensor  # total weight of the element's segment
-
-
-def weighted_whiten(
-    values: torch.Tensor, weights: torch.Tensor, segment_ids: torch.Tensor, *, scale_by_std: bool = True, eps: float = 1e-8, num_segments: int | None = None
-) -> Whitened:
-    """(x − μ_s) · rsqrt(max(σ²_s, eps)) with weighted mean μ_s and population variance σ²_s per segment.
-
-    μ_s = Σ w x / Σ w, σ²_s = Σ w (x − μ_s)² / Σ w over the segment's elements (OpenRLHF's
-    masked whitening when w counts tokens).  Elements of weight 0 get 0; a segment whose
-    weighted elements are all equal gives exactly 0.  [M] in, [M] out.
-    """
-    if not (values.shape == weights.shape == segment_ids.shape) or values.dim() != 1:
-        raise ValueError(f"values {tuple(values.shape)}, weights {tuple(weights.shape)} and segment_ids {tuple(segment_ids.shape)} must be equal 1-d shapes")
-    if num_segments is None:
-        num_segments = int(segment_ids.max()) + 1 if segment_ids.numel() else 0
-    x = values.to(torch.float64)  # [M]
-    w = weights.to(torch.float64)  # [M]
-    seg = segment_ids.to(torch.long)  # [M]
-    zeros = torch.zeros(num_segments, dtype=torch.float64, device=x.device)
-    W = zeros.clone().index_add_(0, seg, w)  # [S]
-    mean = zeros.clone().index_add_(0, seg, w * x) / W.clamp(min=torch.finfo(torch.float64).tiny)  # [S]
-    live = w > 0  # [M] elements that carry tokens
-    inf = torch.full_like(x, torch.inf)  # [M]
-    vmax = torch.full((num_segments,), -torch.inf, dtype=torch.float64).scatter_reduce_(0, seg, torch.where(live, x, -inf), reduce="amax")  # [S]
-    vmin = torch.full((num_segments,), torch.inf, dtype=torch.float64).scatter_reduce_(0, seg, torch.where(live, x, inf), reduce="amin")  # [S]
-    constant = vmax == vmin  # [S] all weighted values equal
-    mean = torch.where(constant, vmax, mean)  # [S] exact
-    dev = x - mean[seg]  # [M]
-    var = zeros.clone().index_add_(0, seg, w * dev * dev) / W.clamp(min=torch.finfo(torch.float64).tiny)  # [S] population
-    var = torch.where(constant, torch.zeros_like(var), var)  # [S]
-    if scale_by_std:
-        denom = torch.sqrt(var.clamp(min=eps))[seg]  # [M] OpenRLHF: rsqrt(clamp(var, 1e-8))
-        out = dev / torch.where(denom > 0, denom, torch.ones_like(denom))  # [M] (denom is 0 only for eps = 0 and a zero variance)
-    else:
-        out = dev  # [M]
-    out = torch.where(live & ~constant[seg], out, torch.zeros_like(out))  # [M]
-    return Whitened(values=out, mean=mean[seg], std=torch.sqrt(var)[seg], weight=W[seg])
 
 
 def group_mean(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> torch.Tensor:
