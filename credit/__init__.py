@@ -5,9 +5,9 @@ method (one module per method; helpers shared by several methods live in their o
 A credit pipeline is a method plus a normaliser, named in YAML, e.g.
 ``credit: {method: dr_mas, normaliser: global}``: the method computes raw scores, the
 normaliser (none, group, global or agent; ``normalise.py``) turns them into advantages.
-Each method config has ``normaliser`` with the method's own default (grpo and dr_grpo:
-group, rloo: none, dr_mas: agent), plus ``scale_by_std`` (not dr_grpo, which only
-centres) and ``eps``.
+Most method configs have ``normaliser`` with the method's own default (grpo and dr_grpo:
+group, rloo: none, dr_mas: agent, ...); m_grpo and reinforce_pp build their normalisation
+into the method.  See docs/credit.md for every method's keys.
 """
 
 import importlib

@@ -32,8 +32,8 @@ unless ``final_agent`` names one [A: MAPPA hard-codes its Verifier / Analyst].
     agent included, as in OpenRLHF where its variance is 0) gives exactly 0; a turn without
     completion tokens (a remote policy's) gets 0 and weighs nothing: it has nothing to train.
     A retry needs the first reply, so it is a second round of critiques: ``plan_retries``
-    (below) plans it from the first round's results.  The trainer runs one round today, so
-    without that second round a failed parse goes straight to the fallback (still counted).
+    (below, registered as the method's ``followup``) plans it from the first round's results
+    and the trainer runs it before assigning credit.
 
 mode ``llm_mca``: one critique per episode with the task, the transcript (agent names,
 messages, tool outputs) and the outcome R; the critic answers a JSON object
@@ -48,8 +48,8 @@ the raw per-turn scores; Dr. MAS agent-wise normalisation (per task group and ag
 ``normaliser: agent``) turns them into advantages by default [A, §8.3].
 
 Normalisers: ``normaliser`` is one of none / group / global / agent (``normalise.py``) or
-``agent_tokens`` (above; ``credit/reinforce_pp.py`` has its own copy of this whitening with
-OpenRLHF's max(σ², 1e-8) denominator: a candidate for one shared normaliser level).  The default depends on the mode and is
+``agent_tokens`` (above; the token-weighted whitening is ``normalise.weighted_whiten``,
+shared with REINFORCE++, which uses OpenRLHF's max(σ², 1e-8) denominator).  The default depends on the mode and is
 filled in when the config loads, so the resolved config shows it.
 
 Prompts: ``prompt`` overrides the mode's default template (``critic_prompts.py`` lists the

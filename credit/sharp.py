@@ -64,7 +64,8 @@ Identities: with λ_s = λ_p = 0, R_{i,m} = R_i, so SHARP is per-agent GRPO on t
 reward (``grpo`` with normaliser agent, = ``dr_mas`` without penalty); when every agent acts
 once per episode that equals plain GRPO.
 
-Cost per group (n players): exact 2^n − 1 re-runs per episode, loo n, mc at most P·n − 1
+Cost per group (n players): exact 2^n − 1 re-runs per episode, loo n, mc at most
+min(P·(n − 1) + 1, 2^n − 1)
 (distinct coalitions only).  ``coalition_evals`` counts the re-runs read.
 
 Breakdown: ``marginal`` φ [N], ``broadcast`` R^b [N], ``tool`` R^tool [N], ``turn_reward``
