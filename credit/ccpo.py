@@ -334,7 +334,8 @@ def ccpo(batch: CreditBatch, cfg: CCPOConfig, results: Results | None = None) ->
             warm = 1.0
         else:
             sd_d, sd_j, sd_s = hist.delta.std(cfg.eps), hist.joint.std(cfg.eps), hist.solo.std(cfg.eps)
-            r_up = torch.tanh(cfg.alpha * (delta - hist.delta.mean) / (sd_d + cfg.eps))  # [E] r1
+            # tanh saturates to exactly ±1.0 in floating point for large arguments; keep |r1| < 1 (§6.7)
+            r_up = torch.tanh(cfg.alpha * (delta - hist.delta.mean) / (sd_d + cfg.eps)).clamp(-1 + 1e-12, 1 - 1e-12)  # [E]
             z_j = (rj - hist.joint.mean) / (sd_j + cfg.eps)  # [E]
             z_s = (rs - hist.solo.mean) / (sd_s + cfg.eps)  # [E]
             gate = torch.sigmoid(torch.tensor(cfg.eta * hist.delta.mean / (sd_d + cfg.eps), dtype=torch.float64))  # scalar g

@@ -504,6 +504,8 @@ def critic(batch: CreditBatch, cfg: CriticConfig, results: Results | None = None
     ``results`` must hold the replies of ``plan_critic`` (and, for mappa retries, of
     ``plan_retries``); a missing planned key is a ValueError.
     """
+    if batch.num_turns == 0:  # nothing was planned, nothing to credit
+        return Credit(advantages=torch.zeros(0))
     if results is None:
         raise ValueError("critic credit needs the critic's replies: results is None (the trainer runs plan -> execute -> credit)")
     dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32

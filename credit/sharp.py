@@ -112,13 +112,19 @@ class SharpConfig(CreditConfigBase):
     max_exact_players: int = Field(8, ge=1, le=16, description="Largest player count for exact Shapley (2^n - 1 re-runs per episode); above it 'exact' uses mc_permutations orderings.")
     mc_permutations: int = Field(64, ge=1, description="Orderings P of Monte-Carlo permutation Shapley (distinct coalitions are evaluated once).")
     players: Literal["agents"] = Field("agents", description="Who the credit is over [A]: 'agents' = every agent with at least one turn in the episode (minus exclude).")
-    exclude: tuple[str, ...] = Field((), description="Agents that are never players: always present, never masked, credit 0, and re-sampled on every coalition so the answer is re-synthesised from the masked team (e.g. a planner or synthesiser [A]).")
+    exclude: tuple[str, ...] | None = Field(
+        None,
+        description="Agents that are never players: always present, never masked, credit 0, and re-sampled (after the "
+        "first masked message) on every coalition so the answer is re-synthesised from the masked team [A]. "
+        "None = the agent of each episode's last turn, the one who gives the final answer; [] = nobody (the answer "
+        "is then read from the kept transcript, e.g. a debate's majority vote).",
+    )
     mask_mode: Literal["mask", "remove"] = Field("mask", description="How players outside a coalition are taken out: 'mask' (placeholder text) or 'remove' (no message) [A].")
     sparsify: float = Field(0.0, ge=0.0, allow_inf_nan=False, description="Marginal credits with |phi| below this are set to 0 [A: the paper's sparsification parameter, meaning unknown]; 0 disables it.")
     seed: int = Field(0, description="Seed of the Monte-Carlo orderings (episode e uses a generator seeded from (seed, e)).")
     normaliser: NormaliserName = normaliser_field("agent", "SHARP default: agent.")
     agent_samples: Literal["turn", "episode"] = Field(
-        "turn",
+        "episode",
         description="With normaliser agent: 'turn' counts each of the agent's turns as a sample (Dr. MAS); 'episode' uses one sample per (episode, agent), the spec's 'over the G rollouts' [A]. Equal when every agent acts once per episode.",
     )
     scale_by_std: bool = scale_by_std_field()
@@ -135,7 +141,7 @@ def episode_players(agents: Iterable[str], exclude: Iterable[str] = ()) -> list[
 
 def coalition_key(episode: int, masked: Iterable[str]) -> str:
     """Canonical request key of the re-run of episode ``episode`` with ``masked`` players masked."""
-    return f"sharp/{episode}/" + ",".join(sorted(masked))
+    return f"sharp/{episode}/" + ",".join(sorted(masked))  # agent names are identifiers (no ","): no collisions
 
 
 def _episode_seed(seed: int, episode: int) -> int:
@@ -157,7 +163,7 @@ def plan_sharp(groups: list[EpisodeGroup], cfg: SharpConfig) -> list[Request]:
     requests: list[Request] = []
     episodes = [ep for g in groups for ep in g.episodes]
     for e, ep in enumerate(episodes):
-        players = episode_players((t.agent for t in ep.turns), cfg.exclude)
+        players = episode_players((t.agent for t in ep.turns), _excluded(cfg, ep.turns[-1].agent if ep.turns else None))
         for S in queried_coalitions(len(players), cfg.marginal, **_estimator_args(cfg, e)):
             masked = _masked(players, S)
             if masked:  # the full coalition is the episode itself
@@ -166,9 +172,17 @@ def plan_sharp(groups: list[EpisodeGroup], cfg: SharpConfig) -> list[Request]:
     return requests
 
 
+def _excluded(cfg: "SharpConfig", last_agent: str | None) -> set[str]:
+    """Agents that are not players in an episode whose last turn is by ``last_agent``."""
+    if cfg.exclude is None:
+        return {last_agent} if last_agent is not None else set()
+    return set(cfg.exclude)
+
+
 def _resampled(cfg: "SharpConfig", ep) -> tuple[str, ...]:
     """Non-player agents of the episode that re-read the masked team (sorted, for stable keys)."""
-    return tuple(sorted({t.agent for t in ep.turns} & set(cfg.exclude)))
+    last = ep.turns[-1].agent if ep.turns else None
+    return tuple(sorted({t.agent for t in ep.turns} & _excluded(cfg, last)))
 
 
 # --- assign -----------------------------------------------------------------------------------
@@ -186,7 +200,13 @@ def _marginals(batch: CreditBatch, cfg: SharpConfig, results: Results | None) ->
     E, K = batch.num_episodes, len(batch.agent_names)
     present = torch.zeros(E, K, dtype=torch.bool)
     present[batch.episode_ids, batch.agent_ids] = True  # [E, K] agent k acts in episode e
-    excluded = torch.tensor([a in cfg.exclude for a in batch.agent_names], dtype=torch.bool)  # [K]
+    excluded = torch.zeros(E, K, dtype=torch.bool)  # [E, K]
+    if cfg.exclude is None:  # the agent of each episode's last turn
+        last_turn = torch.full((E,), -1, dtype=torch.long).scatter_reduce_(0, batch.episode_ids, batch.turn_ids, reduce="amax")  # [E]
+        is_last = batch.turn_ids == last_turn[batch.episode_ids]  # [N]
+        excluded[batch.episode_ids[is_last], batch.agent_ids[is_last]] = True
+    else:
+        excluded[:, [k for k, a in enumerate(batch.agent_names) if a in cfg.exclude]] = True
     is_player = present & ~excluded  # [E, K]
     phi = torch.zeros(E, K, dtype=torch.float64)  # [E, K]
     if cfg.lambda_s == 0:
@@ -240,7 +260,7 @@ def sharp(batch: CreditBatch, cfg: SharpConfig, results: Results | None = None) 
     ``results`` must hold every key ``plan_sharp`` asked for (unless λ_s = 0); a missing
     key is a KeyError, an errored re-run has value 0.
     """
-    unknown = sorted(set(cfg.exclude) - set(batch.agent_names))
+    unknown = sorted(set(cfg.exclude or ()) - set(batch.agent_names))
     if unknown:
         raise ValueError(f"sharp: exclude names unknown agents {unknown}; valid: {sorted(batch.agent_names)}")
     dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32

@@ -121,7 +121,10 @@ class SamplingConfig(Section):
 
 
 class AgentConfig(Section):
-    name: str = Field(description="Unique agent name, used in topologies and reports.")
+    name: str = Field(
+        pattern=r"^[A-Za-z_][\w-]*$",
+        description="Unique agent name (letters, digits, _ and -; it is how an orchestrator CALLs the agent).",
+    )
     policy: str = Field(description="Name of an entry in 'policies' whose weights this agent uses.")
     role: str = Field(
         description="Role prompt (system message). May use {name} and {team} placeholders."

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import dataclasses
 import traceback
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ class Script:
     keep_others: bool = False  # reuse other agents' recorded outputs at the same positions
     resample: tuple[str, ...] = ()  # ... except these agents, which are always sampled afresh
 
+    def _first_masked(self) -> int:
+        """Position of the first recorded turn of a masked agent (turns before it are unaffected)."""
+        return next((t.index for t in self.source.turns if t.agent in self.masked), len(self.source.turns))
+
     def directive(self, index: int, agent: str) -> Directive:
         src = self.source.turns[index] if index < len(self.source.turns) else None
         if agent in self.masked:
@@ -81,7 +86,8 @@ class Script:
                 found = None if src is None else src.agent
                 raise ReplayDivergence(f"turn {index}: topology asked for {agent!r}, recorded turn is {found!r}")
             return Directive("replay", src, check_prompt=True)
-        if (self.keep_others and agent not in self.resample and src is not None and src.agent == agent
+        resampled = agent in self.resample and index > self._first_masked()  # before it nothing has changed
+        if (self.keep_others and not resampled and src is not None and src.agent == agent
                 and src.finish_reason not in ("masked", "removed")):
             return Directive("replay", src)
         return SAMPLE
@@ -403,6 +409,8 @@ class Engine:
         else:
             try:
                 ep.reward = float(self.score(ep))
+                if not math.isfinite(ep.reward):
+                    raise FloatingPointError(f"the env scored this episode {ep.reward}")
             except Exception as exc:  # noqa: BLE001 - a scorer crash marks the episode, never the step
                 ep.status, ep.error, ep.reward = "error", f"score: {type(exc).__name__}: {exc}", 0.0
 

@@ -73,7 +73,7 @@ def step_metrics(
         },
         "policies": updates,
         "credit_cost": cost or {},
-        "credit": {k: float(v) for k, v in credit.breakdown.items() if v.numel() == 1},  # scalar diagnostics
+        "credit": {k: float(v) for k, v in credit.breakdown.items() if v.dim() == 0},  # scalar diagnostics
         "tokens": sum(len(t.completion_ids) for _, t in flat),
         "time": timings,
     }

@@ -244,3 +244,22 @@ def test_intervention_can_resample_the_synthesiser_while_keeping_the_others(tiny
     assert kept.turns[2].text == "ACCEPT" and kept.turns[2].replayed  # realised output reused
     assert fresh.turns[2].text == "REJECT" and not fresh.turns[2].replayed  # re-read the masked team
     assert fresh.turns[0].replayed  # the lead still keeps its realised output
+
+
+def test_resampled_agents_replay_their_turns_before_the_first_masked_message(tiny_tokenizer):
+    """An orchestrator planning before any masked turn keeps its recorded plan (nothing changed yet)."""
+    calls = []
+
+    def respond(req):
+        calls.append(req.agent)
+        if req.agent == "lead":
+            n = sum(m["role"] == "assistant" for m in req.messages)
+            return ["CALL helper: 1+1", "ANSWER: 2"][min(n, 1)]
+        return "ANSWER: 2"
+
+    engine, _ = scripted_engine(team_config("m", "orchestrator"), respond, tiny_tokenizer)
+    src = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    calls.clear()
+    out = engine.execute([InterventionRequest("x", src, agents=("helper",), resample=("lead",))], seed=0)["x"][0]
+    assert out.turns[0].replayed and out.turns[1].finish_reason == "masked"
+    assert not out.turns[2].replayed and calls == ["lead"]  # only the turn after the masked one is re-sampled

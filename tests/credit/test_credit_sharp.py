@@ -19,7 +19,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from mas.credit import build_credit_batch, credit_config_union, get_credit, plan_credit, run_credit
 from mas.credit.baselines import GRPOConfig
-from mas.credit.sharp import SharpConfig, coalition_key, episode_players, plan_sharp
+from mas.credit.sharp import SharpConfig as _SharpConfig
+from mas.credit.sharp import coalition_key, episode_players, plan_sharp
+
+
+def SharpConfig(**kw) -> _SharpConfig:  # noqa: N802 - these tests fix exclude=() (every agent a player) unless told
+    kw.setdefault("exclude", ())
+    kw.setdefault("agent_samples", "turn")  # the references here count turns; the default (episode) is tested below
+    return _SharpConfig(**kw)
 from mas.credit.shapley import permutation_orderings, resolve_kind
 from mas.engine import MASK_TEXT
 from mas.types import Episode, EpisodeGroup, InterventionRequest, Task
@@ -52,10 +59,11 @@ def episodes_of(groups):
 
 def test_config_defaults_and_yaml():
     cfg = TypeAdapter(credit_config_union()).validate_python({"method": "sharp"})
-    assert isinstance(cfg, SharpConfig)
+    assert isinstance(cfg, _SharpConfig) and cfg.exclude is None  # default: the answering agent
     assert (cfg.lambda_s, cfg.lambda_p, cfg.marginal, cfg.max_exact_players, cfg.mc_permutations) == (1.0, 0.0, "exact", 8, 64)
-    assert (cfg.players, cfg.exclude, cfg.mask_mode, cfg.sparsify, cfg.normaliser, cfg.tool_key) == ("agents", (), "mask", 0.0, "agent", "tool_valid")
-    for field in SharpConfig.model_fields.values():
+    assert cfg.agent_samples == "episode"  # one sample per (episode, agent), as the spec normalises
+    assert (cfg.players, cfg.exclude, cfg.mask_mode, cfg.sparsify, cfg.normaliser, cfg.tool_key) == ("agents", None, "mask", 0.0, "agent", "tool_valid")
+    for field in _SharpConfig.model_fields.values():
         assert field.description
     with pytest.raises(ValidationError):
         SharpConfig(marginal="banzhaf")
@@ -574,7 +582,7 @@ def test_three_training_steps_on_a_tiny_model(tiny_model_dir, tmp_path, topology
     path = tmp_path / "team.yaml"
     path.write_text(yaml.safe_dump(team_cfg(tiny_model_dir, topo, {"method": "sharp", "exclude": ["checker"], "lambda_p": 0.1})))
     team = build_team(load_config(path))
-    assert isinstance(team.cfg.credit, SharpConfig) and team.cfg.credit.exclude == ("checker",)
+    assert isinstance(team.cfg.credit, _SharpConfig) and team.cfg.credit.exclude == ("checker",)
     team.engine.score = varied_reward
     before = {k: v.detach().clone() for k, v in team.policies["main"].model.state_dict().items()}
     train(team, tmp_path / "run")
@@ -585,3 +593,36 @@ def test_three_training_steps_on_a_tiny_model(tiny_model_dir, tmp_path, topology
         assert r["credit_cost"]["interventions"] == 8 * 3  # 8 episodes x (2^2 − 1) coalitions of {lead, helper}
     after = team.policies["main"].model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_default_excludes_the_answering_agent_and_resynthesises_after_the_first_masked_message(tiny_tokenizer):
+    """exclude=None: the last speaker is no player; masked re-runs replay everything before the
+    first masked message and re-sample the answering agent after it."""
+    from mas.backends.scripted import ScriptedBackend
+    from mas.agents.agent import build_agents
+    from mas.config import validate_config
+    from mas.engine import Engine
+    from mas.topologies import build_topology
+    from mas.types import Task
+
+    def respond(req):
+        if req.agent == "verifier":  # the answering agent reads what it can see
+            return "ANSWER: 7" if "solver: ANSWER: 7" in req.messages[-1]["content"] else "ANSWER: 0"
+        return "ANSWER: 7" if req.agent == "solver" else "I agree."
+
+    cfg = validate_config({
+        "team": {"name": "t"}, "policies": {"p": {"model": "x/y"}},
+        "agents": [{"name": n, "policy": "p", "role": n} for n in ("solver", "helper", "verifier")],
+        "topology": {"kind": "chain", "sequence": ["solver", "helper", "verifier"]},
+        "env": {"name": "synthetic_math"}, "credit": {"method": "sharp"},
+    })
+    backend = ScriptedBackend(respond, {"p": tiny_tokenizer})
+    engine = Engine(build_topology(cfg.topology), build_agents(cfg.agents, "t"), {"p": tiny_tokenizer}, {"p": True},
+                    backend, score=lambda ep: float(ep.answer == ep.task.answer))
+    groups = engine.rollout([Task("t", "q", "7")], 2, seed=0)
+    reqs = plan_sharp(groups, cfg.credit)
+    assert {r.agents for r in reqs} == {("helper",), ("solver",), ("helper", "solver")}  # verifier is no player
+    assert all(r.resample == ("verifier",) for r in reqs)
+    credit = run_credit(build_credit_batch(groups, ["solver", "helper", "verifier"]), cfg.credit, engine.execute(reqs, seed=1))
+    phi = credit.breakdown["marginal"].tolist()
+    assert phi[:3] == [1.0, 0.0, 0.0]  # solver earned it, helper free-rode, the verifier is not a player
