@@ -320,4 +320,6 @@ def m_grpo(batch: CreditBatch, cfg: MGRPOConfig, results: Results | None = None)
         "norm_std": torch.where(is_main, main.std.to(torch.float64)[ep], std_n).to(dtype),  # [N]
         "norm_count": torch.where(is_main, main.count[ep], count_n),  # [N]
     }
-    return Credit(advantages=advantages.to(dtype), breakdown=breakdown)  # [N]
+    # a dropped sub turn (copies = 0) is not in the aligned set: leave it out of the update too,
+    # rather than train it with A = 0 (which would dilute the token-mean of the others)
+    return Credit(advantages=advantages.to(dtype), breakdown=breakdown, train_mask=copies > 0)  # [N]

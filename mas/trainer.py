@@ -76,8 +76,9 @@ def train_step(team: Team, step: int) -> StepResult:
     #    failed for infrastructure reasons count in the credit statistics but are not trained on)
     t0 = time.perf_counter()
     samples: dict[str, list[TrainSample]] = {name: [] for name in active_learners(team, step)}
-    for (ep, turn), adv in zip(flatten_turns(groups), credit.advantages.tolist()):
-        if turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
+    keep = credit.train_mask.tolist() if credit.train_mask is not None else [True] * batch.num_turns
+    for (ep, turn), adv, kept in zip(flatten_turns(groups), credit.advantages.tolist(), keep):
+        if kept and turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
             temperature = team.agents[turn.agent].sampling.temperature
             samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
     updates = {}

@@ -145,6 +145,7 @@ class Credit:
 
     advantages: torch.Tensor  # [N] float
     breakdown: dict[str, torch.Tensor] = field(default_factory=dict)  # named [N] or [E] tensors
+    train_mask: torch.Tensor | None = None  # [N] bool; False: the method leaves this turn out of the update
 
 
 def flatten_turns(groups: list[EpisodeGroup]) -> list[tuple[Episode, Turn]]:

@@ -142,3 +142,21 @@ def test_checkpoint_restores_rng_state_and_data_cursor(tiny_model_dir, tmp_path)
     load_checkpoint(tmp_path / "checkpoints" / "step_000000", team)
     assert torch.equal(torch.rand(3), expected_draw)
     assert [t.task_id for t in team.env.sample_tasks(2)] == [t.task_id for t in expected_tasks]
+
+
+def test_turns_a_method_masks_out_are_not_trained(tiny_model_dir, monkeypatch):
+    import mas.trainer
+    from mas.types import Credit
+
+    team = build(team_config(tiny_model_dir, "chain"))
+    real = mas.trainer.run_credit
+
+    def masked(batch, cfg, results):
+        credit = real(batch, cfg, results)
+        keep = torch.tensor([batch.agent_names[a] == "lead" for a in batch.agent_ids.tolist()])  # only the lead's turns
+        return Credit(credit.advantages, credit.breakdown, train_mask=keep)
+
+    monkeypatch.setattr(mas.trainer, "run_credit", masked)
+    metrics = train_step(team, 0).metrics
+    lead_turns = metrics["agents"]["lead"]["turns"]
+    assert metrics["policies"]["main"]["samples"] == lead_turns  # helper's turns (same policy) were left out

@@ -562,3 +562,20 @@ def test_three_training_steps_chain_trains_sub_agents(tmp_path, tiny_model_dir):
     helper = torch.tensor([t.agent == "helper" for g in result.groups for ep in g.episodes for t in ep.turns])
     assert bool(helper.any()) and bool((result.credit.advantages[helper] != 0).any())
     assert int(bd["copies"][helper].min()) >= 1  # helper and checker act once per pass: d ≡ D_max
+
+
+def test_dropped_sub_turns_are_left_out_of_the_update():
+    """A sub turn alignment drops (copies = 0) is masked out of training, not trained with A = 0."""
+    import torch
+
+    from mas.credit import build_credit_batch, run_credit
+    from mas.credit.mgrpo import MGRPOConfig
+
+    from credit_reference import make_group  # tests/credit helper: episodes from agent lists and rewards
+
+    groups = [make_group([["main", "sub", "sub", "sub"], ["main", "sub"]], [1.0, 0.0])]
+    batch = build_credit_batch(groups, ["main", "sub"])
+    credit = run_credit(batch, MGRPOConfig(main_agent="main", d_max=1), None)
+    copies = credit.breakdown["copies"]
+    assert int((copies == 0).sum()) == 2  # rollout 0 keeps 1 of its 3 sub turns
+    assert torch.equal(credit.train_mask, copies > 0)
