@@ -6,6 +6,8 @@ Run directory layout:
     episodes.jsonl     sample episodes with each turn's credit
     checkpoints/       see mas.checkpoint
     summary.json       held-out accuracy before/after and the final step
+    tensorboard/       the same step metrics as TensorBoard scalars (torch's SummaryWriter):
+                       reward/team, agents/<name>/<metric>, policies/<name>/<metric>, time/<phase>, ...
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ class RunLogger:
         self.episodes_path = self.run_dir / "episodes.jsonl"
         self.show_progress = show_progress
         self.bar: tqdm | None = None
+        self.tb = _tensorboard_writer(self.run_dir / "tensorboard")
 
     # -- files -------------------------------------------------------------------------------
 
@@ -143,6 +146,10 @@ class RunLogger:
     def log_step(self, metrics: dict, groups: list[EpisodeGroup], credit: Credit, n_samples: int) -> None:
         _check_finite(metrics)
         self._append(self.metrics_path, metrics)
+        if self.tb is not None:
+            for tag, value in _scalars(metrics):
+                self.tb.add_scalar(tag, value, metrics["step"])
+            self.tb.flush()
         advs = credit.advantages.tolist()
         pos = 0
         written = 0
@@ -175,9 +182,31 @@ class RunLogger:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        if self.tb is not None:
+            self.tb.close()
 
     def info(self, msg: str) -> None:
         (self.bar.write if self.bar is not None else print)(msg)
+
+
+def _tensorboard_writer(path: Path):
+    """torch's SummaryWriter, or None (with a note) if the tensorboard package is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("tensorboard is not installed: writing metrics.jsonl only (pip install tensorboard)", file=sys.stderr)
+        return None
+    return SummaryWriter(log_dir=str(path))
+
+
+def _scalars(metrics: dict, prefix: str = ""):
+    """(tag, value) for every number in a nested step-metrics dict; the step itself is the x axis."""
+    for k, v in metrics.items():
+        tag = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _scalars(v, tag + "/")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+            yield tag, float(v)
 
 
 def _check_finite(metrics: dict, path: str = "") -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from team_helpers import team_config
 
@@ -76,3 +77,19 @@ def test_bad_models_devices_and_checkpoints_give_a_message_not_a_traceback(tmp_p
     (tmp_path / "run" / "config.yaml").write_text(cfg.read_text())
     assert main(["train", "--resume", str(tmp_path / "run")]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
+
+
+def test_step_metrics_are_written_as_tensorboard_scalars(tmp_path, tiny_model_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = write_config(tmp_path, tiny_model_dir)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=2", "--run-dir", str(run)]) == 0
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"reward/team", "agents/lead/reward", "agents/lead/advantage/mean", "policies/main/loss", "time/rollout"} <= tags
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "step" in json.loads(line)]
+    logged = [(e.step, e.value) for e in events.Scalars("policies/main/loss")]
+    assert [s for s, _ in logged] == [0, 1]
+    assert [v for _, v in logged] == [pytest.approx(r["policies"]["main"]["loss"], abs=1e-6) for r in rows]
