@@ -1,4 +1,4 @@
-"""Fixtures for the credit tests; makes the sibling helper module ``credit_reference`` importable."""
+"""Fixtures for the credit tests; makes ``credit_reference`` and ``tests/team_helpers`` importable."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:  # also works under --import-mode=importlib
-    sys.path.insert(0, _HERE)
+for _path in (_HERE, os.path.dirname(_HERE)):  # credit_reference, and tests/team_helpers
+    if _path not in sys.path:  # also works under --import-mode=importlib
+        sys.path.insert(0, _path)
 
 
 @pytest.fixture

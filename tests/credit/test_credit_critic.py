@@ -9,6 +9,7 @@ import random
 from collections import defaultdict
 
 import pytest
+from team_helpers import varied_reward  # random models never solve the task
 import torch
 import yaml
 from credit_reference import make_group, random_groups, ref_normalise
@@ -693,11 +694,6 @@ def test_llm_mca_end_to_end_with_a_scripted_critic(tiny_tokenizer):
 # --- smoke: 3 training steps on a tiny random model, the critic a frozen tiny policy -----------------------
 
 
-def _varied_reward(episode) -> float:
-    turns = [t for t in episode.turns if t.completion_ids]
-    return float(turns[0].completion_ids[0] % 2) if turns else 0.0
-
-
 SMOKE_PROMPTS = {
     "mappa": "Agent {agent_role} said: {agent_output}\nTruth: {ground_truth_answer}\nPROCESS_SCORE:",
     "llm_mca": "[system]\nSplit R.\n[user]\n{transcript}\nR = {outcome}\n{json_example}",
@@ -716,7 +712,7 @@ def test_three_training_steps_with_a_frozen_tiny_critic(mode, tiny_model_dir, tm
     path = tmp_path / "critic.yaml"
     path.write_text(yaml.safe_dump(critic_team(tiny_model_dir, credit)))
     team = build_team(load_config(path))
-    team.engine.score = _varied_reward
+    team.engine.score = varied_reward
     seen = []
     real = mas.trainer.run_credit
     monkeypatch.setattr(mas.trainer, "run_credit", lambda b, c, r: seen.append((b, real(b, c, r))) or seen[-1][1])

@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from team_helpers import varied_reward  # random models never solve the task
 import torch
 import yaml
 from credit_reference import make_group, random_groups
@@ -265,10 +266,6 @@ def _smoke(tmp_path, model_dir, credit, topology):
     path.write_text(yaml.safe_dump(_team(model_dir, topology, credit)))
     assert main(["validate", str(path)]) == 0
     team = build_team(load_config(path))
-
-    def varied_reward(episode):  # random models never solve the task: the parity of the first token instead
-        turns = [t for t in episode.turns if t.completion_ids]
-        return float(turns[0].completion_ids[0] % 2) if turns else 0.0
 
     team.engine.score = varied_reward
     model = team.policies["main"].model

@@ -9,6 +9,7 @@ import math
 import random
 
 import pytest
+from team_helpers import varied_reward  # random models never solve the task
 import torch
 import yaml
 from credit_reference import make_group, random_groups
@@ -338,10 +339,6 @@ def test_three_training_steps_on_a_tiny_model(tmp_path, tiny_model_dir, credit):
     path.write_text(yaml.safe_dump(_team(tiny_model_dir, "chain", credit)))
     assert main(["validate", str(path)]) == 0
     team = build_team(load_config(path))
-
-    def varied_reward(episode):  # random models never solve the task: the parity of the first token instead
-        turns = [t for t in episode.turns if t.completion_ids]
-        return float(turns[0].completion_ids[0] % 2) if turns else 0.0
 
     team.engine.score = varied_reward
     model = team.policies["main"].model

@@ -12,6 +12,7 @@ import re
 from collections import defaultdict
 
 import pytest
+from team_helpers import varied_reward  # parity of the first token: random models earn varied rewards
 import torch
 import yaml
 from credit_reference import f32, make_group, make_turn, ref_normalise
@@ -561,13 +562,6 @@ def test_graph_failed_counterfactuals_count_zero(tiny_tokenizer):
 
 
 # --- training smoke ---------------------------------------------------------------------------------------------
-
-
-def varied_reward(episode) -> float:
-    """As tests/team_helpers.py: parity of the first token of the first non-empty turn, so random
-    tiny models earn varied rewards (masking the first speaker changes it)."""
-    turns = [t for t in episode.turns if t.completion_ids]
-    return float(turns[0].completion_ids[0] % 2) if turns else 0.0
 
 
 @pytest.mark.parametrize("topology", ["chain", "debate"])
