@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from team_helpers import dyad_config
 import torch
 from credit_reference import f32, make_group, random_groups
 from pydantic import TypeAdapter, ValidationError
@@ -285,20 +286,7 @@ def test_pipeline_normaliser_applies_after_the_method():
 
 def chain_config(model_dir, credit: dict, **trainer) -> dict:
     """Two-agent chain, reasoner -> actor, each on its own policy."""
-    policy = {"kind": "full", "model": str(model_dir), "device": "cpu", "optim": {"lr": 1e-2, "micro_batch_size": 4}}
-    return {
-        "team": {"name": "c3-test"},
-        "policies": {"think": dict(policy), "solve": dict(policy)},
-        "agents": [
-            {"name": "reasoner", "policy": "think", "role": "You give a hint.", "parser": "raw", "sampling": {"max_new_tokens": 6}},
-            {"name": "actor", "policy": "solve", "role": "You answer.", "parser": "answer", "sampling": {"max_new_tokens": 6}},
-        ],
-        "topology": {"kind": "chain", "sequence": ["reasoner", "actor"]},
-        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
-        "credit": credit,
-        "trainer": {"steps": 3, "batch_size": 2, "group_size": 2, "eval_size": 0, "sample_episodes": 1, **trainer},
-        "logging": {"progress": False},
-    }
+    return dyad_config(model_dir, credit, ("reasoner", "You give a hint."), ("actor", "You answer."), **trainer)
 
 
 def test_hand_example_fanout_2_4_through_the_engine(tiny_tokenizer):

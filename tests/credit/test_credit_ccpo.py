@@ -9,6 +9,7 @@ import math
 import random
 
 import pytest
+from team_helpers import dyad_config as _dyad
 import torch
 from credit_reference import f32, make_group, random_groups
 from pydantic import TypeAdapter, ValidationError
@@ -430,20 +431,7 @@ def test_v1_state_round_trips_through_state_dict():
 
 def dyad_config(model_dir, credit: dict, **trainer) -> dict:
     """thinker -> solver chain, each agent on its own policy."""
-    policy = {"kind": "full", "model": str(model_dir), "device": "cpu", "optim": {"lr": 1e-2, "micro_batch_size": 4}}
-    return {
-        "team": {"name": "ccpo-test"},
-        "policies": {"think": dict(policy), "solve": dict(policy)},
-        "agents": [
-            {"name": "thinker", "policy": "think", "role": "You think.", "parser": "raw", "sampling": {"max_new_tokens": 6}},
-            {"name": "solver", "policy": "solve", "role": "You solve.", "parser": "answer", "sampling": {"max_new_tokens": 6}},
-        ],
-        "topology": {"kind": "chain", "sequence": ["thinker", "solver"]},
-        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
-        "credit": credit,
-        "trainer": {"steps": 3, "batch_size": 2, "group_size": 2, "eval_size": 0, "sample_episodes": 1, **trainer},
-        "logging": {"progress": False},
-    }
+    return _dyad(model_dir, credit, ("thinker", "You think."), ("solver", "You solve."), **trainer)
 
 
 def test_v2_through_the_engine_with_scripted_agents(tiny_tokenizer):

@@ -9,7 +9,7 @@ import random
 from collections import defaultdict
 
 import pytest
-from team_helpers import varied_reward  # random models never solve the task
+from team_helpers import team_config, varied_reward  # varied_reward: random models never solve the task
 import torch
 import yaml
 from credit_reference import make_group, random_groups, ref_normalise
@@ -69,25 +69,7 @@ def weighted_stats(values: list[float], weights: list[float]) -> tuple[float, fl
 
 def critic_team(model_dir, credit: dict, **sections) -> dict:
     """A chain lead -> helper -> checker (loop back once on REJECT); main trains, judge is frozen."""
-    cfg = {
-        "team": {"name": "critic-team"},
-        "policies": {
-            "main": {"kind": "full", "model": str(model_dir), "device": "cpu", "optim": {"lr": 1e-2, "micro_batch_size": 4}},
-            "judge": {"kind": "frozen", "model": str(model_dir), "device": "cpu"},
-        },
-        "agents": [
-            {"name": "lead", "policy": "main", "role": "You are the lead.", "parser": "orchestrator", "sampling": {"max_new_tokens": 6}},
-            {"name": "helper", "policy": "main", "role": "You help.", "parser": "answer", "sampling": {"max_new_tokens": 6}},
-            {"name": "checker", "policy": "judge", "role": "You check.", "parser": "verdict", "sampling": {"max_new_tokens": 6}},
-        ],
-        "topology": {"kind": "chain", "sequence": ["lead", "helper", "checker"], "loop_to": "lead", "max_loops": 1},
-        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
-        "credit": credit,
-        "trainer": {"steps": 3, "batch_size": 2, "group_size": 4, "eval_size": 0, "sample_episodes": 1},
-        "logging": {"progress": False},
-    }
-    cfg.update(sections)
-    return cfg
+    return team_config(model_dir, "chain", credit=credit, **sections)
 
 
 # --- config and templates ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from team_helpers import varied_reward  # random models never solve the task
+from team_helpers import team_config, train_smoke, varied_reward  # varied_reward: random models never solve the task
 import torch
 import yaml
 from credit_reference import make_group, random_groups
@@ -197,30 +197,7 @@ def _scripted_engine(cfg, respond, tokenizer, score):
 
 def _team(model_dir, topology, credit, **extra):
     """A 3-agent team (lead and helper train on 'main', checker is frozen) on tiny models."""
-    topologies = {
-        "chain": {"kind": "chain", "sequence": ["lead", "helper", "checker"], "loop_to": "lead", "max_loops": 1},
-        "debate": {"kind": "debate", "debaters": ["lead", "helper", "checker"], "rounds": 2},
-        "orchestrator": {"kind": "orchestrator", "orchestrator": "lead", "specialists": ["helper", "checker"], "max_turns": 4},
-    }
-    cfg = {
-        "team": {"name": "test-team"},
-        "policies": {
-            "main": {"kind": "full", "model": str(model_dir), "device": "cpu", "optim": {"lr": 1e-2, "micro_batch_size": 4}},
-            "judge": {"kind": "frozen", "model": str(model_dir), "device": "cpu"},
-        },
-        "agents": [
-            {"name": "lead", "policy": "main", "role": "You are the lead.", "parser": "orchestrator", "sampling": {"max_new_tokens": 6}},
-            {"name": "helper", "policy": "main", "role": "You help.", "parser": "answer", "sampling": {"max_new_tokens": 6}},
-            {"name": "checker", "policy": "judge", "role": "You check.", "parser": "verdict", "sampling": {"max_new_tokens": 6}},
-        ],
-        "topology": topologies[topology],
-        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
-        "credit": credit,
-        "trainer": {"steps": 3, "batch_size": 2, "group_size": 4, "eval_size": 0, "sample_episodes": 1},
-        "logging": {"progress": False},
-    }
-    cfg.update(extra)
-    return cfg
+    return team_config(model_dir, topology, credit=credit, **extra)
 
 
 def test_end_to_end_debate_with_scripted_agents(tiny_tokenizer):
@@ -257,27 +234,7 @@ def test_end_to_end_debate_with_scripted_agents(tiny_tokenizer):
 
 
 def _smoke(tmp_path, model_dir, credit, topology):
-    from mas.cli import main
-    from mas.config import load_config
-    from mas.team import build_team
-    from mas.trainer import train
-
-    path = tmp_path / "team.yaml"
-    path.write_text(yaml.safe_dump(_team(model_dir, topology, credit)))
-    assert main(["validate", str(path)]) == 0
-    team = build_team(load_config(path))
-
-    team.engine.score = varied_reward
-    model = team.policies["main"].model
-    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    train(team, tmp_path / "run")
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    for r in rows:
-        assert math.isfinite(r["policies"]["main"]["loss"]) and r["policies"]["main"]["samples"] > 0
-    moved = [k for k, v in model.state_dict().items() if not torch.equal(before[k], v)]
-    assert len(moved) == len(before)
-    return rows
+    return train_smoke(tmp_path, _team(model_dir, topology, credit))[1]
 
 
 def test_three_training_steps_on_a_tiny_model(tmp_path, tiny_model_dir):

@@ -9,7 +9,7 @@ import random
 from collections import defaultdict
 
 import pytest
-from team_helpers import varied_reward  # random models never solve the task
+from team_helpers import team_config, train_smoke, varied_reward  # varied_reward: random models never solve the task
 import torch
 import yaml
 from credit_reference import f32, make_group, random_groups, ref_apply, ref_mean_std
@@ -434,27 +434,10 @@ def test_per_agent_alignment_keeps_sub_agents_apart():
 
 
 def _team(model_dir, topology, credit, max_turns=4):
-    topologies = {
-        "orchestrator": {"kind": "orchestrator", "orchestrator": "lead", "specialists": ["helper", "checker"], "max_turns": max_turns},
-        "chain": {"kind": "chain", "sequence": ["lead", "helper", "checker"], "loop_to": "lead", "max_loops": 1},
-    }
-    return {
-        "team": {"name": "test-team"},
-        "policies": {
-            "main": {"kind": "full", "model": str(model_dir), "device": "cpu", "optim": {"lr": 1e-2, "micro_batch_size": 4}},
-            "judge": {"kind": "frozen", "model": str(model_dir), "device": "cpu"},
-        },
-        "agents": [
-            {"name": "lead", "policy": "main", "role": "You are the lead.", "parser": "orchestrator", "sampling": {"max_new_tokens": 6}},
-            {"name": "helper", "policy": "main", "role": "You help.", "parser": "answer", "sampling": {"max_new_tokens": 6}},
-            {"name": "checker", "policy": "judge", "role": "You check.", "parser": "verdict", "sampling": {"max_new_tokens": 6}},
-        ],
-        "topology": topologies[topology],
-        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
-        "credit": credit,
-        "trainer": {"steps": 3, "batch_size": 2, "group_size": 4, "eval_size": 0, "sample_episodes": 1},
-        "logging": {"progress": False},
-    }
+    cfg = team_config(model_dir, topology, credit=credit)
+    if topology == "orchestrator":
+        cfg["topology"] = {**cfg["topology"], "max_turns": max_turns}
+    return cfg
 
 
 def test_end_to_end_orchestrator_with_scripted_agents(tiny_tokenizer):
@@ -517,25 +500,9 @@ def test_end_to_end_orchestrator_with_scripted_agents(tiny_tokenizer):
 
 
 def _smoke(tmp_path, model_dir, topology, credit):
-    from mas.cli import main
-    from mas.config import load_config
-    from mas.team import build_team
-    from mas.trainer import train_step, train
+    from mas.trainer import train_step
 
-    path = tmp_path / "team.yaml"
-    path.write_text(yaml.safe_dump(_team(model_dir, topology, credit)))
-    assert main(["validate", str(path)]) == 0
-    team = build_team(load_config(path))
-
-    team.engine.score = varied_reward
-    model = team.policies["main"].model
-    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    train(team, tmp_path / "run")
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    for r in rows:
-        assert math.isfinite(r["policies"]["main"]["loss"]) and r["policies"]["main"]["samples"] > 0
-    assert all(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    team, rows = train_smoke(tmp_path, _team(model_dir, topology, credit))
     return team, rows, train_step
 
 

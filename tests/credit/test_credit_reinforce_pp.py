@@ -9,7 +9,7 @@ import math
 import random
 
 import pytest
-from team_helpers import varied_reward  # random models never solve the task
+from team_helpers import team_config, train_smoke, varied_reward  # varied_reward: random models never solve the task
 import torch
 import yaml
 from credit_reference import make_group, random_groups
@@ -271,27 +271,7 @@ def test_config_section():
 
 
 def _team(model_dir, topology, credit):
-    topologies = {
-        "chain": {"kind": "chain", "sequence": ["lead", "helper", "checker"], "loop_to": "lead", "max_loops": 1},
-        "debate": {"kind": "debate", "debaters": ["lead", "helper", "checker"], "rounds": 2},
-    }
-    return {
-        "team": {"name": "test-team"},
-        "policies": {
-            "main": {"kind": "full", "model": str(model_dir), "device": "cpu", "optim": {"lr": 1e-2, "micro_batch_size": 4}},
-            "judge": {"kind": "frozen", "model": str(model_dir), "device": "cpu"},
-        },
-        "agents": [
-            {"name": "lead", "policy": "main", "role": "You are the lead.", "parser": "orchestrator", "sampling": {"max_new_tokens": 6}},
-            {"name": "helper", "policy": "main", "role": "You help.", "parser": "answer", "sampling": {"max_new_tokens": 6}},
-            {"name": "checker", "policy": "judge", "role": "You check.", "parser": "verdict", "sampling": {"max_new_tokens": 6}},
-        ],
-        "topology": topologies[topology],
-        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
-        "credit": credit,
-        "trainer": {"steps": 3, "batch_size": 2, "group_size": 4, "eval_size": 0, "sample_episodes": 1},
-        "logging": {"progress": False},
-    }
+    return team_config(model_dir, topology, credit=credit)
 
 
 def test_end_to_end_chain_with_scripted_agents(tiny_tokenizer):
@@ -330,22 +310,4 @@ def test_end_to_end_chain_with_scripted_agents(tiny_tokenizer):
 
 @pytest.mark.parametrize("credit", [{"method": "reinforce_pp"}, {"method": "reinforce_pp", "baseline": True, "per_agent": True}], ids=["plain", "baseline-per-agent"])
 def test_three_training_steps_on_a_tiny_model(tmp_path, tiny_model_dir, credit):
-    from mas.cli import main
-    from mas.config import load_config
-    from mas.team import build_team
-    from mas.trainer import train
-
-    path = tmp_path / "team.yaml"
-    path.write_text(yaml.safe_dump(_team(tiny_model_dir, "chain", credit)))
-    assert main(["validate", str(path)]) == 0
-    team = build_team(load_config(path))
-
-    team.engine.score = varied_reward
-    model = team.policies["main"].model
-    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    train(team, tmp_path / "run")
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    for r in rows:
-        assert math.isfinite(r["policies"]["main"]["loss"]) and r["policies"]["main"]["samples"] > 0
-    assert all(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    team, rows = train_smoke(tmp_path, _team(tiny_model_dir, "chain", credit))

@@ -12,7 +12,7 @@ import re
 from collections import defaultdict
 
 import pytest
-from team_helpers import varied_reward  # parity of the first token: random models earn varied rewards
+from team_helpers import TOPOLOGIES, team_config, varied_reward  # varied_reward: random models never solve the task
 import torch
 import yaml
 from credit_reference import f32, make_group, make_turn, ref_normalise
@@ -401,40 +401,16 @@ def test_agent_samples_episode_differs_from_turn_under_repeated_invocations():
 
 TASKS = [Task(f"t{i}", f"{i}+1", str(i + 1)) for i in range(3)]
 
-GRAPH = {
-    "kind": "graph",
-    "entry": "draft",
-    "max_turns": 5,
-    "nodes": [{"name": "draft", "agent": "lead"}, {"name": "check", "agent": "checker"}, {"name": "fix", "agent": "helper"}],
-    "edges": [
-        {"from": "draft", "to": "check"},
-        {"from": "check", "to": "END", "when": "accept"},
-        {"from": "check", "to": "fix"},
-        {"from": "fix", "to": "check"},
-    ],
-}
+GRAPH = TOPOLOGIES["graph"]  # draft -> check -> (END on accept | fix -> check), max_turns 5
 CHAIN = {"kind": "chain", "sequence": ["lead", "helper", "checker"]}
 
 
 def team_cfg(model_dir, topology: dict, credit: dict | None = None, **trainer) -> dict:
-    """Three agents: lead and helper on a trainable policy, checker on a frozen one (as tests/team_helpers.py)."""
-    return {
-        "team": {"name": "sharp-team"},
-        "policies": {
-            "main": {"kind": "full", "model": str(model_dir), "device": "cpu", "optim": {"lr": 1e-2, "micro_batch_size": 4}},
-            "judge": {"kind": "frozen", "model": str(model_dir), "device": "cpu"},
-        },
-        "agents": [
-            {"name": "lead", "policy": "main", "role": "You are the lead.", "parser": "orchestrator", "sampling": {"max_new_tokens": 6}},
-            {"name": "helper", "policy": "main", "role": "You help.", "parser": "answer", "sampling": {"max_new_tokens": 6}},
-            {"name": "checker", "policy": "judge", "role": "You check.", "parser": "verdict", "sampling": {"max_new_tokens": 6}},
-        ],
-        "topology": topology,
-        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
-        "credit": credit or {"method": "sharp"},
-        "trainer": {"steps": 3, "batch_size": 2, "group_size": 4, "eval_size": 0, "sample_episodes": 1, **trainer},
-        "logging": {"progress": False},
-    }
+    """Three agents: lead and helper on a trainable policy, checker on a frozen one."""
+    cfg = team_config(model_dir, "chain", credit=credit or {"method": "sharp"})
+    cfg["topology"] = topology
+    cfg["trainer"] = {**cfg["trainer"], **trainer}
+    return cfg
 
 
 def scripted_engine(cfg: dict, respond, tokenizer):
