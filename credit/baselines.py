@@ -56,7 +56,7 @@ from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
 from .normalise import CreditNormalised, NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field, segment_stats
-from .registry import register_credit
+from .registry import MethodCard, register_credit
 
 _PENALTY = (
     "Subtracted from the reward of each turn whose output did not parse (DrMAS "
@@ -154,7 +154,10 @@ def _grpo(batch: CreditBatch, cfg: GRPOConfig | DrGRPOConfig) -> Credit:
     return Credit(advantages=norm.values.to(dtype), breakdown=breakdown)  # [N]
 
 
-@register_credit("grpo", GRPOConfig)
+@register_credit(
+    "grpo", GRPOConfig,
+    card=MethodCard('outcome reward, group-relative baseline (GRPO)', 'episode: one advantage for every turn of an episode', 'mean (and std) of the G episodes of the same task'),
+)
 def grpo(batch: CreditBatch, cfg: GRPOConfig, results: Results | None = None) -> Credit:
     """GRPO outcome advantage A_i = (s_i − mean_j s_j) / (std_j s_j + eps), per task group.
 
@@ -170,7 +173,10 @@ def grpo(batch: CreditBatch, cfg: GRPOConfig, results: Results | None = None) ->
     return _grpo(batch, cfg)
 
 
-@register_credit("dr_grpo", DrGRPOConfig)
+@register_credit(
+    "dr_grpo", DrGRPOConfig,
+    card=MethodCard('outcome reward, group-relative baseline (Dr. GRPO)', 'episode: one advantage for every turn of an episode', 'mean of the G episodes of the same task, no std scaling'),
+)
 def dr_grpo(batch: CreditBatch, cfg: DrGRPOConfig, results: Results | None = None) -> Credit:
     """Dr. GRPO advantage A_i = s_i − mean_j s_j (arXiv 2503.20783).
 
@@ -198,7 +204,10 @@ def rloo_scores(batch: CreditBatch, invalid_penalty: float) -> tuple[torch.Tenso
     return adv, loo_mean, size, score
 
 
-@register_credit("rloo", RLOOConfig)
+@register_credit(
+    "rloo", RLOOConfig,
+    card=MethodCard('outcome reward, leave-one-out baseline (RLOO)', 'episode: one advantage for every turn of an episode', 'mean of the other G-1 episodes of the same task'),
+)
 def rloo(batch: CreditBatch, cfg: RLOOConfig, results: Results | None = None) -> Credit:
     """RLOO advantage A_i = s_i − (1/(G−1)) Σ_{j≠i} s_j = G/(G−1) · (s_i − mean_j s_j).
 

@@ -81,7 +81,7 @@ from mas.types import Credit, CreditBatch, EpisodeGroup, ReplayRequest, Request,
 
 from .base import CreditConfigBase
 from .normalise import NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field
-from .registry import register_credit
+from .registry import MethodCard, register_credit
 
 STD_NORM_EPS = 1e-8  # inside the sqrt, as in the official code [C]
 
@@ -174,7 +174,10 @@ def _collect_replays(batch: CreditBatch, cfg: C3Config, results: Results | None)
     return rep_e, rep_d, rep_r, failures
 
 
-@register_credit("c3", C3Config, plan=plan_c3)
+@register_credit(
+    "c3", C3Config, plan=plan_c3,
+    card=MethodCard('counterfactual: context-frozen replays, leave-one-out (C3)', 'turn', 'mean of the sibling replays from the same frozen context'),
+)
 def c3(batch: CreditBatch, cfg: C3Config, results: Results | None = None) -> Credit:
     """Per-turn C3 credit Q̂(recorded node) − sibling baseline, standardised per sibling group.
 

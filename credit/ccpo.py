@@ -81,7 +81,7 @@ from mas.types import Credit, CreditBatch, EpisodeGroup, InterventionRequest, Re
 
 from .base import CreditConfigBase
 from .normalise import NormaliserName, RawScores, normalise_credit, normalise_segments, normaliser_field, scale_by_std_field
-from .registry import register_credit
+from .registry import MethodCard, register_credit
 
 
 class CCPOConfig(CreditConfigBase):
@@ -292,7 +292,10 @@ class _State:
     reset = staticmethod(reset_state)
 
 
-@register_credit("ccpo", CCPOConfig, plan=plan_ccpo, state=_State)
+@register_credit(
+    "ccpo", CCPOConfig, plan=plan_ccpo, state=_State,
+    card=MethodCard('counterfactual: solo re-runs without the upstream agent (CCPO)', 'agent role: upstream vs downstream turns', 'the solo counterfactual reward; then GRPO per (task, role)'),
+)
 def ccpo(batch: CreditBatch, cfg: CCPOConfig, results: Results | None = None) -> Credit:
     """Upstream turns get r_upstream, downstream turns r_downstream; then GRPO per (task group, role).
 

@@ -87,7 +87,7 @@ from mas.types import Credit, CreditBatch, CritiqueRequest, Episode, EpisodeGrou
 from .base import CreditConfigBase
 from .critic_prompts import LLM_MCA_PLACEHOLDERS, LLM_MCA_PROMPT, MAPPA_PLACEHOLDERS, MAPPA_PROMPT, MAPPA_RETRY_PROMPT
 from .normalise import Normalised, RawScores, eps_field, normalise_credit, scale_by_std_field, weighted_whiten
-from .registry import register_credit
+from .registry import MethodCard, register_credit
 
 CriticMode = Literal["mappa", "llm_mca"]
 CriticNormaliser = Literal["agent_tokens", "none", "group", "global", "agent"]
@@ -427,28 +427,33 @@ def token_weighted_whiten(
 
 
 def _mappa_scores(batch: CreditBatch, cfg: CriticConfig, results: Results) -> tuple[torch.Tensor, torch.Tensor, dict[str, int]]:
-    """Per-turn coach score [N] (0..10, float64), fallback mask [N] and the call counts."""
-    scores, fallback = [], []
+    """Per-turn coach score [N] (0..10, float64), fallback mask [N], the call counts and the replies [N]."""
+    scores, fallback, replies = [], [], []
     calls = failures = retries = 0
     for e, t in zip(batch.episode_ids.tolist(), batch.turn_ids.tolist()):
         key = f"critic/{e}/{t}"
         calls += 1
-        s = parse_process_score(_reply(results, key))
+        reply = _reply(results, key)
+        s = parse_process_score(reply)
         if s is None:
             failures += 1
             if cfg.retry and f"{key}/retry" in results:
                 calls += 1
                 retries += 1
-                s = parse_process_score(_reply(results, f"{key}/retry"))
+                reply = _reply(results, f"{key}/retry")
+                s = parse_process_score(reply)
                 failures += int(s is None)
         fallback.append(s is None)
         scores.append(cfg.fallback_score if s is None else s)
+        replies.append(reply)
     counts = {"critic_calls": calls, "parse_failures": failures, "retries": retries, "fallbacks": sum(fallback)}
-    return torch.tensor(scores, dtype=torch.float64), torch.tensor(fallback, dtype=torch.bool), counts
+    return torch.tensor(scores, dtype=torch.float64), torch.tensor(fallback, dtype=torch.bool), counts, replies
 
 
-def _llm_mca_credits(batch: CreditBatch, cfg: CriticConfig, results: Results) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, int]]:
-    """Per-turn raw critic credit [N], renormalised credit [N] (float64), fallback mask [N], counts."""
+def _llm_mca_credits(
+    batch: CreditBatch, cfg: CriticConfig, results: Results
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, int], list[str]]:
+    """Per-turn raw critic credit [N], renormalised credit [N] (float64), fallback mask [N], counts, replies [E]."""
     N, E = batch.num_turns, batch.num_episodes
     ep = batch.episode_ids  # [N]
     R = batch.episode_rewards.to(torch.float64)  # [E]
@@ -456,6 +461,7 @@ def _llm_mca_credits(batch: CreditBatch, cfg: CriticConfig, results: Results) ->
     starts = torch.cumsum(n_turns, 0) - n_turns  # [E] turns of an episode are contiguous (flatten order)
     names = [batch.agent_names[k] for k in batch.agent_ids.tolist()]  # [N]
     raw = [0.0] * N
+    replies = [""] * E
     parsed_ok = torch.zeros(E, dtype=torch.bool)  # [E]
     calls = failures = 0
     for e in range(E):
@@ -464,7 +470,8 @@ def _llm_mca_credits(batch: CreditBatch, cfg: CriticConfig, results: Results) ->
             continue  # nothing to assign, no critique planned
         agents = names[lo : lo + T]
         calls += 1
-        credits = parse_credit_json(_reply(results, f"critic/{e}"), agent_message_counts(agents))
+        replies[e] = _reply(results, f"critic/{e}")
+        credits = parse_credit_json(replies[e], agent_message_counts(agents))
         if credits is None:
             failures += 1
             continue
@@ -486,7 +493,7 @@ def _llm_mca_credits(batch: CreditBatch, cfg: CriticConfig, results: Results) ->
     raw_t = torch.where(fb, equal_split, raw_t)  # [N]
     credit = torch.where(fb, equal_split, credit)  # [N]
     counts = {"critic_calls": calls, "parse_failures": failures, "retries": 0, "fallbacks": int((fallback_e & (n_turns > 0)).sum())}
-    return raw_t, credit, fb, counts
+    return raw_t, credit, fb, counts, replies
 
 
 def _episode_means(batch: CreditBatch, turn: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
@@ -497,7 +504,10 @@ def _episode_means(batch: CreditBatch, turn: torch.Tensor, empty: torch.Tensor) 
     return torch.where(n > 0, total / n.clamp(min=1), empty)  # [E]
 
 
-@register_credit("critic", CriticConfig, plan=plan_critic, followup=plan_retries)
+@register_credit(
+    "critic", CriticConfig, plan=plan_critic, followup=plan_retries,
+    card=MethodCard('LLM critic: per-action process scores (MAPPA) or per-message credit (LLM-MCA)', 'turn', 'per-agent whitening of the critic-derived rewards'),
+)
 def critic(batch: CreditBatch, cfg: CriticConfig, results: Results | None = None) -> Credit:
     """Per-turn advantages from an LLM critic's replies (see the module docstring for both modes).
 
@@ -511,11 +521,11 @@ def critic(batch: CreditBatch, cfg: CriticConfig, results: Results | None = None
     dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
     R = batch.episode_rewards.to(torch.float64)  # [E]
     if cfg.mode == "mappa":
-        score, fallback, counts = _mappa_scores(batch, cfg, results)  # [N] 0..10
+        score, fallback, counts, replies = _mappa_scores(batch, cfg, results)  # [N] 0..10
         reward = score / 10.0 + cfg.outcome_weight * R[batch.episode_ids]  # [N]
         episode = _episode_means(batch, reward, cfg.outcome_weight * R)  # [E]
     else:
-        score, reward, fallback, counts = _llm_mca_credits(batch, cfg, results)  # [N]
+        score, reward, fallback, counts, replies = _llm_mca_credits(batch, cfg, results)  # [N], replies [E]
         episode = _episode_means(batch, reward, R)  # [E]
 
     if cfg.normaliser == "agent_tokens":
@@ -541,4 +551,4 @@ def critic(batch: CreditBatch, cfg: CriticConfig, results: Results | None = None
     }
     if episode_values is not None:
         breakdown["episode_advantage"] = episode_values.to(dtype)  # [E]
-    return Credit(advantages=values.to(dtype), breakdown=breakdown)  # [N]
+    return Credit(advantages=values.to(dtype), breakdown=breakdown, notes={"critic_reply": replies})  # [N]

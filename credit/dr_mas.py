@@ -51,7 +51,7 @@ from mas.types import Credit, CreditBatch, Results
 from .base import CreditConfigBase
 from .baselines import episode_scores, turn_rewards_with_penalty
 from .normalise import NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field
-from .registry import register_credit
+from .registry import MethodCard, register_credit
 
 
 class DrMasConfig(CreditConfigBase):
@@ -66,7 +66,10 @@ class DrMasConfig(CreditConfigBase):
     )
 
 
-@register_credit("dr_mas", DrMasConfig)
+@register_credit(
+    "dr_mas", DrMasConfig,
+    card=MethodCard('outcome reward, agent-wise normalisation (Dr. MAS)', 'agent: statistics per agent', "mean and std of the agent's own turns in the batch"),
+)
 def dr_mas(batch: CreditBatch, cfg: DrMasConfig, results: Results | None = None) -> Credit:
     """A^{i,t} = (R^{i,t} − μ_k) / (σ_k + ε) per (task group, agent k) over all k's turns.
 

@@ -50,7 +50,7 @@ from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
 from .normalise import NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field
-from .registry import register_credit
+from .registry import MethodCard, register_credit
 
 AdvantageMode = Literal["mean", "rloo", "max", "raw"]
 
@@ -108,7 +108,10 @@ def node_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, mode: str, n
     return adv, baseline, k
 
 
-@register_credit("magrpo", MAGRPOConfig)
+@register_credit(
+    "magrpo", MAGRPOConfig,
+    card=MethodCard('outcome reward, joint-action group baseline (MAGRPO)', 'episode: one advantage per joint rollout', 'node baseline over the K joint samples (mean, rloo or max)'),
+)
 def magrpo(batch: CreditBatch, cfg: MAGRPOConfig, results: Results | None = None) -> Credit:
     """A_j = R_j − baseline(node) for every turn of episode j (CoMLRL ``_compute_advantages`` [C]).
 

@@ -91,7 +91,7 @@ from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
 from .normalise import eps_field, normalise_segments, scale_by_std_field
-from .registry import register_credit
+from .registry import MethodCard, register_credit
 
 RewardForm = Literal["mrlx", "linear"]
 SubNorm = Literal["pooled", "rollout", "subtask"]
@@ -243,7 +243,10 @@ def sub_rewards(batch: CreditBatch, cfg: MGRPOConfig, RM: torch.Tensor, success:
     return cfg.beta_format * fmt + cfg.beta_expert * expert + cfg.beta_main * RM[ep]  # [N]
 
 
-@register_credit("m_grpo", MGRPOConfig)
+@register_credit(
+    "m_grpo", MGRPOConfig,
+    card=MethodCard('outcome reward, hierarchical group-relative (M-GRPO)', 'agent role: main agent vs aligned sub-agent invocations', 'group mean and std of the main and of the sub-agent rewards, separately'),
+)
 def m_grpo(batch: CreditBatch, cfg: MGRPOConfig, results: Results | None = None) -> Credit:
     """Main turns: GRPO of R_M over the task's rollouts; sub turns: copies × GRPO of R_S over the aligned set.
 

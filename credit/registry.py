@@ -30,6 +30,15 @@ F = TypeVar("F", bound=Callable[..., Credit])
 
 
 @dataclass(frozen=True)
+class MethodCard:
+    """What a method is, for the reporting checklist (``mas report``)."""
+
+    family: str  # methodology family, e.g. "counterfactual: Shapley values from coalition re-runs"
+    granularity: str  # what one credit value is attached to: episode, agent, turn
+    baseline: str  # what the advantage is measured against
+
+
+@dataclass(frozen=True)
 class CreditMethod:
     """A registered credit method.
 
@@ -44,6 +53,7 @@ class CreditMethod:
     plan: PlanFn | None = None
     state: Any = None  # for methods that keep state across steps: an object with state_dict/load_state_dict/reset
     followup: Callable[..., list[Request]] | None = None  # (groups, cfg, results) -> a second round (e.g. critic retries)
+    card: MethodCard | None = None  # family, granularity and baseline for reports
 
 
 class UnknownCreditMethodError(KeyError):
@@ -81,6 +91,7 @@ def register_credit(
     plan: PlanFn | None = None,
     state: Any = None,
     followup: Callable[..., list[Request]] | None = None,
+    card: MethodCard | None = None,
 ) -> Callable[[F], F]:
     """Decorator registering ``fn(batch, cfg, results=None) -> Credit`` under ``name``.
 
@@ -90,13 +101,14 @@ def register_credit(
     ``load_state_dict(d)`` and ``reset()``; checkpoints save it and a fresh run resets it.
     ``followup(groups, cfg, results)``: a second round of requests planned from the first
     round's results (e.g. a critic's format-retry prompts); [] when none are needed.
+    ``card``: the method's family, credit granularity and baseline, shown by ``mas report``.
     """
 
     def decorator(fn: F) -> F:
         if name in _REGISTRY:
             raise ValueError(f"credit method {name!r} is already registered (by {_REGISTRY[name].fn.__module__}.{_REGISTRY[name].fn.__qualname__})")
         _check_config_cls(name, config_cls)
-        _REGISTRY[name] = CreditMethod(name=name, fn=fn, config_cls=config_cls, plan=plan, state=state, followup=followup)
+        _REGISTRY[name] = CreditMethod(name=name, fn=fn, config_cls=config_cls, plan=plan, state=state, followup=followup, card=card)
         return fn
 
     return decorator

@@ -52,7 +52,7 @@ from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
 from .normalise import Whitened, weighted_whiten  # noqa: F401  (Whitened re-exported for callers)
-from .registry import register_credit
+from .registry import MethodCard, register_credit
 
 
 class ReinforcePPConfig(CreditConfigBase):
@@ -89,7 +89,10 @@ def group_mean(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -
     return torch.where(vmax == vmin, vmax, mean)  # [B]
 
 
-@register_credit("reinforce_pp", ReinforcePPConfig)
+@register_credit(
+    "reinforce_pp", ReinforcePPConfig,
+    card=MethodCard('outcome reward, global whitening (REINFORCE++)', 'episode: one advantage for every turn of an episode', 'optional group mean, then token-weighted whitening over the batch'),
+)
 def reinforce_pp(batch: CreditBatch, cfg: ReinforcePPConfig, results: Results | None = None) -> Credit:
     """A_n = (x_n − μ) / σ with token-weighted μ, σ over the batch (or over each agent's turns).
 

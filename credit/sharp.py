@@ -88,7 +88,7 @@ from mas.types import Credit, CreditBatch, EpisodeGroup, InterventionRequest, Re
 
 from .base import CreditConfigBase
 from .normalise import NormaliserName, RawScores, agent_group_key, eps_field, normalise_credit, normaliser_field, normalise_segments, scale_by_std_field
-from .registry import register_credit
+from .registry import MethodCard, register_credit
 from .shapley import Coalition, MarginalKind, marginal_contributions, queried_coalitions
 
 
@@ -253,7 +253,10 @@ def _tool_rewards(batch: CreditBatch, key: str) -> torch.Tensor:
     return mean[pair]  # [N]
 
 
-@register_credit("sharp", SharpConfig, plan=plan_sharp)
+@register_credit(
+    "sharp", SharpConfig, plan=plan_sharp,
+    card=MethodCard('counterfactual: Shapley values from coalition re-runs (SHARP)', 'agent per episode (plus a per-turn tool reward)', 'agent-wise normalisation of broadcast + marginal + tool reward'),
+)
 def sharp(batch: CreditBatch, cfg: SharpConfig, results: Results | None = None) -> Credit:
     """Â_{i,m} for R_{i,m} = R^b_i + λ_s·φ_{i,m} + λ_p·R^tool_{i,m} (module docstring).
 

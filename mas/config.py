@@ -235,9 +235,21 @@ class RuntimeConfig(Section):
     )
 
 
+class WandbConfig(Section):
+    project: str = Field(description="Weights & Biases project.")
+    entity: str | None = Field(None, description="Team or user; None = your default entity.")
+    name: str | None = Field(None, description="Run name; None = the team name.")
+    mode: Literal["online", "offline"] = Field("online", description="offline writes locally; sync later with `wandb sync`.")
+    tags: tuple[str, ...] = Field((), description="Run tags.")
+
+
 class LoggingConfig(Section):
     run_dir: str = Field("runs/{team}", description="Where the run writes; {team} is replaced by team.name.")
-    progress: bool = Field(True, description="Show a progress bar with per-agent reward.")
+    progress: bool = Field(True, description="Show a progress bar with ETA, team reward and per-agent reward.")
+    episodes_every: int = Field(
+        5, ge=1, description="Store trainer.sample_episodes episodes (transcript, credit, method breakdown) every K steps and at the last step."
+    )
+    wandb: WandbConfig | None = Field(None, description="Also log step metrics to Weights & Biases (needs `pip install wandb`).")
 
 
 class TeamConfig(Section):

@@ -46,21 +46,39 @@ def step_metrics(
     timings: dict[str, float],
     cost: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    """One step's record for metrics.jsonl and TensorBoard.
+
+    Per agent: reward (mean outcome of the episodes it spoke in), credit share (its summed
+    positive credit over the team's), advantage statistics, turns, completion tokens, parse
+    failures, tool calls and tool-call validity (where turns carry a ``tool_valid`` signal).
+    Per policy: the learner's loss, KL, clip fraction, entropy, gradient norm and learning rate.
+    ``lengths`` keeps every episode's turns and completion tokens for the length distribution.
+    """
     episodes = [ep for g in groups for ep in g.episodes]
-    turn_reward = batch.episode_rewards[batch.episode_ids]  # [N]
-    agents: dict[str, Any] = {}
     flat = flatten_turns(groups)
+    adv = credit.advantages.to(torch.float64)  # [N]
+    team_positive = float(adv.clamp(min=0).sum())
+    agents: dict[str, Any] = {}
     for k, name in enumerate(batch.agent_names):
         sel = batch.agent_ids == k  # [N]
         n = int(sel.sum())
         if n == 0:
             continue
+        turns = [t for (_, t), s in zip(flat, sel.tolist()) if s]
+        spoke = sorted(set(batch.episode_ids[sel].tolist()))
+        tool_valid = [t.extra_rewards["tool_valid"] for t in turns if "tool_valid" in t.extra_rewards]
+        tokens = sum(len(t.completion_ids) for t in turns)
         agents[name] = {
-            "reward": float(turn_reward[sel].mean()),
+            "reward": float(batch.episode_rewards[spoke].mean()),
+            "credit_share": float(adv[sel].clamp(min=0).sum()) / team_positive if team_positive > 0 else 0.0,
             "advantage": _stats(credit.advantages[sel]),
             "turns": n,
+            "completion_tokens": tokens,
+            "completion_tokens_mean": tokens / n,
+            "parse_failures": int(batch.invalid[sel].sum()),
             "invalid": float(batch.invalid[sel].float().mean()),
-            "completion_tokens": sum(len(t.completion_ids) for (_, t), s in zip(flat, sel.tolist()) if s),
+            "tool_calls": sum(len(t.tool_calls) for t in turns),
+            **({"tool_valid": statistics.fmean(tool_valid)} if tool_valid else {}),
         }
     return {
         "step": step,
@@ -72,6 +90,10 @@ def step_metrics(
             "errors": sum(ep.status == "error" for ep in episodes),
             "truncated": sum(ep.status == "truncated" for ep in episodes),
             "turns": statistics.fmean(len(ep.turns) for ep in episodes),
+        },
+        "lengths": {  # per episode, for the trajectory-length distribution of the report
+            "turns": [len(ep.turns) for ep in episodes],
+            "tokens": [sum(len(t.completion_ids) for t in ep.turns) for ep in episodes],
         },
         "policies": updates,
         "credit_cost": cost or {},
@@ -108,15 +130,80 @@ def eval_metrics(episodes: list[Episode]) -> dict[str, Any]:
     }
 
 
-def episode_record(step: int, ep: Episode, advantages: list[float]) -> dict[str, Any]:
+def _json_value(x: Any) -> Any:
+    """A breakdown entry as JSON: non-finite floats become None (JSON has no NaN)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, list):
+        return [_json_value(v) for v in x]
+    return x
+
+
+def episode_details(credit: Credit, n_turns: int, n_episodes: int) -> tuple[list[dict], list[dict]]:
+    """The method's breakdown split by owner: ([N] per-turn dicts, [E] per-episode dicts).
+
+    A breakdown tensor (or ``notes`` list) of length N belongs to turns, one of length E to
+    episodes (when N == E both readings index the same item); scalars are step diagnostics and
+    stay in metrics.jsonl; an [E, K] tensor (a value per agent) goes to the episode as a list.
+    """
+    per_turn: list[dict] = [{} for _ in range(n_turns)]
+    per_episode: list[dict] = [{} for _ in range(n_episodes)]
+    items: list[tuple[str, list]] = [(k, v.tolist()) for k, v in credit.breakdown.items() if v.dim() >= 1]
+    items += [(k, list(v)) for k, v in credit.notes.items()]
+    for key, values in items:
+        if len(values) == n_turns:
+            for d, v in zip(per_turn, values):
+                d[key] = _json_value(v)
+        elif len(values) == n_episodes:
+            for d, v in zip(per_episode, values):
+                d[key] = _json_value(v)
+    if credit.train_mask is not None:
+        for d, kept in zip(per_turn, credit.train_mask.tolist()):
+            d["trained"] = bool(kept)
+    return per_turn, per_episode
+
+
+def episode_record(step: int, ep: Episode, advantages: list[float], turn_details: list[dict] | None = None,
+                   details: dict | None = None) -> dict[str, Any]:
+    """One stored episode: transcript, each turn's credit and the method's breakdown."""
     d = ep.to_dict()
     d.pop("info", None)
     d["step"] = step
-    for t, a in zip(d["turns"], advantages):
+    d["details"] = details or {}
+    for i, (t, a) in enumerate(zip(d["turns"], advantages)):
         t["credit"] = a
+        t["details"] = turn_details[i] if turn_details else {}
+        t["completion_tokens"] = len(t["completion_ids"])
         for k in ("prompt_ids", "completion_ids", "logprobs"):
             t[k] = len(t[k])  # lengths only: the text is what people read
     return d
+
+
+def sample_episodes(step: int, groups: list[EpisodeGroup], credit: Credit, n: int) -> list[dict]:
+    """``n`` episode records of this step, alternating the best and the worst outcome
+    (ties: batch order), so the browser shows both who earned a reward and who lost one."""
+    episodes = [ep for g in groups for ep in g.episodes]
+    starts, pos = [], 0
+    for ep in episodes:
+        starts.append(pos)
+        pos += len(ep.turns)
+    per_turn, per_episode = episode_details(credit, pos, len(episodes))
+    by_reward = sorted(range(len(episodes)), key=lambda i: (-episodes[i].reward, i))
+    chosen: list[int] = []
+    lo, hi = 0, len(by_reward) - 1
+    while len(chosen) < min(n, len(episodes)):
+        pick = by_reward[lo] if len(chosen) % 2 == 0 else by_reward[hi]
+        if len(chosen) % 2 == 0:
+            lo += 1
+        else:
+            hi -= 1
+        chosen.append(pick)
+    advs = credit.advantages.tolist()
+    out = []
+    for i in chosen:
+        a, b = starts[i], starts[i] + len(episodes[i].turns)
+        out.append(episode_record(step, episodes[i], advs[a:b], per_turn[a:b], per_episode[i]))
+    return out
 
 
 class RunLogger:
@@ -129,6 +216,7 @@ class RunLogger:
         self.show_progress = show_progress
         self.bar: tqdm | None = None
         self.tb = _tensorboard_writer(self.run_dir / "tensorboard")
+        self.wandb = _wandb_run(cfg, self.run_dir)
 
     # -- files -------------------------------------------------------------------------------
 
@@ -143,23 +231,23 @@ class RunLogger:
                 keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", -1) <= step]
                 path.write_text("".join(line + "\n" for line in keep))
 
-    def log_step(self, metrics: dict, groups: list[EpisodeGroup], credit: Credit, n_samples: int) -> None:
+    def write_run_info(self, info: dict) -> None:
+        """What the run trained on (models, data, credit method, devices): the report's checklist."""
+        (self.run_dir / "run_info.json").write_text(json.dumps(info, indent=2))
+
+    def log_step(self, metrics: dict, groups: list[EpisodeGroup], credit: Credit, n_samples: int, store_episodes: bool = True) -> None:
         _check_finite(metrics)
         self._append(self.metrics_path, metrics)
+        scalars = dict(_scalars(metrics))
         if self.tb is not None:
-            for tag, value in _scalars(metrics):
+            for tag, value in scalars.items():
                 self.tb.add_scalar(tag, value, metrics["step"])
             self.tb.flush()
-        advs = credit.advantages.tolist()
-        pos = 0
-        written = 0
-        for g in groups:
-            for ep in g.episodes:
-                n = len(ep.turns)
-                if written < n_samples and ep.sample_id == 0:
-                    self._append(self.episodes_path, episode_record(metrics["step"], ep, advs[pos : pos + n]))
-                    written += 1
-                pos += n
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=metrics["step"])
+        if store_episodes:
+            for record in sample_episodes(metrics["step"], groups, credit, n_samples):
+                self._append(self.episodes_path, record)
         if self.bar is not None:
             post = {"team": f"{metrics['reward']['team']:.2f}"}
             post.update({name: f"{a['reward']:.2f}" for name, a in metrics["agents"].items()})
@@ -184,6 +272,9 @@ class RunLogger:
             self.bar = None
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
 
     def info(self, msg: str) -> None:
         (self.bar.write if self.bar is not None else print)(msg)
@@ -197,6 +288,20 @@ def _tensorboard_writer(path: Path):
         print("tensorboard is not installed: writing metrics.jsonl only (pip install tensorboard)", file=sys.stderr)
         return None
     return SummaryWriter(log_dir=str(path))
+
+
+def _wandb_run(cfg: RunConfig, run_dir: Path):
+    """A Weights & Biases run when ``logging.wandb`` is set, else None; wandb is imported only then."""
+    w = cfg.logging.wandb
+    if w is None:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise RuntimeError("logging.wandb is set but the wandb package is not installed: pip install wandb "
+                           "(or remove logging.wandb)") from None
+    return wandb.init(project=w.project, entity=w.entity, name=w.name or cfg.team.name, mode=w.mode,
+                      tags=list(w.tags), dir=str(run_dir), config=cfg.model_dump(mode="json"))
 
 
 def _scalars(metrics: dict, prefix: str = ""):

@@ -75,3 +75,43 @@ def build_team(cfg: RunConfig) -> Team:
         if p.trainable and name in used
     }
     return Team(cfg, policies, agents, backend, engine, env, learners)
+
+
+def describe_team(team: Team) -> dict:
+    """What this run trains and on what (models and sizes, data, credit method, devices), for
+    ``run_info.json`` and the report's reporting checklist."""
+    import platform
+
+    import torch
+
+    from mas import __version__
+    from mas.credit import get_credit
+
+    policies = {}
+    for name, p in team.policies.items():
+        named = list(p.model.named_parameters()) if p.model is not None else []  # None: a remote endpoint
+        base = sum(t.numel() for n, t in named if "lora_" not in n)  # a LoRA policy: the shared base only
+        trainable = sum(t.numel() for t in p.trainable_parameters())
+        policies[name] = {
+            "model": team.cfg.policies[name].model,
+            "kind": p.kind,
+            "dtype": team.cfg.policies[name].dtype,
+            "device": str(p.device),
+            "parameters": base,
+            "trainable_parameters": trainable,
+            "agents": [a.name for a in team.agents.values() if a.policy == name],
+        }
+    card = get_credit(team.cfg.credit.method).card
+    describe = getattr(team.env, "describe", None)
+    devices = sorted({str(p.device) for p in team.policies.values()})
+    return {
+        "mas_version": __version__,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "policies": policies,
+        "env": describe() if describe else {"name": getattr(team.cfg.env, "name", "?")},
+        "credit": {"method": team.cfg.credit.method, **(card.__dict__ if card else {})},
+        "devices": devices,
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "cpu_count": os.cpu_count(),
+    }

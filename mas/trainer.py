@@ -22,8 +22,8 @@ from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.learner import TrainSample
 from mas.metrics import RunLogger, credit_cost, eval_metrics, step_metrics
-from mas.team import Team
-from mas.types import Credit, EpisodeGroup, flatten_turns
+from mas.team import Team, describe_team
+from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -48,6 +48,7 @@ def train_step(team: Team, step: int) -> StepResult:
     seed = step_seed(cfg.trainer.seed, step)
     seed_everything(seed)
     timings: dict[str, float] = {}
+    t_step = time.perf_counter()
 
     # 1. rollout + score: G joint episodes for each of B tasks; the engine scores each episode
     #    with env.score as it ends (replays and interventions are scored the same way)
@@ -56,20 +57,23 @@ def train_step(team: Team, step: int) -> StepResult:
     groups = team.engine.rollout(tasks, cfg.trainer.group_size, seed=seed)
     timings["rollout"] = time.perf_counter() - t0
 
-    # 2. credit: extra evaluations if the method plans any, then one advantage per turn
+    # 2. credit: extra evaluations if the method plans any (timed per kind), then one advantage per turn
     t0 = time.perf_counter()
     batch = build_credit_batch(groups, list(team.agents))
     requests = plan_credit(groups, cfg.credit)
-    results = team.engine.execute(requests, seed=seed + 1) if requests else None
+    timings.update(dict.fromkeys(CREDIT_TIMERS, 0.0))
+    results = execute_timed(team.engine, requests, seed + 1, timings) if requests else None
     more = followup_credit(groups, cfg.credit, results)  # e.g. a critic's format retries
     if more:
-        results.update(team.engine.execute(more, seed=seed + 2))
+        results.update(execute_timed(team.engine, more, seed + 2, timings))
         requests += more
     cost = credit_cost(requests, results)
+    t1 = time.perf_counter()
     try:
         credit = run_credit(batch, cfg.credit, results)
     except FloatingPointError as e:  # name the step too (the method names the agents)
         raise FloatingPointError(f"step {step}: {e}") from e
+    timings["credit_assign"] = time.perf_counter() - t1
     timings["credit"] = time.perf_counter() - t0
 
     # 3. update: each trainable policy learns from its own turns only (turns of episodes that
@@ -94,9 +98,31 @@ def train_step(team: Team, step: int) -> StepResult:
     for name in updates:
         team.backend.sync_weights(name)
     timings["sync"] = time.perf_counter() - t0
+    timings["step"] = time.perf_counter() - t_step
 
     metrics = step_metrics(step, groups, batch, credit, updates, timings, cost)
     return StepResult(groups, credit, metrics)
+
+
+# extra evaluations by request kind -> the timer they count under
+REQUEST_TIMERS = {ReplayRequest: "credit_replays", InterventionRequest: "credit_interventions", CritiqueRequest: "credit_critic"}
+CREDIT_TIMERS = (*REQUEST_TIMERS.values(), "credit_assign")
+
+
+def execute_timed(engine, requests: list, seed: int, timings: dict[str, float]) -> dict:
+    """``engine.execute`` one request kind at a time, adding each kind's wall time to ``timings``
+    (replays, interventions such as SHARP coalitions or CCPO solo runs, critic calls)."""
+    unknown = sorted({type(r).__name__ for r in requests if not isinstance(r, tuple(REQUEST_TIMERS))})
+    if unknown:
+        raise TypeError(f"unknown request types {unknown}; valid: {[k.__name__ for k in REQUEST_TIMERS]}")
+    results: dict = {}
+    for kind, timer in REQUEST_TIMERS.items():
+        batch = [r for r in requests if isinstance(r, kind)]
+        if batch:
+            t0 = time.perf_counter()
+            results.update(engine.execute(batch, seed=seed))
+            timings[timer] += time.perf_counter() - t0
+    return results
 
 
 def active_learners(team: Team, step: int) -> dict:
@@ -118,6 +144,7 @@ def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | Non
     """Run (or continue) training; returns a summary with held-out accuracy before/after."""
     cfg = team.cfg
     logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
+    logger.write_run_info(describe_team(team))
     start = 0
     summary: dict = {}
     if resume:
@@ -140,7 +167,8 @@ def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | Non
     logger.start_progress(total=cfg.trainer.steps, initial=start)
     for step in range(start, end):
         result = train_step(team, step)
-        logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes)
+        store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
+        logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
         last = step == cfg.trainer.steps - 1
         if last or step == end - 1 or (cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0):
             save_checkpoint(run_dir, step, team, summary)

@@ -146,6 +146,7 @@ class Credit:
     advantages: torch.Tensor  # [N] float
     breakdown: dict[str, torch.Tensor] = field(default_factory=dict)  # named [N] or [E] tensors
     train_mask: torch.Tensor | None = None  # [N] bool; False: the method leaves this turn out of the update
+    notes: dict[str, list[str]] = field(default_factory=dict)  # named [N] or [E] texts for reports, e.g. critic rationales
 
 
 def flatten_turns(groups: list[EpisodeGroup]) -> list[tuple[Episode, Turn]]:

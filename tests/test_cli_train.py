@@ -30,9 +30,14 @@ def test_train_writes_a_complete_run_directory(tmp_path, tiny_model_dir, capsys)
     steps = [r for r in rows if "step" in r]
     assert [r["step"] for r in steps] == [0, 1] and {r["eval"] for r in rows if "eval" in r} == {"before", "after"}
     m = steps[0]
-    assert set(m["agents"]["lead"]) >= {"reward", "advantage", "turns", "invalid", "completion_tokens"}
-    assert set(m["policies"]["main"]) >= {"loss", "kl", "grad_norm", "clip_frac", "lr", "tokens"}
-    assert set(m["time"]) == {"rollout", "credit", "update", "sync"} and m["tokens"] > 0
+    assert set(m["agents"]["lead"]) >= {"reward", "credit_share", "advantage", "turns", "invalid", "parse_failures",
+                                        "completion_tokens", "tool_calls"}
+    assert set(m["policies"]["main"]) >= {"loss", "kl", "grad_norm", "clip_frac", "entropy", "lr", "tokens"}
+    assert set(m["time"]) == {"rollout", "credit", "credit_replays", "credit_interventions", "credit_critic",
+                              "credit_assign", "update", "sync", "step"} and m["tokens"] > 0
+    assert sum(a["credit_share"] for a in m["agents"].values()) == pytest.approx(1.0) or m["advantage"]["max"] <= 0
+    info = json.loads((run / "run_info.json").read_text())
+    assert info["policies"]["main"]["parameters"] > 0 and info["credit"]["method"] == resolved["credit"]["method"]
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
     assert episodes and all("credit" in t and "text" in t for t in episodes[0]["turns"])
     ckpt = run / "checkpoints" / "step_000001" / "policies" / "main"

@@ -231,6 +231,14 @@ class GSM8KEnv:
             return 0.0
         return 1.0 if numbers_match(episode.answer, episode.task.answer) else 0.0
 
+    def describe(self) -> dict[str, Any]:
+        """Data source and size, for the reporting checklist."""
+        c = self.cfg
+        where = {"sample": "GSM8K sample shipped with mas", "local": f"GSM8K JSONL at {c.path}",
+                 "hf": f"datasets: {c.hf_dataset} ({c.hf_config})"}[c.source]
+        return {"name": "gsm8k", "source": where, "train_size": f"{len(self._train)} ({c.train_split})",
+                "eval_size": f"{len(self._eval)} ({c.eval_split})"}
+
     def _stream_id(self) -> dict[str, Any]:
         return {"env": "gsm8k", "seed": self.cfg.seed, "num_train": len(self._train)}
 

@@ -211,6 +211,16 @@ class SyntheticMathEnv:
             return 0.0
         return 1.0 if numbers_match(episode.answer, episode.task.answer) else 0.0
 
+    def describe(self) -> dict[str, Any]:
+        """Data source and size, for the reporting checklist."""
+        c = self.cfg
+        return {
+            "name": "synthetic_math",
+            "source": f"generated arithmetic chains ({c.num_ops} ops over 0..{c.max_operand}, ops {''.join(c.ops)})",
+            "train_size": f"{self._space} distinct chains minus the held-out fraction {c.heldout_fraction}",
+            "eval_size": "held-out chains (disjoint from training by hash)",
+        }
+
     def _stream_id(self) -> dict[str, Any]:
         c = self.cfg  # everything that shapes the task stream: a resume with other values must fail
         return {"env": "synthetic_math", "seed": c.seed, "num_ops": c.num_ops, "max_operand": c.max_operand,

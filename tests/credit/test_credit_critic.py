@@ -502,7 +502,7 @@ def test_renormalised_credits_sum_to_the_outcome(seed):
 
     batch = build_credit_batch(groups, agents)
     results = answer(groups, llm_mca(), reply)
-    _, credit, fallback, _ = _llm_mca_credits(batch, llm_mca(), results)
+    _, credit, fallback, _, _ = _llm_mca_credits(batch, llm_mca(), results)
     sums = torch.zeros(batch.num_episodes, dtype=torch.float64).index_add_(0, batch.episode_ids, credit)
     torch.testing.assert_close(sums, batch.episode_rewards.double(), rtol=1e-12, atol=1e-12)
     assert fallback.any() and not fallback.all()
@@ -510,7 +510,7 @@ def test_renormalised_credits_sum_to_the_outcome(seed):
     out = run_credit(batch, llm_mca(normaliser="none"), results)
     torch.testing.assert_close(out.advantages, credit.float())
     # without renormalisation the sums are whatever the critic said
-    _, raw, _, _ = _llm_mca_credits(batch, llm_mca(renormalise=False), results)
+    _, raw, _, _, _ = _llm_mca_credits(batch, llm_mca(renormalise=False), results)
     raw_sums = torch.zeros(batch.num_episodes, dtype=torch.float64).index_add_(0, batch.episode_ids, raw)
     assert not torch.allclose(raw_sums, batch.episode_rewards.double())
 
