@@ -12,16 +12,23 @@ from typing import Callable
 
 from .base import Env, check_env_state
 from .math import GSM8KConfig, GSM8KEnv, SyntheticMathConfig, SyntheticMathEnv
+from .research import TOOL_NAMES as _RESEARCH_TOOLS
+from .research import HotpotQAConfig, HotpotQAEnv
 
-__all__ = ["ENV_CONFIGS", "Env", "EnvConfig", "build_env", "check_env_state"]
+__all__ = ["ENV_CONFIGS", "ENV_TOOLS", "Env", "EnvConfig", "build_env", "check_env_state"]
 
-ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig)
-EnvConfig = SyntheticMathConfig | GSM8KConfig
+ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig)
+EnvConfig = SyntheticMathConfig | GSM8KConfig | HotpotQAConfig
 
 _BUILDERS: dict[str, Callable[..., Env]] = {
     "synthetic_math": SyntheticMathEnv,
     "gsm8k": GSM8KEnv,
+    "hotpotqa": HotpotQAEnv,
 }
+
+# Tools each env offers its agents (an env's ``tools`` mapping holds these names); config
+# validation checks every agent's ``tools`` against this, before anything is built.
+ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hotpotqa": _RESEARCH_TOOLS}
 
 
 def build_env(cfg: EnvConfig) -> Env:

@@ -135,6 +135,11 @@ class AgentConfig(Section):
         "(CALL <agent>: <subtask> | ANSWER: x), verdict (ACCEPT | REJECT plus optional answer), raw (whole text).",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training rollouts.")
+    tools: tuple[str, ...] = Field(
+        (), description="Tools of the env this agent may call before it replies (hotpotqa: search, read); () = none. "
+        "Calls use the <tool_call>{json}</tool_call> format; each generation is one turn (see agents/tools.py)."
+    )
+    max_tool_calls: int = Field(4, ge=1, description="Most tool calls per invocation; after them the agent must reply.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,6 +299,7 @@ class RunConfig(Section):
             if names.count(a.name) > 1:
                 errors.append((("agents", i, "name"), a.name, "duplicate agent name"))
         errors += _topology_refs(self.topology, names)
+        errors += _tool_refs(self.agents, getattr(self, "env", None))
         errors += _credit_refs(getattr(self, "credit", None), names, policies, getattr(self, "trainer", None))
         if errors:
             raise CrossFieldErrors(errors)
@@ -304,6 +310,24 @@ class CrossFieldErrors(ValueError):
     def __init__(self, errors: list[tuple[tuple, Any, str]]):
         self.errors = errors
         super().__init__("; ".join(f"{_path(p)}: {m} (found {v!r})" for p, v, m in errors))
+
+
+def _tool_refs(agents: tuple, env: Any) -> list[tuple[tuple, Any, str]]:
+    """Every tool an agent names must be offered by the env (``mas.envs.ENV_TOOLS``)."""
+    from mas.envs import ENV_TOOLS
+
+    if env is None:  # the env section did not validate; its own errors are reported
+        return []
+    offered = list(ENV_TOOLS[env.name])
+    errs = []
+    for i, a in enumerate(agents):
+        for j, tool in enumerate(a.tools):
+            if tool not in offered:
+                errs.append((("agents", i, "tools", j), tool,
+                             f"env {env.name!r} offers no such tool; valid: {offered}" if offered else f"env {env.name!r} offers no tools"))
+            elif a.tools.index(tool) != j:
+                errs.append((("agents", i, "tools", j), tool, "listed twice"))
+    return errs
 
 
 def _credit_refs(credit: Any, agents: list[str], policies: list[str], trainer: Any) -> list[tuple[tuple, Any, str]]:

@@ -10,6 +10,16 @@ The same machinery executes the extra evaluations credit methods plan (DESIGN.md
     intervention  re-run with some agents masked (placeholder text) or removed (no message)
 A ``Script`` tells ``EpisodeContext.call`` what to do at each turn index.
 
+Tools (``agents/tools.py``): every generation is one Turn.  When an agent with tools writes
+tool calls, ``EpisodeContext.call`` runs them with the env's tools, records the calls and
+their observations on that Turn, and calls the agent again with the observations appended
+to its messages, until it replies without a tool call or its ``max_tool_calls`` are spent;
+the topology gets the final turn.  A replayed turn reuses its recorded calls and
+observations (the tools are not run again), so a replay is faithful whatever the tool does.
+A masked or removed tool-using agent occupies as many turn positions as its recorded
+invocation did (all but the last are 'removed' placeholders), so the other agents' turns
+keep their recorded positions and ``keep_others`` can reuse them.
+
 Everything here is deterministic for a seed: asyncio runs tasks in a fixed order, pending
 requests are sorted by (episode, turn) before each batch, and the torch RNG is reseeded
 from (seed, batch number) before each ``generate_batch``.
@@ -23,12 +33,14 @@ import math
 import dataclasses
 import traceback
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Callable, Literal, Protocol
 
 import torch
 
 from mas.agents.agent import Agent
 from mas.agents.prompts import render_prompt
+from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
 from mas.backends.base import Backend, GenRequest, GenResult
 from mas.types import (
     CritiqueRequest,
@@ -43,6 +55,7 @@ from mas.types import (
 )
 
 MASK_TEXT = "[masked]"
+TOOL_LABEL = "tool"  # parsed label of a turn whose tool calls ran (the agent is called again)
 
 
 class ReplayDivergence(RuntimeError):
@@ -72,6 +85,17 @@ class Script:
     mode: Literal["mask", "remove"] = "mask"
     keep_others: bool = False  # reuse other agents' recorded outputs at the same positions
     resample: tuple[str, ...] = ()  # ... except these agents, which are always sampled afresh
+
+    def invocation_length(self, index: int, agent: str) -> int:
+        """Recorded turns of ``agent``'s invocation starting at ``index``: 1 plus its tool rounds."""
+        turns = self.source.turns
+        if index >= len(turns) or turns[index].agent != agent:
+            return 1
+        end = index
+        while (end + 1 < len(turns) and turns[end].parsed.get("label") == TOOL_LABEL
+               and turns[end + 1].agent == agent and turns[end + 1].parent == turns[end].index):
+            end += 1
+        return end - index + 1
 
     def _first_masked(self) -> int:
         """Position of the first recorded turn of a masked agent (turns before it are unaffected)."""
@@ -192,8 +216,10 @@ class EpisodeContext:
         batcher: Batcher,
         script: Script | None = None,
         greedy: bool = False,
+        tools: Mapping[str, ToolSpec] | None = None,
     ):
         self.key = key
+        self.tools = dict(tools or {})
         self.episode = episode
         self.agents = agents
         self.tokenizers = tokenizers
@@ -217,14 +243,38 @@ class EpisodeContext:
         self._next += n
         return out
 
+    def _directive(self, index: int, agent_name: str) -> Directive:
+        return self.script.directive(index, agent_name) if self.script else SAMPLE
+
     async def call(
         self, agent_name: str, messages: list[dict[str, str]], parent: int | None = None, index: int | None = None
     ) -> Turn:
+        """One invocation of an agent: its reply, after any tool rounds (each one more Turn)."""
         agent = self.agents[agent_name]
         if index is None:
             index = self.reserve(1)[0]
+        d = self._directive(index, agent_name)
+        if d.kind in ("mask", "remove") and agent.tools:  # keep the recorded positions of later turns
+            for _ in range(self.script.invocation_length(index, agent_name) - 1):
+                await self._turn(agent_name, messages, parent, index, Directive("remove"), 0)
+                index = self.reserve(1)[0]
+        turn = await self._turn(agent_name, messages, parent, index, d, agent.max_tool_calls)
+        used = 0
+        while turn.parsed.get("label") == TOOL_LABEL:
+            used += len(turn.tool_calls)
+            left = agent.max_tool_calls - used
+            messages = messages + [{"role": "assistant", "content": turn.text},
+                                   {"role": "user", "content": tool_results_message(turn.observations, left)}]
+            index = self.reserve(1)[0]
+            turn = await self._turn(agent_name, messages, turn.index, index, self._directive(index, agent_name), left)
+        return turn
+
+    async def _turn(
+        self, agent_name: str, messages: list[dict[str, str]], parent: int | None, index: int, d: Directive, tool_budget: int
+    ) -> Turn:
+        """One generation (sampled, replayed, masked or removed), recorded on the episode."""
+        agent = self.agents[agent_name]
         prompt_ids = render_prompt(self.tokenizers[agent.policy], messages)
-        d = self.script.directive(index, agent_name) if self.script else SAMPLE
         base = dict(agent=agent_name, policy=agent.policy, index=index, parent=parent, messages=messages, prompt_ids=prompt_ids)
         if d.kind == "replay":
             src = d.source
@@ -253,8 +303,33 @@ class EpisodeContext:
             turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
                         parsed=parsed, valid=valid, finish_reason=res.finish_reason,
                         trainable=self.trainable[agent.policy])
+            if agent.tools and has_tool_call(res.text):
+                self._run_tools(agent.name, turn, tool_budget)
         self.episode.turns.append(turn)
         return turn
+
+    def _run_tools(self, agent_name: str, turn: Turn, budget: int) -> None:
+        """Run the turn's tool calls (at most ``budget``) and record calls, observations, tool_valid.
+
+        With budget left the turn becomes a tool turn (label ``tool``, valid iff every call
+        was); with none (the agent's last generation) its calls are recorded as not run and
+        the agent's own parse of the text stands.
+        """
+        agent = self.agents[agent_name]
+        allowed = {name: self.tools[name] for name in agent.tools if name in self.tools}
+        records, observations = [], []
+        for k, call in enumerate(parse_tool_calls(turn.text)):
+            if k < budget:
+                rec, obs = run_tool_call(call, allowed)
+            else:
+                rec, obs = skipped_call(call, f"the limit of {agent.max_tool_calls} tool calls per reply is spent")
+            records.append(rec)
+            observations.append(obs)
+        turn.tool_calls, turn.observations = records, observations
+        turn.extra_rewards[TOOL_VALID_KEY] = sum(r["valid"] for r in records) / len(records)
+        if budget > 0:
+            turn.parsed = {"label": TOOL_LABEL, "tool_calls": len(records)}
+            turn.valid = all(r["valid"] for r in records)
 
 
 @dataclass
@@ -282,7 +357,13 @@ class Engine:
         backend: Backend,
         score: Callable[[Episode], float],
         episode_timeout: float | None = None,
+        tools: Mapping[str, ToolSpec] | None = None,
     ):
+        self.tools = dict(tools or {})  # the env's tools by name; each agent may call those in its Agent.tools
+        for agent in agents.values():
+            missing = [t for t in agent.tools if t not in self.tools]
+            if missing:
+                raise ValueError(f"agent {agent.name!r} names tool(s) {missing} that the env does not offer; valid: {sorted(self.tools)}")
         self.episode_timeout = episode_timeout  # seconds of wall time per episode; None: no limit
         self.topology = topology
         self.agents = agents
@@ -390,7 +471,7 @@ class Engine:
             batcher.finished(key)
 
     async def _episode(self, key: int, ep: Episode, script: Script | None, batcher: Batcher, greedy: bool) -> None:
-        ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy)
+        ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy, self.tools)
         try:
             outcome = await asyncio.wait_for(self.topology.run(ctx), self.episode_timeout)
             ep.answer = outcome.answer

@@ -46,9 +46,10 @@ def apply_runtime(runtime: RuntimeConfig) -> None:
 def build_team(cfg: RunConfig) -> Team:
     apply_runtime(cfg.runtime)
     policies = build_policies(dict(cfg.policies), seed=cfg.trainer.seed)
-    agents = build_agents(cfg.agents, cfg.team.name)
-    backend = build_backend(policies)
     env = build_env(cfg.env)
+    tools = getattr(env, "tools", {})  # an env with tools exposes them by name (envs/base.py)
+    agents = build_agents(cfg.agents, cfg.team.name, tools)
+    backend = build_backend(policies)
     engine = Engine(
         topology=build_topology(cfg.topology),
         agents=agents,
@@ -57,6 +58,7 @@ def build_team(cfg: RunConfig) -> Team:
         backend=backend,
         score=env.score,
         episode_timeout=cfg.runtime.episode_timeout_s,
+        tools=tools,
     )
     used = {a.policy for a in agents.values()}
     t = cfg.trainer

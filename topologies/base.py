@@ -35,9 +35,15 @@ def visible(turns: list[Turn]) -> list[Turn]:
     return [t for t in turns if t.finish_reason != "removed"]
 
 
+def shown(turn: Turn) -> str:
+    """What the team reads of a turn: its text, then the results of its tool calls (if any)."""
+    results = "".join(f"\n<tool_response>\n{obs}\n</tool_response>" for obs in turn.observations)
+    return turn.text.strip() + results
+
+
 def transcript(turns: list[Turn]) -> str:
-    """``agent: text`` lines of the turns visible to the team, in turn order."""
-    return "\n".join(f"{t.agent}: {t.text.strip()}" for t in visible(sorted(turns, key=lambda t: t.index)))
+    """``agent: text`` lines of the turns visible to the team, in turn order (tool results included)."""
+    return "\n".join(f"{t.agent}: {shown(t)}" for t in visible(sorted(turns, key=lambda t: t.index)))
 
 
 def latest_answer(turns: list[Turn]) -> str | None:
