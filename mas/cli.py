@@ -1,4 +1,4 @@
-"""The ``mas`` command line: train, eval, validate."""
+"""The ``mas`` command line: train, eval, validate, report, show."""
 
 from __future__ import annotations
 
@@ -63,9 +63,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """Greedy held-out evaluation: accuracy (the env's reward), research EM/F1, tool calls per agent."""
     from mas.checkpoint import latest_checkpoint
+    from mas.metrics import eval_metrics
     from mas.team import build_team
-    from mas.trainer import evaluate
 
     cfg = load_config(args.config, args.overrides)
     team = build_team(cfg)
@@ -83,8 +84,42 @@ def cmd_eval(args: argparse.Namespace) -> int:
             team.backend.sync_weights(name)
         print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
     size = args.size or cfg.trainer.eval_size or 100
-    result = evaluate(team, size, cfg.trainer.seed)
+    episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=cfg.trainer.seed)
+    result = eval_metrics(episodes, tool_agents=[a.name for a in cfg.agents if a.tools])
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mas.report import NotARunError, write_compare, write_report
+
+    try:
+        if args.compare:
+            runs = [*args.run_dirs, *args.compare]
+            if len(runs) < 2:
+                print("mas report --compare: give two or more run directories", file=sys.stderr)
+                return 2
+            path = write_compare(runs, args.out or "compare.html")
+        else:
+            if len(args.run_dirs) != 1:
+                print("mas report: give one RUN_DIR (or --compare RUN_A RUN_B ...)", file=sys.stderr)
+                return 2
+            path = write_report(args.run_dirs[0], args.out)
+    except NotARunError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(f"report: {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from mas.show import team_text, topology_svg
+
+    cfg = load_config(args.config, args.overrides)
+    print(team_text(cfg))
+    if args.svg:
+        Path(args.svg).write_text(topology_svg(cfg), encoding="utf-8")
+        print(f"topology picture: {args.svg}")
     return 0
 
 
@@ -100,12 +135,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--stop-after", type=int, help="stop after this many steps in total (checkpointing there)")
     t.set_defaults(fn=cmd_train)
 
-    e = sub.add_parser("eval", help="greedy held-out evaluation of a team")
+    e = sub.add_parser("eval", help="greedy held-out evaluation of a team (accuracy or EM/F1, tool calls per agent)")
     e.add_argument("config")
     e.add_argument("overrides", nargs="*")
     e.add_argument("--checkpoint", help="a checkpoint directory or a run directory (its latest checkpoint)")
     e.add_argument("--size", type=int, help="held-out tasks (default: trainer.eval_size or 100)")
     e.set_defaults(fn=cmd_eval)
+
+    r = sub.add_parser("report", help="write a self-contained HTML report of a run (or compare runs)")
+    r.add_argument("run_dirs", nargs="*", metavar="RUN_DIR")
+    r.add_argument("--compare", nargs="+", metavar="RUN_DIR", help="overlay the curves of these runs (with any RUN_DIR given before)")
+    r.add_argument("--out", help="output file (default: RUN_DIR/report.html, or compare.html with --compare)")
+    r.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("show", help="print a team and its topology as a text graph; optionally draw it as SVG")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*")
+    s.add_argument("--svg", metavar="FILE", help="also write a picture of the topology")
+    s.set_defaults(fn=cmd_show)
 
     v = sub.add_parser("validate", help="check configs; print the resolved config or every error")
     v.add_argument("configs", nargs="+")
@@ -124,10 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [args.config, *args.overrides]
         args.config = None
     from mas.agents.policy import ModelLoadError
+    from mas.metrics import MissingDependencyError
 
     try:
         return args.fn(args)
-    except (ConfigError, ModelLoadError, FileNotFoundError) as e:
+    except (ConfigError, ModelLoadError, FileNotFoundError, MissingDependencyError) as e:
         print(e, file=sys.stderr)
         return 2
 

@@ -121,13 +121,39 @@ def credit_cost(requests: list, results: dict | None) -> dict[str, int]:
     }
 
 
-def eval_metrics(episodes: list[Episode]) -> dict[str, Any]:
-    return {
+def _env_scores(episodes: list[Episode]) -> dict[str, float]:
+    """Mean of each named score envs record on ``episode.info["scores"]`` (HotpotQA: em, f1).
+
+    An episode without a score (it failed before scoring) counts as 0, as its reward does.
+    """
+    names = sorted({k for ep in episodes for k in ep.info.get("scores", {})})
+    return {k: statistics.fmean(float(ep.info.get("scores", {}).get(k, 0.0)) for ep in episodes) for k in names}
+
+
+def _tool_calls_per_agent(episodes: list[Episode], tool_agents: list[str] | tuple[str, ...]) -> dict[str, float]:
+    """Mean tool calls per episode of each agent in ``tool_agents`` and of any other agent that made one."""
+    names = set(tool_agents) | {t.agent for ep in episodes for t in ep.turns if t.tool_calls}
+    return {a: statistics.fmean(sum(len(t.tool_calls) for t in ep.turns if t.agent == a) for ep in episodes)
+            for a in sorted(names)}
+
+
+def eval_metrics(episodes: list[Episode], tool_agents: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Held-out results of a team: mean reward (``accuracy``; a math team's accuracy, a research
+    team's F1 or EM as its env's reward says), the env's named scores (research: ``em``, ``f1``),
+    failure counts and, where agents have tools, ``tool_calls``: mean calls per episode by agent
+    (``tool_agents`` are always listed, with 0 if they made none)."""
+    out: dict[str, Any] = {
         "accuracy": statistics.fmean(ep.reward for ep in episodes) if episodes else 0.0,
         "episodes": len(episodes),
         "errors": sum(ep.status == "error" for ep in episodes),
         "truncated": sum(ep.status == "truncated" for ep in episodes),
     }
+    if episodes:
+        out.update(_env_scores(episodes))
+        calls = _tool_calls_per_agent(episodes, tool_agents)
+        if calls:
+            out["tool_calls"] = calls
+    return out
 
 
 def _json_value(x: Any) -> Any:
@@ -290,6 +316,10 @@ def _tensorboard_writer(path: Path):
     return SummaryWriter(log_dir=str(path))
 
 
+class MissingDependencyError(RuntimeError):
+    """An optional package a config asks for is not installed; the message says what to install."""
+
+
 def _wandb_run(cfg: RunConfig, run_dir: Path):
     """A Weights & Biases run when ``logging.wandb`` is set, else None; wandb is imported only then."""
     w = cfg.logging.wandb
@@ -298,7 +328,7 @@ def _wandb_run(cfg: RunConfig, run_dir: Path):
     try:
         import wandb
     except ImportError:
-        raise RuntimeError("logging.wandb is set but the wandb package is not installed: pip install wandb "
+        raise MissingDependencyError("logging.wandb is set but the wandb package is not installed: pip install wandb "
                            "(or remove logging.wandb)") from None
     return wandb.init(project=w.project, entity=w.entity, name=w.name or cfg.team.name, mode=w.mode,
                       tags=list(w.tags), dir=str(run_dir), config=cfg.model_dump(mode="json"))

@@ -93,7 +93,11 @@ def test_step_metrics_are_written_as_tensorboard_scalars(tmp_path, tiny_model_di
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"reward/team", "agents/lead/reward", "agents/lead/advantage/mean", "policies/main/loss", "time/rollout"} <= tags
+    assert {"reward/team", "agents/lead/reward", "agents/lead/credit_share", "agents/lead/advantage/mean",
+            "agents/lead/advantage/std", "agents/lead/parse_failures", "agents/lead/completion_tokens",
+            "policies/main/loss", "policies/main/kl", "policies/main/clip_frac", "policies/main/entropy",
+            "policies/main/grad_norm", "policies/main/lr", "time/rollout", "time/credit", "time/credit_assign",
+            "time/update", "time/sync", "credit_cost/extra_generations"} <= tags
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "step" in json.loads(line)]
     logged = [(e.step, e.value) for e in events.Scalars("policies/main/loss")]
     assert [s for s, _ in logged] == [0, 1]

@@ -35,6 +35,14 @@ CASES = {
     "critic": ("chain", {"critic": "judge", "outcome_weight": 0.5, "max_new_tokens": 8}),
 }
 
+# what each method's stored episodes must show in the report's method details (per turn)
+DETAILS = {
+    "grpo": {"norm_mean"}, "dr_grpo": {"norm_mean"}, "rloo": {"norm_mean"}, "dr_mas": {"baseline_mean", "baseline_std"},
+    "sharp": {"marginal", "broadcast", "tool"}, "c3": {"node_value", "sibling_baseline"}, "ccpo": {"turn_reward", "upstream"},
+    "m_grpo": {"is_main", "item_advantage"}, "reinforce_pp": {"return", "baseline"}, "magrpo": {"norm_mean"},
+    "critic": {"critic_score", "critic_reply"},
+}
+
 
 def test_every_registered_method_has_a_smoke_case():
     assert sorted(CASES) == credit_names()
@@ -54,3 +62,8 @@ def test_three_steps_through_mas_train(method, tiny_model_dir, tmp_path, monkeyp
     trained = load_file(tmp_path / "run" / "checkpoints" / "step_000002" / "policies" / "main" / "model.safetensors")
     initial = load_file(tiny_model_dir / "model.safetensors")
     assert any(not torch.equal(initial[k], trained[k]) for k in trained)  # the trainable policy moved
+    # the stored episodes carry the method's breakdown, and the report shows it
+    episodes = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    assert DETAILS[method] <= set(episodes[0]["turns"][0]["details"])
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert "method details for this turn" in (tmp_path / "run" / "report.html").read_text()

@@ -1,0 +1,85 @@
+"""Read a run directory (what ``mas train`` wrote) into one object for the report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class NotARunError(ValueError):
+    """The path is not a run directory of ``mas train``."""
+
+
+@dataclass
+class RunData:
+    path: Path
+    name: str
+    config: dict[str, Any]
+    steps: list[dict[str, Any]]  # metrics.jsonl step records, in step order
+    evals: dict[str, dict[str, Any]]  # "before"/"after" -> eval metrics
+    episodes: list[dict[str, Any]]  # episodes.jsonl records
+    info: dict[str, Any]  # run_info.json ({} for runs written before it existed)
+    summary: dict[str, Any]
+    skipped_lines: int = 0  # unreadable lines (a run killed mid-write leaves a partial last line)
+    agents: list[str] = field(default_factory=list)  # the team's agents, in config order
+
+    def series(self, *keys: str) -> list[float | None]:
+        """One value per step under the nested ``keys`` (None where a step lacks it)."""
+        out = []
+        for m in self.steps:
+            v: Any = m
+            for k in keys:
+                v = v.get(k) if isinstance(v, dict) else None
+            out.append(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+        return out
+
+    @property
+    def step_numbers(self) -> list[float]:
+        return [float(m["step"]) for m in self.steps]
+
+    @property
+    def policies(self) -> list[str]:
+        names: list[str] = []
+        for m in self.steps:
+            names += [p for p in m.get("policies", {}) if p not in names]
+        return names
+
+
+def _read_jsonl(path: Path) -> tuple[list[dict], int]:
+    if not path.exists():
+        return [], 0
+    rows, bad = [], 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            bad += 1
+    return rows, bad
+
+
+def load_run(path: str | Path, name: str | None = None) -> RunData:
+    """Load ``path``; a missing directory or one without ``metrics.jsonl`` is a ``NotARunError``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise NotARunError(f"{path}: no such directory; give a run directory written by `mas train`")
+    if not (path / "metrics.jsonl").exists():
+        raise NotARunError(f"{path}: no metrics.jsonl there; is it a run directory written by `mas train`?")
+    rows, bad = _read_jsonl(path / "metrics.jsonl")
+    episodes, bad_ep = _read_jsonl(path / "episodes.jsonl")
+    steps = sorted((r for r in rows if "step" in r and "eval" not in r), key=lambda r: r["step"])
+    evals = {r["eval"]: r for r in rows if "eval" in r}
+    config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
+    info = json.loads((path / "run_info.json").read_text()) if (path / "run_info.json").exists() else {}
+    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else {}
+    agents = [a["name"] for a in config.get("agents", [])]
+    for m in steps:  # agents seen in metrics but not in the config (should not happen) still show
+        agents += [a for a in m.get("agents", {}) if a not in agents]
+    team = config.get("team", {}).get("name", path.name)
+    return RunData(path=path, name=name or team, config=config, steps=steps, evals=evals, episodes=episodes,
+                   info=info, summary=summary, skipped_lines=bad + bad_ep, agents=agents)
