@@ -43,6 +43,9 @@ DETAILS = {
     "critic": {"critic_score", "critic_reply"},
 }
 
+# methods with extra evaluations: the timer their wall time is counted under (the others stay 0)
+TIMERS = {"sharp": "credit_interventions", "ccpo": "credit_interventions", "c3": "credit_replays", "critic": "credit_critic"}
+
 
 def test_every_registered_method_has_a_smoke_case():
     assert sorted(CASES) == credit_names()
@@ -62,6 +65,9 @@ def test_three_steps_through_mas_train(method, tiny_model_dir, tmp_path, monkeyp
     trained = load_file(tmp_path / "run" / "checkpoints" / "step_000002" / "policies" / "main" / "model.safetensors")
     initial = load_file(tiny_model_dir / "model.safetensors")
     assert any(not torch.equal(initial[k], trained[k]) for k in trained)  # the trainable policy moved
+    for timer in ("credit_replays", "credit_interventions", "credit_critic"):
+        assert all((r["time"][timer] > 0) == (TIMERS.get(method) == timer) for r in rows), timer
+    assert all(r["time"]["credit"] >= r["time"]["credit_assign"] + r["time"].get(TIMERS.get(method), 0.0) for r in rows)
     # the stored episodes carry the method's breakdown, and the report shows it
     episodes = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
     assert DETAILS[method] <= set(episodes[0]["turns"][0]["details"])
