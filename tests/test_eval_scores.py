@@ -1,0 +1,54 @@
+"""Held-out evaluation results: accuracy, the env's named scores (EM/F1) and tool calls per agent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from team_helpers import team_config
+
+from mas.cli import main
+from mas.metrics import eval_metrics
+from mas.types import Episode, Task, Turn
+
+
+def turn(agent: str, calls: int = 0) -> Turn:
+    return Turn(agent=agent, policy="p", index=0, parent=None, messages=[], prompt_ids=[1], completion_ids=[2], logprobs=[0.0],
+                text="", tool_calls=[{"name": "search", "arguments": {}, "valid": True, "error": None}] * calls)
+
+
+def episode(reward: float, scores: dict | None, turns: list[Turn], status: str = "ok") -> Episode:
+    ep = Episode(task=Task("t", "q", "a"), group_id=0, sample_id=0, seed=0, turns=turns, reward=reward, status=status)
+    if scores is not None:
+        ep.info["scores"] = scores
+    return ep
+
+
+def test_research_results_average_em_f1_and_tool_calls_per_agent():
+    eps = [
+        episode(0.8, {"em": 0.0, "f1": 0.8}, [turn("lead"), turn("scout", 2), turn("scout", 1)]),
+        episode(1.0, {"em": 1.0, "f1": 1.0}, [turn("lead"), turn("scout", 0)]),
+        episode(0.0, None, [turn("lead")], status="error"),  # failed before scoring: counts 0
+    ]
+    out = eval_metrics(eps, tool_agents=["scout", "reader"])
+    assert out["accuracy"] == pytest.approx(1.8 / 3)
+    assert out["em"] == pytest.approx(1 / 3) and out["f1"] == pytest.approx(1.8 / 3)
+    # scout: 3 + 0 + 0 calls over 3 episodes; reader has tools but never acted: listed with 0
+    assert out["tool_calls"] == {"reader": 0.0, "scout": 1.0}
+    assert out["errors"] == 1 and out["episodes"] == 3
+
+
+def test_math_results_are_accuracy_only():
+    out = eval_metrics([episode(1.0, None, [turn("a")]), episode(0.0, None, [turn("a")])])
+    assert out == {"accuracy": 0.5, "episodes": 2, "errors": 0, "truncated": 0}
+    assert eval_metrics([])["accuracy"] == 0.0
+
+
+def test_mas_eval_on_a_math_team_prints_accuracy(tiny_model_dir, tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "team.yaml"
+    path.write_text(yaml.safe_dump(team_config(tiny_model_dir, "chain")))
+    assert main(["eval", str(path), "--size", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"accuracy", "episodes", "errors", "truncated"} and out["episodes"] == 3
