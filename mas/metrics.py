@@ -206,25 +206,25 @@ def episode_record(step: int, ep: Episode, advantages: list[float], turn_details
 
 
 def sample_episodes(step: int, groups: list[EpisodeGroup], credit: Credit, n: int) -> list[dict]:
-    """``n`` episode records of this step, alternating the best and the worst outcome
-    (ties: batch order), so the browser shows both who earned a reward and who lost one."""
+    """``n`` episode records of this step, alternating the best and the worst outcome, so the
+    browser shows both who earned a reward and who lost one.  Among equal outcomes the episode
+    whose turns got the most credit (sum of |advantage|) comes first: an episode whose credit
+    is all 0 (a group without reward variance) teaches a reader little.  Ties: batch order."""
     episodes = [ep for g in groups for ep in g.episodes]
     starts, pos = [], 0
     for ep in episodes:
         starts.append(pos)
         pos += len(ep.turns)
     per_turn, per_episode = episode_details(credit, pos, len(episodes))
-    by_reward = sorted(range(len(episodes)), key=lambda i: (-episodes[i].reward, i))
-    chosen: list[int] = []
-    lo, hi = 0, len(by_reward) - 1
-    while len(chosen) < min(n, len(episodes)):
-        pick = by_reward[lo] if len(chosen) % 2 == 0 else by_reward[hi]
-        if len(chosen) % 2 == 0:
-            lo += 1
-        else:
-            hi -= 1
-        chosen.append(pick)
     advs = credit.advantages.tolist()
+    weight = [sum(abs(a) for a in advs[s : s + len(ep.turns)]) for s, ep in zip(starts, episodes)]
+    best = sorted(range(len(episodes)), key=lambda i: (-episodes[i].reward, -weight[i], i))
+    worst = sorted(range(len(episodes)), key=lambda i: (episodes[i].reward, -weight[i], i))
+    chosen: list[int] = []
+    for k in range(len(episodes)):
+        for i in (best[k], worst[k]):
+            if len(chosen) < n and i not in chosen:
+                chosen.append(i)
     out = []
     for i in chosen:
         a, b = starts[i], starts[i] + len(episodes[i].turns)

@@ -211,3 +211,25 @@ def test_report_errors_are_clear_and_a_partial_last_line_is_skipped(run_dir, tmp
     assert "Team reward" in html
     report = write_report(crashed).read_text()
     assert "1 unreadable log lines skipped" in report
+
+
+def test_tool_calls_and_observations_show_in_the_transcript():
+    from mas.report.episodes import episode_block
+
+    ep = {"step": 3, "task": {"task_id": "q1", "prompt": "Who?", "answer": "Ann"}, "answer": "Ann", "reward": 1.0,
+          "turns": [{"agent": "researcher", "policy": "p", "text": "<tool_call>...</tool_call>", "credit": 0.5,
+                     "tool_calls": [{"name": "search", "arguments": {"query": "Ann", "k": 2}, "valid": True},
+                                    {"name": "read", "arguments": {"title": "Nope"}, "valid": False, "error": "unknown title"}],
+                     "observations": ["1. Ann (score 3.2) ...", "error: unknown title 'Nope'"], "details": {}}]}
+    html = episode_block(ep, ["researcher"], 1.0, open_=True)
+    assert "search(query=&#x27;Ann&#x27;, k=2)" in html and "read(title=&#x27;Nope&#x27;)" in html
+    assert html.count('<pre class="observation">') == 2 and "invalid call: unknown title" in html
+    assert "1. Ann (score 3.2)" in html
+
+
+def test_sample_episodes_prefer_episodes_whose_turns_got_credit():
+    task = Task("t", "q", "1")
+    eps = [Episode(task, 0, i, 0, turns=[_turn("a")], reward=r) for i, r in enumerate([1.0, 1.0, 0.0, 0.0])]
+    credit = Credit(advantages=torch.tensor([0.0, 0.7, 0.0, -0.4]))
+    records = sample_episodes(0, [EpisodeGroup(task, eps)], credit, 3)
+    assert [r["sample_id"] for r in records] == [1, 3, 0]  # best with credit, worst with credit, then the next best

@@ -15,7 +15,8 @@ from typing import Any
 
 from mas.report.charts import fmt
 
-MAX_TEXT = 4000  # characters of a turn's text or observation shown (the rest is cut, and said so)
+MAX_TEXT = 3000  # characters of a turn's text shown (the rest is cut, and said so)
+MAX_SIDE = 1500  # characters of a tool observation or a method-detail text (e.g. a critic's reply)
 
 
 SCALE_QUANTILE = 0.95
@@ -49,11 +50,11 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _cut(text: str) -> str:
+def _cut(text: str, limit: int = MAX_TEXT) -> str:
     text = text or ""
-    if len(text) <= MAX_TEXT:
+    if len(text) <= limit:
         return escape(text)
-    return escape(text[:MAX_TEXT]) + f'<span class="cut"> … ({len(text) - MAX_TEXT} more characters)</span>'
+    return escape(text[:limit]) + f'<span class="cut"> … ({len(text) - limit} more characters)</span>'
 
 
 def _value(v: Any) -> str:
@@ -65,7 +66,7 @@ def _value(v: Any) -> str:
         return "—"
     if isinstance(v, list):
         return ", ".join(_value(x) for x in v)
-    return f"<pre>{_cut(str(v))}</pre>"
+    return f"<pre>{_cut(str(v), MAX_SIDE)}</pre>"
 
 
 def _details_table(details: dict[str, Any]) -> str:
@@ -123,7 +124,10 @@ def _tools(t: dict) -> str:
         call = calls[i] if i < len(calls) else None
         seen = obs[i] if i < len(obs) else ""
         call_txt = escape(_call_text(call)) if call is not None else ""
-        items.append(f'<li><code>{call_txt}</code><pre class="observation">{_cut(seen)}</pre></li>')
+        bad = isinstance(call, dict) and call.get("valid") is False
+        flag = (f'<span class="tag bad">invalid call{": " + escape(str(call["error"])) if call.get("error") else ""}</span>'
+                if bad else "")
+        items.append(f'<li><code>{call_txt}</code>{flag}<pre class="observation">{_cut(seen, MAX_SIDE)}</pre></li>')
     return f'<div class="tools"><span class="tag">tool calls</span><ol>{"".join(items)}</ol></div>'
 
 
@@ -184,6 +188,9 @@ def episode_block(ep: dict, agents: list[str], scale: float, open_: bool) -> str
     ep_details = (f'<details class="method"><summary>method details for the whole episode</summary>'
                   f'{_details_table(ep.get("details") or {})}</details>')
     error = f'<p class="tag bad">error: {escape(str(ep.get("error")))}</p>' if ep.get("error") else ""
+    if turns and all(_finite(t.get("credit")) and t["credit"] == 0 for t in turns):
+        error += ('<p class="note">Every turn got credit 0: usually the episodes this one was compared with '
+                  "(its group, or the agent's turns in the batch) all had the same reward, so there was no signal to share out.</p>")
     return (f'<details class="episode"{" open" if open_ else ""} data-step="{ep.get("step", "")}">{summary}{question}{error}'
             f'{heatmap(ep, agents, scale)}<div class="transcript">{body}</div>{ep_details}</details>')
 

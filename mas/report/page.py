@@ -133,7 +133,7 @@ def _range_chart(run: RunData) -> str:
         series.append(Series(f"{a} max", xs, run.series("agents", a, "advantage", "max"), color=colour(i), attrs={"agent": a}))
         series.append(Series(f"{a} min", xs, run.series("agents", a, "advantage", "min"), color=colour(i), dash="2 3",
                              attrs={"agent": a}))
-    return line_chart(series, "Advantage range per agent (min, max)", "advantage")
+    return line_chart(series, "Advantage range per agent (min, max)", "advantage", smooth=_smooth(len(xs)))
 
 
 TIMERS = (("rollout", "rollout"), ("credit_replays", "credit: replays"), ("credit_interventions", "credit: coalitions / counterfactuals"),
