@@ -57,6 +57,13 @@ def test_shipped_sample_has_200_questions_with_two_supporting_paragraphs(sample_
         assert (SAMPLE_DIR / name).is_file()
 
 
+def test_env_tools_are_the_ones_configs_are_checked_against(sample_env):
+    from mas.envs import ENV_TOOLS
+
+    assert tuple(sample_env.tools) == ENV_TOOLS["hotpotqa"] == ("search", "read")
+    assert all(sample_env.tools[name].name == name for name in sample_env.tools)
+
+
 def test_sample_supporting_paragraphs_are_reachable_by_search_and_read(sample_env):
     task = sample_env.eval_tasks(1)[0]
     search, read = sample_env.tools["search"].fn, sample_env.tools["read"].fn
