@@ -65,8 +65,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Greedy held-out evaluation: accuracy (the env's reward), research EM/F1, tool calls per agent."""
     from mas.checkpoint import latest_checkpoint
-    from mas.metrics import eval_metrics
     from mas.team import build_team
+    from mas.trainer import evaluate
 
     cfg = load_config(args.config, args.overrides)
     team = build_team(cfg)
@@ -84,8 +84,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             team.backend.sync_weights(name)
         print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
     size = args.size or cfg.trainer.eval_size or 100
-    episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=cfg.trainer.seed)
-    result = eval_metrics(episodes, tool_agents=[a.name for a in cfg.agents if a.tools])
+    result = evaluate(team, size, cfg.trainer.seed)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -137,7 +137,7 @@ def active_learners(team: Team, step: int) -> dict:
 
 def evaluate(team: Team, size: int, seed: int) -> dict:
     episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed)
-    return eval_metrics(episodes)
+    return eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools])
 
 
 def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | None = None) -> dict:

@@ -175,24 +175,41 @@ def test_compare_puts_both_runs_on_the_same_axes(run_dir, tmp_path, tiny_model_d
 
 
 def test_report_of_a_long_run_stays_small(run_dir, tmp_path):
-    """200 steps and 50 stored episodes (the real records of the tiny run, repeated) stay under 5 MB."""
+    """200 steps and 50 stored episodes stay under 5 MB, even when every episode has 8 long turns
+    with long tool observations and critic replies full of characters HTML must escape."""
     long = tmp_path / "long"
     long.mkdir()
     for name in ("config.yaml", "run_info.json", "summary.json"):
         (long / name).write_text((run_dir / name).read_text())
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "eval" not in line]
     episodes = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    heavy = "<tool_call>&amp; " * 400  # 6,400 characters, a third of them escaped
     with (long / "metrics.jsonl").open("w") as f:
         for i in range(200):
             f.write(json.dumps({**steps[i % len(steps)], "step": i}) + "\n")
     with (long / "episodes.jsonl").open("w") as f:
         for i in range(50):
-            f.write(json.dumps({**episodes[i % len(episodes)], "step": 4 * i}) + "\n")
+            ep = episodes[i % len(episodes)]
+            turn = {**ep["turns"][0], "text": heavy, "observations": [heavy, heavy],
+                    "tool_calls": [{"name": "search", "arguments": {"query": "q", "k": 5}, "valid": True}] * 2,
+                    "details": {"critic_reply": heavy}}
+            f.write(json.dumps({**ep, "step": 4 * i, "turns": [turn] * 8}) + "\n")
     path = write_report(long)
     size = path.stat().st_size
     assert size < 5_000_000, f"report is {size / 1e6:.2f} MB"
     html = path.read_text()
-    assert html.count('<details class="episode"') == 50
+    assert html.count('<details class="episode"') == 50  # every episode is listed ...
+    assert 0 < html.count("(heatmap only)") < 50  # ... the newest in full, older ones as heatmaps once the budget is spent
+    assert html.count("more characters)") > 0  # long texts are cut, and say so
+
+
+def test_long_curves_are_drawn_through_at_most_400_points():
+    from mas.report.charts import MAX_POINTS, Series, line_chart
+
+    xs = [float(i) for i in range(5000)]
+    svg = line_chart([Series("a", xs, [float(i % 7) for i in range(5000)])], "t", "y")
+    (path,) = re.findall(r'<path d="M([^"]+)"[^>]*class="series"', svg)
+    assert len(path.split(" L")) == MAX_POINTS
 
 
 def test_report_errors_are_clear_and_a_partial_last_line_is_skipped(run_dir, tmp_path, capsys):

@@ -19,6 +19,7 @@ DASHES = ("", "6 3", "2 3", "8 3 2 3", "1 2")
 WIDTH, HEIGHT = 460, 240
 MARGIN = {"left": 56, "right": 12, "top": 12, "bottom": 34}
 POINTS_WITH_TOOLTIPS = 60  # up to this many points per series, each point gets a value tooltip
+MAX_POINTS = 400  # longer series are drawn through this many evenly spaced points (after smoothing)
 
 
 @dataclass
@@ -146,8 +147,19 @@ class _Frame:
         return out
 
 
+def _decimate(xs: list[float], ys: list, max_points: int = MAX_POINTS) -> tuple[list[float], list]:
+    """At most ``max_points`` evenly spaced points (first and last kept): a 400-pixel-wide chart
+    shows no more, and the report of a long run stays small."""
+    n = len(xs)
+    if n <= max_points:
+        return xs, ys
+    idx = sorted({round(i * (n - 1) / (max_points - 1)) for i in range(max_points)})
+    return [xs[i] for i in idx], [ys[i] for i in idx]
+
+
 def _segments(xs: list[float], ys: list[float | None]) -> list[list[tuple[float, float]]]:
     """Runs of consecutive points with values (a None breaks the line)."""
+    xs, ys = _decimate(xs, ys)
     segs: list[list[tuple[float, float]]] = [[]]
     for x, y in zip(xs, ys):
         if y is None or not math.isfinite(y):
@@ -209,12 +221,12 @@ def stacked_chart(series: list[Series], title: str, y_label: str, x_label: str =
     series = [s for s in series if any((y or 0) > 0 for y in s.ys)]
     if not series:
         return _empty(title, "no data recorded")
-    xs = series[0].xs
+    xs = _decimate(series[0].xs, series[0].ys)[0]
     tops = [0.0] * len(xs)
     layers = []
     for s in series:
         low = list(tops)
-        tops = [t + (y or 0.0) for t, y in zip(tops, s.ys)]
+        tops = [t + (y or 0.0) for t, y in zip(tops, _decimate(s.xs, s.ys)[1])]
         layers.append((s, low, list(tops)))
     f = _Frame(xs, [0.0, max(tops)], (0.0, max(tops) * 1.05 or 1.0), width, height)
     body = f.axes(x_label, y_label)
@@ -229,8 +241,11 @@ def stacked_chart(series: list[Series], title: str, y_label: str, x_label: str =
 
 
 def _band(f: _Frame, s: Series) -> list[str]:
-    lo, hi = s.band
-    pts = [(x, a, b) for x, a, b in zip(s.xs, lo, hi) if a is not None and b is not None]
+    xs, (lo, hi) = s.xs, s.band
+    if len(xs) > MAX_POINTS:
+        _, lo = _decimate(xs, lo)
+        xs, hi = _decimate(xs, hi)
+    pts = [(x, a, b) for x, a, b in zip(xs, lo, hi) if a is not None and b is not None]
     if len(pts) < 2:
         return []
     upper = " ".join(f"{f.px(x):.1f},{f.py(b):.1f}" for x, _, b in pts)

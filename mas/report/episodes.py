@@ -195,12 +195,30 @@ def episode_block(ep: dict, agents: list[str], scale: float, open_: bool) -> str
             f'{heatmap(ep, agents, scale)}<div class="transcript">{body}</div>{ep_details}</details>')
 
 
-def episode_browser(episodes: list[dict], agents: list[str]) -> str:
+EPISODES_BUDGET = 3_000_000  # characters of episode HTML; past it, older episodes keep their heatmap only
+
+
+def compact_block(ep: dict, agents: list[str], scale: float) -> str:
+    """An episode without its transcript (the report's size budget is spent): heatmap and a pointer."""
+    return (f'<details class="episode" data-step="{ep.get("step", "")}"><summary><span class="ep-title">step {ep.get("step", "?")}'
+            f' · reward {_value(ep.get("reward", 0.0))} · {len(ep["turns"])} turns (heatmap only)</span></summary>'
+            f'{heatmap(ep, agents, scale)}<p class="note">The transcript is left out to keep the report small; '
+            "it is in the run's episodes.jsonl.</p></details>")
+
+
+def episode_browser(episodes: list[dict], agents: list[str], budget: int = EPISODES_BUDGET) -> str:
     if not episodes:
         return ('<p class="note">No episodes were stored. They are written every logging.episodes_every steps '
                 '(trainer.sample_episodes per step).</p>')
     scale = credit_scale(episodes)
     ordered = sorted(episodes, key=lambda e: (-e.get("step", 0),))  # newest first
-    blocks = "".join(episode_block(ep, agents, scale, open_=(i == 0)) for i, ep in enumerate(ordered))
+    parts, used = [], 0
+    for i, ep in enumerate(ordered):
+        block = episode_block(ep, agents, scale, open_=(i == 0))
+        if used + len(block) > budget and i > 0:
+            block = compact_block(ep, agents, scale)
+        used += len(block)
+        parts.append(block)
+    blocks = "".join(parts)
     return (f'{legend(scale)}<p class="note">{len(episodes)} stored episodes, newest first; at each stored step the best and the '
             f'worst outcome alternate. Click an episode to open it; click a heatmap cell to jump to that turn.</p>{blocks}')
