@@ -57,7 +57,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     before = summary.get("eval_before", {}).get("accuracy")
     after = summary.get("eval_after", {}).get("accuracy")
     if before is not None and after is not None:
-        print(f"held-out team accuracy: before {before:.3f} -> after {after:.3f} ({100 * (after - before):+.1f} points)")
+        name = {"f1": "F1", "em": "EM"}.get(getattr(cfg.env, "reward", ""), "accuracy")  # research envs: their reward
+        print(f"held-out team {name}: before {before:.3f} -> after {after:.3f} ({100 * (after - before):+.1f} points)")
     print(f"run directory: {run_dir}")
     return 0
 
@@ -69,7 +70,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from mas.trainer import evaluate
 
     cfg = load_config(args.config, args.overrides)
-    team = build_team(cfg)
+    size = args.size or cfg.trainer.eval_size or 100
+    team = build_team(cfg, eval_size=(size, "--size" if args.size else "trainer.eval_size (or 100 when 0)"))
     if args.checkpoint:
         ckpt = Path(args.checkpoint)
         if (ckpt / "checkpoints").is_dir():  # a run directory: take its latest checkpoint
@@ -83,7 +85,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             team.policies[name].load_weights(ckpt / "policies" / name)
             team.backend.sync_weights(name)
         print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
-    size = args.size or cfg.trainer.eval_size or 100
     result = evaluate(team, size, cfg.trainer.seed)
     print(json.dumps(result, indent=2))
     return 0

@@ -49,7 +49,7 @@ def step_metrics(
     """One step's record for metrics.jsonl and TensorBoard.
 
     Per agent: reward (mean outcome of the episodes it spoke in), credit share (its summed
-    positive credit over the team's), advantage statistics, turns, completion tokens, parse
+    positive credit over the team's; None when no turn got positive credit), advantage statistics, turns, completion tokens, parse
     failures, tool calls and tool-call validity (where turns carry a ``tool_valid`` signal).
     Per policy: the learner's loss, KL, clip fraction, entropy, gradient norm and learning rate.
     ``lengths`` keeps every episode's turns and completion tokens for the length distribution.
@@ -70,12 +70,14 @@ def step_metrics(
         tokens = sum(len(t.completion_ids) for t in turns)
         agents[name] = {
             "reward": float(batch.episode_rewards[spoke].mean()),
-            "credit_share": float(adv[sel].clamp(min=0).sum()) / team_positive if team_positive > 0 else 0.0,
+            # None (not logged) when no turn got positive credit: a share of nothing is no signal
+            "credit_share": float(adv[sel].clamp(min=0).sum()) / team_positive if team_positive > 0 else None,
             "advantage": _stats(credit.advantages[sel]),
             "turns": n,
             "completion_tokens": tokens,
             "completion_tokens_mean": tokens / n,
-            "parse_failures": int(batch.invalid[sel].sum()),
+            # a turn whose tool calls failed is invalid too, but counts under tool_valid, not here
+            "parse_failures": sum(not t.valid and not t.tool_calls for t in turns),
             "invalid": float(batch.invalid[sel].float().mean()),
             "tool_calls": sum(len(t.tool_calls) for t in turns),
             **({"tool_valid": statistics.fmean(tool_valid)} if tool_valid else {}),
@@ -137,6 +139,17 @@ def _tool_calls_per_agent(episodes: list[Episode], tool_agents: list[str] | tupl
             for a in sorted(names)}
 
 
+def eval_summary(m: dict[str, Any]) -> str:
+    """One line for the terminal: accuracy, or a research team's F1 / EM and tool calls."""
+    if "f1" in m or "em" in m:
+        text = " · ".join(f"{k.upper()} {m[k]:.3f}" for k in ("f1", "em") if k in m)
+    else:
+        text = f"accuracy {m['accuracy']:.3f}"
+    if m.get("tool_calls"):
+        text += " · tool calls per episode: " + ", ".join(f"{a} {v:.2f}" for a, v in m["tool_calls"].items())
+    return text
+
+
 def eval_metrics(episodes: list[Episode], tool_agents: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Held-out results of a team: mean reward (``accuracy``; a math team's accuracy, a research
     team's F1 or EM as its env's reward says), the env's named scores (research: ``em``, ``f1``),
@@ -193,7 +206,9 @@ def episode_record(step: int, ep: Episode, advantages: list[float], turn_details
                    details: dict | None = None) -> dict[str, Any]:
     """One stored episode: transcript, each turn's credit and the method's breakdown."""
     d = ep.to_dict()
-    d.pop("info", None)
+    info = d.pop("info", None) or {}
+    if "scores" in info:  # the env's named scores (research: em, f1)
+        d["scores"] = info["scores"]
     d["step"] = step
     d["details"] = details or {}
     for i, (t, a) in enumerate(zip(d["turns"], advantages)):
@@ -251,11 +266,15 @@ class RunLogger:
             f.write(json.dumps(record, allow_nan=False) + "\n")
 
     def truncate_after(self, step: int) -> None:
-        """Drop records of steps after ``step`` (written after the last checkpoint of a crashed run)."""
+        """Drop records of steps after ``step`` (written after the last checkpoint of a crashed run),
+        in the JSONL files and in TensorBoard (``purge_step``), so a resumed run has no duplicates."""
         for path in (self.metrics_path, self.episodes_path):
             if path.exists():
-                keep = [line for line in path.read_text().splitlines() if json.loads(line).get("step", -1) <= step]
+                keep = [line for line in path.read_text().splitlines() if _step_of(line) <= step]
                 path.write_text("".join(line + "\n" for line in keep))
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = _tensorboard_writer(self.run_dir / "tensorboard", purge_step=step + 1)
 
     def write_run_info(self, info: dict) -> None:
         """What the run trained on (models, data, credit method, devices): the report's checklist."""
@@ -306,14 +325,24 @@ class RunLogger:
         (self.bar.write if self.bar is not None else print)(msg)
 
 
-def _tensorboard_writer(path: Path):
-    """torch's SummaryWriter, or None (with a note) if the tensorboard package is missing."""
+def _step_of(line: str) -> int:
+    """The step of a JSONL record; a line left half-written by a crash counts as after every step."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return 2**62
+    return record.get("step", -1) if isinstance(record, dict) else 2**62
+
+
+def _tensorboard_writer(path: Path, purge_step: int | None = None):
+    """torch's SummaryWriter, or None (with a note) if the tensorboard package is missing.
+    ``purge_step``: events at or after this step, left by an earlier process, are discarded."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         print("tensorboard is not installed: writing metrics.jsonl only (pip install tensorboard)", file=sys.stderr)
         return None
-    return SummaryWriter(log_dir=str(path))
+    return SummaryWriter(log_dir=str(path), purge_step=purge_step)
 
 
 class MissingDependencyError(RuntimeError):

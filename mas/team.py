@@ -11,7 +11,7 @@ from mas.agents.agent import Agent, build_agents
 from mas.agents.policy import PolicyHandle, build_policies
 from mas.backends import build_backend
 from mas.backends.base import Backend
-from mas.config import RunConfig, RuntimeConfig
+from mas.config import ConfigError, RunConfig, RuntimeConfig
 from mas.engine import Engine
 from mas.envs import build_env
 from mas.envs.base import Env
@@ -43,10 +43,22 @@ def apply_runtime(runtime: RuntimeConfig) -> None:
         torch.use_deterministic_algorithms(True)
 
 
-def build_team(cfg: RunConfig) -> Team:
+def check_eval_size(env: Env, size: int, where: str) -> None:
+    """A held-out size larger than the env's held-out split is a config error (named by ``where``)."""
+    if size:
+        try:
+            env.eval_tasks(size)
+        except ValueError as e:
+            raise ConfigError("config", [f"{where}: {size} is too many: {e}"]) from None
+
+
+def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None) -> Team:
+    """Everything a run needs.  ``eval_size``: (size, where it was set) of the held-out evaluation
+    to check against the env before any model loads; default trainer.eval_size."""
     apply_runtime(cfg.runtime)
+    env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
+    check_eval_size(env, *(eval_size or (cfg.trainer.eval_size, "trainer.eval_size")))
     policies = build_policies(dict(cfg.policies), seed=cfg.trainer.seed)
-    env = build_env(cfg.env)
     tools = getattr(env, "tools", {})  # an env with tools exposes them by name (envs/base.py)
     agents = build_agents(cfg.agents, cfg.team.name, tools)
     backend = build_backend(policies)

@@ -21,7 +21,7 @@ from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.learner import TrainSample
-from mas.metrics import RunLogger, credit_cost, eval_metrics, step_metrics
+from mas.metrics import RunLogger, credit_cost, eval_metrics, eval_summary, step_metrics
 from mas.team import Team, describe_team
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
 
@@ -161,7 +161,7 @@ def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | Non
             method.state.reset()
     if not resume and cfg.trainer.eval_size and cfg.trainer.eval_before:
         summary["eval_before"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
-        logger.info(f"held-out team accuracy before training: {summary['eval_before']['accuracy']:.3f}")
+        logger.info(f"held-out team {eval_summary(summary['eval_before'])} before training")
         logger.log_eval("before", summary["eval_before"])
     end = cfg.trainer.steps if stop_after is None else min(cfg.trainer.steps, stop_after)
     logger.start_progress(total=cfg.trainer.steps, initial=start)
@@ -175,7 +175,7 @@ def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | Non
     logger.close_progress()
     if end == cfg.trainer.steps and cfg.trainer.eval_size and cfg.trainer.eval_after:
         summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
-        logger.info(f"held-out team accuracy after training:  {summary['eval_after']['accuracy']:.3f}")
+        logger.info(f"held-out team {eval_summary(summary['eval_after'])} after training")
         logger.log_eval("after", summary["eval_after"])
     logger.write_summary(summary)
     return summary

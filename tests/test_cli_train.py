@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from team_helpers import team_config
+from team_helpers import team_config, varied_reward
 
 from mas.cli import main
 
@@ -35,7 +35,8 @@ def test_train_writes_a_complete_run_directory(tmp_path, tiny_model_dir, capsys)
     assert set(m["policies"]["main"]) >= {"loss", "kl", "grad_norm", "clip_frac", "entropy", "lr", "tokens"}
     assert set(m["time"]) == {"rollout", "credit", "credit_replays", "credit_interventions", "credit_critic",
                               "credit_assign", "update", "sync", "step"} and m["tokens"] > 0
-    assert sum(a["credit_share"] for a in m["agents"].values()) == pytest.approx(1.0) or m["advantage"]["max"] <= 0
+    shares = [a["credit_share"] for a in m["agents"].values()]
+    assert sum(shares) == pytest.approx(1.0) if m["advantage"]["max"] > 0 else shares == [None] * len(shares)
     info = json.loads((run / "run_info.json").read_text())
     assert info["policies"]["main"]["parameters"] > 0 and info["credit"]["method"] == resolved["credit"]["method"]
     episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
@@ -76,7 +77,7 @@ def test_bad_models_devices_and_checkpoints_give_a_message_not_a_traceback(tmp_p
     assert main(["train", str(cfg), "policies.main.device=cuda:7"]) == 2 or __import__("torch").cuda.is_available()
     assert main(["train", str(cfg), "policies.main.kind=lora", "policies.main.lora.target_modules=[nope]"]) == 2
     assert "cannot add a LoRA adapter" in capsys.readouterr().err
-    assert main(["eval", str(cfg), "--checkpoint", str(tmp_path / "nowhere")]) == 2
+    assert main(["eval", str(cfg), "--checkpoint", str(tmp_path / "nowhere"), "--size", "2"]) == 2
     assert "no policy weights" in capsys.readouterr().err
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text(cfg.read_text())
@@ -84,9 +85,12 @@ def test_bad_models_devices_and_checkpoints_give_a_message_not_a_traceback(tmp_p
     assert "no complete checkpoint" in capsys.readouterr().err
 
 
-def test_step_metrics_are_written_as_tensorboard_scalars(tmp_path, tiny_model_dir):
+def test_step_metrics_are_written_as_tensorboard_scalars(tmp_path, tiny_model_dir, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from mas.envs.math.synthetic import SyntheticMathEnv
+
+    monkeypatch.setattr(SyntheticMathEnv, "score", lambda self, ep: varied_reward(ep))  # credit to share
     cfg = write_config(tmp_path, tiny_model_dir)
     run = tmp_path / "run"
     assert main(["train", str(cfg), "trainer.steps=2", "--run-dir", str(run)]) == 0
@@ -102,3 +106,36 @@ def test_step_metrics_are_written_as_tensorboard_scalars(tmp_path, tiny_model_di
     logged = [(e.step, e.value) for e in events.Scalars("policies/main/loss")]
     assert [s for s, _ in logged] == [0, 1]
     assert [v for _, v in logged] == [pytest.approx(r["policies"]["main"]["loss"], abs=1e-6) for r in rows]
+
+
+def test_an_eval_size_larger_than_the_held_out_split_is_a_clear_error(tmp_path, tiny_model_dir, capsys):
+    from mas.cli import main as mas
+
+    cfg = team_config(tiny_model_dir, "chain", env={"name": "gsm8k", "source": "sample"})
+    cfg["trainer"]["eval_size"] = 500  # the shipped GSM8K sample holds out 100 problems
+    path = tmp_path / "team.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert mas(["train", str(path), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.eval_size: 500 is too many" in err and "has 100" in err
+    assert mas(["eval", str(path), "--size", "101"]) == 2
+    assert "--size: 101 is too many" in capsys.readouterr().err
+    assert mas(["eval", str(path), "trainer.eval_size=0", "--size", "2"]) == 0
+
+
+def test_resume_after_a_crash_leaves_no_duplicate_steps_in_the_logs(tmp_path, tiny_model_dir):
+    """Steps logged after the last checkpoint are dropped from metrics.jsonl and TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = write_config(tmp_path, tiny_model_dir)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "trainer.steps=4", "trainer.save_every=1", "--run-dir", str(run), "--stop-after", "2"]) == 0
+    (run / "checkpoints" / "latest").write_text("step_000000")  # as if it crashed after logging step 1
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 2, "rew')  # and half-wrote a line
+    assert main(["train", "--resume", str(run)]) == 0
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/team")] == [0, 1, 2, 3]

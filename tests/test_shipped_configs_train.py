@@ -24,7 +24,7 @@ CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("gsm8k_*.yaml"))
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_shipped_gsm8k_config_runs_a_training_step(path, tiny_model_dir):
     data = yaml.safe_load(path.read_text())
-    overrides = ["env.source=sample", "trainer.batch_size=1", "trainer.group_size=2"]
+    overrides = ["env.source=sample", "trainer.batch_size=1", "trainer.group_size=2", "trainer.eval_size=0"]
     for name in data["policies"]:
         overrides += [f"policies.{name}.model={tiny_model_dir}", f"policies.{name}.device=cpu",
                       f"policies.{name}.dtype=float32"]

@@ -43,7 +43,7 @@ def test_step_metrics_go_to_wandb_when_configured(tmp_path, tiny_model_dir, monk
     assert run.init["project"] == "mas-tests" and run.init["mode"] == "offline" and run.init["name"] == "test-team"
     assert run.init["tags"] == ["ci"] and run.init["config"]["credit"]["method"] == "dr_mas"
     assert [s for s, _ in run.logged] == [0, 1]
-    assert {"reward/team", "agents/lead/credit_share", "policies/main/loss", "time/rollout"} <= set(run.logged[0][1])
+    assert {"reward/team", "agents/lead/reward", "policies/main/loss", "time/rollout"} <= set(run.logged[0][1])
     assert run.finished
 
 

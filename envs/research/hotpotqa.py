@@ -257,6 +257,15 @@ class HotpotQAEnv:
         episode.info["scores"] = scores
         return scores[self.cfg.reward]
 
+    def describe(self) -> dict[str, Any]:
+        """Data source and size, for the reporting checklist."""
+        c = self.cfg
+        where = {"sample": "HotpotQA sample shipped with mas (200 dev questions, CC BY-SA 4.0)",
+                 "local": f"HotpotQA JSONL at {c.path}", "hf": f"datasets: {c.hf_dataset} ({c.hf_config})"}.get(c.source, c.source)
+        return {"name": "hotpotqa", "source": where, "train_size": f"{len(self._train)} questions ({c.train_split})",
+                "eval_size": f"{len(self._eval)} questions ({c.eval_split})",
+                "corpus": f"{len(self.corpus)} paragraphs (BM25), reward {c.reward}"}
+
     def _stream_id(self) -> dict[str, Any]:
         return {"env": "hotpotqa", "seed": self.cfg.seed, "num_train": len(self._train)}
 

@@ -56,7 +56,7 @@ def _data(run: RunData) -> str:
     t = run.config.get("trainer", {})
     steps, b, g = len(run.steps), t.get("batch_size", 0), t.get("group_size", 0)
     parts = [f"<b>{escape(str(env.get('name')))}</b>"]
-    for key, label in (("source", "source"), ("train_size", "training set"), ("eval_size", "held-out set")):
+    for key, label in (("source", "source"), ("train_size", "training set"), ("eval_size", "held-out set"), ("corpus", "corpus")):
         if env.get(key):
             parts.append(f"{label}: {escape(str(env[key]))}")
     parts.append(f"used in training: {steps} steps × {b} tasks × {g} episodes per task = {steps * b * g} episodes")
@@ -152,19 +152,22 @@ def agent_table(run: RunData, tail: float = 0.2) -> str:
             rows.append(f"<tr><th>{escape(name)}</th><td colspan=\"6\">—</td>"
                         '<td><span class="tag bad">did not speak in these steps</span></td></tr>')
             continue
-        share = statistics.fmean(a.get("credit_share", 0.0) for a in ms)
+        shares = [a["credit_share"] for a in ms if a.get("credit_share") is not None]  # None: no positive credit that step
+        share = statistics.fmean(shares) if shares else None
         turn_share = sum(a.get("turns", 0) for a in ms) / total_turns
         adv = statistics.fmean(a.get("advantage", {}).get("mean", 0.0) for a in ms)
         parse = sum(a.get("parse_failures", 0) for a in ms)
         tool = [a["tool_valid"] for a in ms if "tool_valid" in a]
         flag = ""
-        if turn_share > 0 and share < 0.5 * turn_share:
+        if share is None:
+            flag = '<span class="tag">no turn got positive credit in these steps</span>'
+        elif turn_share > 0 and share < 0.5 * turn_share:
             flag = '<span class="tag bad">low credit for its share of turns: free-rider?</span>'
         elif share > 1.5 * turn_share:
             flag = '<span class="tag key">earns more credit than its share of turns</span>'
         rows.append(
             f"<tr><th>{escape(name)}</th><td>{statistics.fmean(a.get('reward', 0.0) for a in ms):.3f}</td>"
-            f"<td>{100 * share:.1f}%</td><td>{100 * turn_share:.1f}%</td><td>{0.0 if abs(adv) < 5e-4 else adv:+.3f}</td><td>{parse}</td>"
+            f"<td>{'—' if share is None else f'{100 * share:.1f}%'}</td><td>{100 * turn_share:.1f}%</td><td>{0.0 if abs(adv) < 5e-4 else adv:+.3f}</td><td>{parse}</td>"
             f"<td>{f'{100 * statistics.fmean(tool):.0f}%' if tool else '—'}</td><td>{flag}</td></tr>"
         )
     head = ("<tr><th>agent</th><th>mean reward</th><th>credit share</th><th>share of turns</th><th>mean advantage</th>"

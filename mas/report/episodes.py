@@ -69,10 +69,66 @@ def _value(v: Any) -> str:
     return f"<pre>{_cut(str(v), MAX_SIDE)}</pre>"
 
 
+# what the breakdown keys of the built-in methods mean (docs/credit.md has the formulas)
+KEY_HELP = {
+    "turn_reward": "reward handed to the normaliser for this turn",
+    "episode_score": "the episode's score before normalisation",
+    "episode_advantage": "the episode's advantage (episode-level normalisers)",
+    "norm_mean": "mean of the set this turn was normalised in",
+    "norm_std": "std of that set",
+    "norm_count": "size of that set",
+    "norm_tokens": "tokens weighing that set",
+    "baseline_mean": "baseline: mean of the agent's set",
+    "baseline_std": "std of the agent's set",
+    "baseline_count": "turns in the agent's set",
+    "marginal": "Shapley value of this turn's agent in the episode",
+    "broadcast": "the team's outcome, given to every agent",
+    "tool": "tool-process reward (valid tool calls)",
+    "players": "agents that played in the episode",
+    "node_value": "C3: mean outcome of the replays from this turn's frozen context",
+    "sibling_baseline": "C3: mean of the sibling replays (leave-one-out)",
+    "sibling_count": "C3: sibling replays",
+    "tree_depth": "C3: depth of this turn in the replay tree",
+    "raw_credit": "C3: node value minus sibling baseline",
+    "r_joint": "CCPO: the team's reward",
+    "r_solo": "CCPO: reward with the upstream agent removed",
+    "has_solo": "CCPO: a solo re-run was usable",
+    "r_upstream": "CCPO: reward credited to upstream turns",
+    "r_downstream": "CCPO: reward credited to downstream turns",
+    "upstream": "CCPO: this turn is the upstream agent's",
+    "bonus": "CCPO: counterfactual bonus",
+    "solo_baseline": "CCPO: mean solo reward of the group",
+    "delta": "CCPO v1: joint minus solo reward",
+    "critic_score": "critic's score for this turn",
+    "critic_reply": "the critic's reply (its rationale)",
+    "fallback": "the critic's reply did not parse; the fallback was used",
+    "is_main": "M-GRPO: a main-agent turn",
+    "item_advantage": "M-GRPO: advantage before alignment",
+    "copies": "M-GRPO: times this sub-agent turn is used after alignment (0 = dropped)",
+    "sub_position": "M-GRPO: position among the episode's sub-agent calls",
+    "d_max": "M-GRPO: aligned number of sub-agent calls",
+    "main_reward": "M-GRPO: main agent's reward",
+    "main_format": "M-GRPO: main agent's format score",
+    "main_advantage": "M-GRPO: main agent's advantage",
+    "sub_invocations": "M-GRPO: sub-agent calls in the episode",
+    "return": "REINFORCE++: the return before whitening",
+    "baseline": "REINFORCE++: the subtracted baseline",
+    "token_weight": "REINFORCE++: tokens of this turn",
+    "node_return": "MAGRPO: the joint node's return",
+    "node_baseline": "MAGRPO: the node baseline",
+    "node_advantage": "MAGRPO: advantage before normalisation",
+    "node_size": "MAGRPO: joint samples of the node",
+    "trained": "the method kept this turn in the update",
+}
+
+
 def _details_table(details: dict[str, Any]) -> str:
     if not details:
         return '<p class="note">The method recorded no details for this item.</p>'
-    rows = "".join(f"<tr><th>{escape(k)}</th><td>{_value(v)}</td></tr>" for k, v in details.items())
+    rows = "".join(
+        f'<tr><th>{escape(k)}</th><td>{_value(v)}</td><td class="muted">{escape(KEY_HELP.get(k, ""))}</td></tr>'
+        for k, v in details.items()
+    )
     return f'<table class="kv">{rows}</table>'
 
 
@@ -133,6 +189,8 @@ def _tools(t: dict) -> str:
 
 def _call_text(call: Any) -> str:
     if isinstance(call, dict):
+        if call.get("name") is None:  # the block did not parse; the raw text is in the turn above
+            return "(malformed call)"
         name = call.get("name", "?")
         args = call.get("args", call.get("arguments", {}))
         if isinstance(args, dict):
@@ -145,7 +203,8 @@ def turn_block(ep: dict, i: int, t: dict, scale: float, decisive: int | None) ->
     c = t.get("credit")
     flags = []
     if not t.get("valid", True):
-        flags.append('<span class="tag bad">parse failure</span>')
+        bad = "invalid tool call" if t.get("tool_calls") else "parse failure"
+        flags.append(f'<span class="tag bad">{bad}</span>')
     if t.get("finish_reason") not in (None, "stop"):
         flags.append(f'<span class="tag">{escape(str(t["finish_reason"]))}</span>')
     if not t.get("trainable", True):
@@ -180,8 +239,9 @@ def episode_block(ep: dict, agents: list[str], scale: float, open_: bool) -> str
     status_html = f' · <span class="tag bad">{escape(status)}</span>' if status != "ok" else ""
     strip = "".join(f'<span class="strip" style="background:{credit_colour(t.get("credit"), scale)}" '
                     f'title="#{i} {escape(t["agent"])}: {_value(t.get("credit"))}"></span>' for i, t in enumerate(turns))
+    scores = "".join(f" · {escape(k.upper())} {_value(v)}" for k, v in (ep.get("scores") or {}).items())
     summary = (f'<summary><span class="ep-title">step {ep.get("step", "?")} · task {escape(str(task.get("task_id", "?")))}'
-               f' · reward {_value(reward)} · {len(turns)} turn{"" if len(turns) == 1 else "s"}{status_html}</span><span class="strips">{strip}</span></summary>')
+               f' · reward {_value(reward)}{scores} · {len(turns)} turn{"" if len(turns) == 1 else "s"}{status_html}</span><span class="strips">{strip}</span></summary>')
     question = f'<p class="question"><b>Task:</b> {_cut(task.get("prompt", ""))}<br><b>Reference answer:</b> {escape(str(task.get("answer", "")))}' \
                f' · <b>team answer:</b> {escape(str(ep.get("answer")))}</p>'
     body = "".join(turn_block(ep, i, t, scale, decisive) for i, t in enumerate(turns))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from html import escape
 
+from mas.metrics import eval_summary
 from mas.report.charts import DASHES, PALETTE, Series, colour, fmt, line_chart, stacked_chart
 from mas.report.checklist import duration, agent_table, checklist_table, wall_seconds
 from mas.report.episodes import episode_browser
@@ -180,15 +181,14 @@ def _agent_charts(run: RunData) -> list[str]:
 
 def _header(run: RunData) -> str:
     method = run.config.get("credit", {}).get("method", "?")
-    before = run.evals.get("before", {}).get("accuracy")
-    after = run.evals.get("after", {}).get("accuracy")
     facts = [f"<span><b>credit</b> {escape(method)}</span>",
              f"<span><b>topology</b> {escape(str(run.config.get('topology', {}).get('kind', '?')))}</span>",
              f"<span><b>agents</b> {escape(', '.join(run.agents))}</span>",
              f"<span><b>steps</b> {len(run.steps)}</span>",
              f"<span><b>training time</b> {duration(wall_seconds(run))}</span>"]
-    if before is not None:
-        facts.append(f"<span><b>held-out accuracy</b> {before:.3f}" + (f" → {after:.3f}" if after is not None else "") + "</span>")
+    for when in ("before", "after"):
+        if when in run.evals:
+            facts.append(f"<span><b>held-out {when} training</b> {escape(eval_summary(run.evals[when]))}</span>")
     if run.skipped_lines:
         facts.append(f'<span class="tag bad">{run.skipped_lines} unreadable log lines skipped</span>')
     return (f"<h1>mas report: {escape(run.name)}</h1><div class=\"muted\">{escape(str(run.config.get('team', {}).get('description', '')))}</div>"
@@ -248,18 +248,18 @@ def render_compare(runs: list[RunData]) -> str:
               + "</div>")
     rows = []
     for i, r in enumerate(runs):
-        before = r.evals.get("before", {}).get("accuracy")
-        after = r.evals.get("after", {}).get("accuracy")
+        before = eval_summary(r.evals["before"]) if "before" in r.evals else "—"
+        after = eval_summary(r.evals["after"]) if "after" in r.evals else "—"
         final = _tail_mean(r.series("reward", "team"))
         rows.append(
             f'<tr><th><span style="color:{colour(i)}">■</span> {escape(r.name)}</th><td>{escape(str(r.path))}</td>'
             f"<td>{escape(str(r.config.get('credit', {}).get('method', '?')))}</td><td>{len(r.steps)}</td>"
             f"<td>{fmt(final) if final is not None else '—'}</td>"
-            f"<td>{fmt(before) if before is not None else '—'} → {fmt(after) if after is not None else '—'}</td>"
+            f"<td>{escape(before)} → {escape(after)}</td>"
             f"<td>{duration(wall_seconds(r))}</td></tr>"
         )
     table = ('<table class="runs"><tr><th>run</th><th>directory</th><th>credit</th><th>steps</th>'
-             "<th>team reward (last 10% of steps)</th><th>held-out accuracy</th><th>training time</th></tr>"
+             "<th>team reward (last 10% of steps)</th><th>held-out: before → after training</th><th>training time</th></tr>"
              + "".join(rows) + "</table>")
     header = f"<h1>mas report: {len(runs)} runs compared</h1>"
     return _page("mas report: comparison", header, [("runs", "Runs", table), ("curves", "Curves", charts)])

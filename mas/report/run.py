@@ -57,8 +57,12 @@ def _read_jsonl(path: Path) -> tuple[list[dict], int]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:  # half-written by a crash, or not a record
             bad += 1
     return rows, bad
 
