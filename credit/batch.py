@@ -27,7 +27,9 @@ def build_credit_batch(groups: list[EpisodeGroup], agent_names: list[str]) -> Cr
     * ``completion_lengths``: completion tokens per turn; ``parent_ids``: position (as in
       ``turn_ids``) of the turn that called this one, -1 for a root turn.
     * ``turn_rewards``: one [N] tensor per key found in any ``turn.extra_rewards``; a turn
-      that lacks the key gets 0.0 there [A].
+      that lacks the key gets 0.0 there [A].  ``turn_reward_present[key]`` ([N] bool) says
+      which turns carry the key, so a method can tell a real 0 from that filler (e.g. SHARP's
+      tool reward averages ``tool_valid`` over the turns that made tool calls only).
     Episodes without turns still count in E (they take part in per-episode statistics).
     """
     if len(set(agent_names)) != len(agent_names):
@@ -70,6 +72,7 @@ def build_credit_batch(groups: list[EpisodeGroup], agent_names: list[str]) -> Cr
 
     keys = sorted({k for d in extra for k in d})
     turn_rewards = {k: torch.tensor([float(d.get(k, 0.0)) for d in extra], dtype=torch.float32) for k in keys}  # [N] each
+    turn_reward_present = {k: torch.tensor([k in d for d in extra], dtype=torch.bool) for k in keys}  # [N] each
 
     return CreditBatch(
         episode_rewards=torch.tensor(episode_rewards, dtype=torch.float32),  # [E]
@@ -82,6 +85,7 @@ def build_credit_batch(groups: list[EpisodeGroup], agent_names: list[str]) -> Cr
         trainable=torch.tensor(trainable, dtype=torch.bool),  # [N]
         agent_names=list(agent_names),
         turn_rewards=turn_rewards,
+        turn_reward_present=turn_reward_present,
         completion_lengths=torch.tensor(lengths, dtype=torch.long),  # [N]
         parent_ids=torch.tensor(parents, dtype=torch.long),  # [N]
     )

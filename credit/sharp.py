@@ -38,9 +38,11 @@ and every turn of m in episode i gets Â_{i,m}.
     episodes 0 as well) and is counted in ``coalition_failures``.  An errored *source*
     episode (reward 0) is planned like any other: the batch does not carry episode status.
   * R^tool_{i,m} [A]: the per-turn signal ``batch.turn_rewards[tool_key]`` (default
-    ``tool_valid``, e.g. 1 if the turn's tool calls parsed and executed) averaged over m's
-    turns in episode i; 0 when the batch has no such signal.  A turn that lacks the key
-    while other turns have it counts as 0 (``build_credit_batch``).
+    ``tool_valid``: the fraction of the turn's tool calls that were valid, set by the engine
+    on every turn that made calls) averaged over m's turns in episode i that carry it
+    (``batch.turn_reward_present``); 0 when m has no such turn in i.  Turns without calls
+    (m's replies) are left out, so the reward measures validity, not volume: one valid call
+    and four valid calls both score 1, a valid and a malformed call ½.
   * ``sparsify`` [A: the paper's "sparsification parameter", meaning unknown]: credits
     with |φ| < sparsify are set to 0 (0 disables it).
   * Normalisation: the shared normaliser machinery, default ``agent`` (per task group and
@@ -102,7 +104,7 @@ class SharpConfig(CreditConfigBase):
     lambda_s: float = Field(1.0, allow_inf_nan=False, description="Weight λ_s of the marginal (Shapley) credit [A: paper value unknown]. 0 plans no coalition evaluations.")
     lambda_p: float = Field(
         0.0, allow_inf_nan=False,
-        description="Weight λ_p of the tool-process reward [A: paper value unknown]. The tool reward is the per-turn signal named by tool_key averaged over the agent's turns in the episode, 0 when absent.",
+        description="Weight λ_p of the tool-process reward [A: paper value unknown]. The tool reward is the per-turn signal named by tool_key averaged over the agent's turns in the episode that carry it (its tool-calling turns for tool_valid), 0 when it has none.",
     )
     tool_key: str = Field("tool_valid", min_length=1, description="Name of the per-turn signal (Turn.extra_rewards / CreditBatch.turn_rewards) used as the tool-process reward [A].")
     marginal: MarginalKind = Field(
@@ -244,12 +246,14 @@ def _marginals(batch: CreditBatch, cfg: SharpConfig, results: Results | None) ->
 
 
 def _tool_rewards(batch: CreditBatch, key: str) -> torch.Tensor:
-    """R^tool per turn: the signal ``key`` averaged over the agent's turns in the episode, 0 if absent.  [N]"""
-    if key not in batch.turn_rewards:
+    """R^tool per turn: the signal ``key`` averaged over the agent's turns in the episode that
+    carry it, 0 when none does.  [N]"""
+    present = batch.has_turn_reward(key)  # [N] bool
+    if not bool(present.any()):
         return torch.zeros(batch.num_turns, dtype=torch.float64)
     K = max(len(batch.agent_names), 1)
     pair = batch.episode_ids * K + batch.agent_ids  # [N] (episode, agent)
-    mean, _ = _segment_mean(batch.turn_rewards[key], pair, batch.num_episodes * K)  # [E*K]
+    mean, _ = _segment_mean(batch.turn_rewards[key][present], pair[present], batch.num_episodes * K)  # [E*K], 0 where no turn carries it
     return mean[pair]  # [N]
 
 

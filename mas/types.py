@@ -126,7 +126,10 @@ class CreditBatch:
     invalid: torch.Tensor  # [N] bool   the turn's output failed to parse
     trainable: torch.Tensor  # [N] bool   the turn is optimised (frozen/masked turns are not)
     agent_names: list[str]
-    turn_rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # named [N] per-turn signals
+    turn_rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # named [N] float per-turn signals, 0.0 where a turn lacks one
+    # named [N] bool, same keys as turn_rewards: True where the turn carries the signal (its 0.0 is
+    # then a real value, not a filler).  A key missing here counts as present on every turn.
+    turn_reward_present: dict[str, torch.Tensor] = field(default_factory=dict)
     completion_lengths: torch.Tensor | None = None  # [N] long  completion tokens of each turn
     parent_ids: torch.Tensor | None = None  # [N] long  position of the calling turn in its episode, -1 for none
 
@@ -137,6 +140,14 @@ class CreditBatch:
     @property
     def num_episodes(self) -> int:
         return int(self.episode_rewards.numel())
+
+    def has_turn_reward(self, key: str) -> torch.Tensor:
+        """[N] bool: which turns carry the signal ``key`` (none if no turn does; every turn if
+        ``turn_rewards`` has the key but ``turn_reward_present`` does not)."""
+        if key not in self.turn_rewards:
+            return torch.zeros(self.num_turns, dtype=torch.bool)
+        present = self.turn_reward_present.get(key)
+        return torch.ones(self.num_turns, dtype=torch.bool) if present is None else present
 
 
 @dataclass

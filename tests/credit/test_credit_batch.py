@@ -36,6 +36,12 @@ def test_every_field_on_a_hand_built_batch():
     assert sorted(batch.turn_rewards) == ["format", "tool"]
     assert batch.turn_rewards["format"].tolist() == [0.0, 0.5, 0.0, 1.0, 0.0, 0.0]  # absent -> 0
     assert batch.turn_rewards["tool"].tolist() == [0.0, -0.5, 0.0, 0.0, 0.0, 0.0]
+    assert sorted(batch.turn_reward_present) == ["format", "tool"]  # which turns carry the key: a real 0 vs the filler
+    assert batch.turn_reward_present["format"].tolist() == [False, True, False, True, False, False]
+    assert batch.turn_reward_present["tool"].tolist() == [False, True, False, False, False, False]
+    assert batch.turn_reward_present["tool"].dtype == torch.bool
+    assert batch.has_turn_reward("tool").tolist() == batch.turn_reward_present["tool"].tolist()
+    assert batch.has_turn_reward("judge").tolist() == [False] * 6  # no turn has it
     for name in ("episode_ids", "group_ids", "agent_ids", "turn_ids"):
         assert getattr(batch, name).dtype == torch.long
     assert batch.invalid.dtype == torch.bool and batch.trainable.dtype == torch.bool

@@ -5,6 +5,7 @@ and a 3-step training smoke run on a tiny random model."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -148,7 +149,8 @@ def test_hand_example_and_game_exact_and_loo():
 
 def test_tool_reward_is_the_agents_mean_over_its_turns_and_zero_when_absent():
     """a acts twice in episode 0 with tool_valid 1 and 0 -> ½; b has no signal -> 0.
-    R = R^b + λ_p·R^tool with λ_s = 0 (nothing planned, no results needed)."""
+    R = R^b + λ_p·R^tool with λ_s = 0 (nothing planned, no results needed).  Only a's second
+    turn carries "other" (5.0): the mean is over the turns that carry the key -> 5, not 2.5."""
     g = make_group([["a", "b", "a"]], [1.0])
     g.episodes[0].turns[0].extra_rewards = {"tool_valid": 1.0}
     g.episodes[0].turns[2].extra_rewards = {"tool_valid": 0.0, "other": 5.0}
@@ -157,9 +159,39 @@ def test_tool_reward_is_the_agents_mean_over_its_turns_and_zero_when_absent():
     torch.testing.assert_close(credit.breakdown["tool"], torch.tensor([0.5, 0.0, 0.5]))
     torch.testing.assert_close(credit.advantages, torch.tensor([1.0 + 0.4 * 0.5, 1.0, 1.0 + 0.4 * 0.5]))
     other = run_credit(batch, SharpConfig(lambda_s=0.0, lambda_p=0.4, tool_key="other", normaliser="none"))
-    torch.testing.assert_close(other.breakdown["tool"], torch.tensor([2.5, 0.0, 2.5]))
+    torch.testing.assert_close(other.breakdown["tool"], torch.tensor([5.0, 0.0, 5.0]))
     plain = build_credit_batch([make_group([["a", "b"]], [1.0])], ["a", "b"])
     assert torch.equal(run_credit(plain, SharpConfig(lambda_s=0.0, lambda_p=1.0)).breakdown["tool"], torch.zeros(2))
+
+
+def test_tool_reward_measures_validity_not_the_number_of_calls():
+    """The engine sets tool_valid (fraction of valid calls) on turns that made calls only; a
+    reply turn has no key.  Episode 0 (R = 1), turns in order:
+      A: 4 tool turns, all valid (1, 1, 1, 1), then a reply   -> mean over call turns = 1
+         (averaging over all 5 turns would give 4/5 = 0.8: the more calls, the more reward)
+      B: a valid call turn (1), a malformed one (0), a reply  -> (1 + 0)/2 = ½   (not 1/3)
+      C: a reply only, no calls                               -> 0
+      D: one turn with 2 of 3 calls valid (⅔), then a reply   -> ⅔               (not ⅓)
+    Episode 1 (R = 0): A makes 1 valid call + reply -> 1 (not ½), the same as 4 valid calls.
+    λ_s = 0, λ_p = 1, normaliser none: R_{i,m} = R_i + R^tool_{i,m} on every turn of m."""
+    agents = ["A"] * 5 + ["B"] * 3 + ["C"] + ["D"] * 2
+    g = make_group([agents, ["A", "A"]], [1.0, 0.0])
+    tool_valid = [1.0, 1.0, 1.0, 1.0, None, 1.0, 0.0, None, None, 2 / 3, None]
+    for t, v in zip(g.episodes[0].turns, tool_valid):
+        if v is not None:
+            t.extra_rewards = {"tool_valid": v}
+    g.episodes[1].turns[0].extra_rewards = {"tool_valid": 1.0}
+    batch = build_credit_batch([g], ["A", "B", "C", "D"])
+    assert batch.turn_reward_present["tool_valid"].tolist() == [v is not None for v in tool_valid] + [True, False]
+    credit = run_credit(batch, SharpConfig(lambda_s=0.0, lambda_p=1.0, normaliser="none"))
+    per_agent = {"A": 1.0, "B": 0.5, "C": 0.0, "D": 2 / 3}
+    expected = [per_agent[a] for a in agents] + [1.0, 1.0]
+    torch.testing.assert_close(credit.breakdown["tool"], torch.tensor(expected))
+    torch.testing.assert_close(credit.advantages, torch.tensor([1.0 + x for x in expected[:-2]] + [1.0, 1.0]))
+    # a hand-built batch without presence masks treats every turn as carrying the signal
+    legacy = dataclasses.replace(batch, turn_reward_present={})
+    old = run_credit(legacy, SharpConfig(lambda_s=0.0, lambda_p=1.0, normaliser="none")).breakdown["tool"]
+    assert old[0].item() == pytest.approx(0.8) and old[5].item() == pytest.approx(1 / 3)
 
 
 def test_errored_counterfactual_counts_zero_and_is_counted():
@@ -246,11 +278,13 @@ def ref_sharp(groups, results, cfg: SharpConfig, agent_names) -> list[float]:
                 for p in players:
                     if abs(phi[p]) < cfg.sparsify:
                         phi[p] = 0.0
-            tool = defaultdict(list)
+            tool = defaultdict(list)  # R^tool: mean over the agent's turns that carry the key, 0 if none
             for t in ep.turns:
-                tool[t.agent].append(f32(t.extra_rewards.get(cfg.tool_key, 0.0)))
+                if cfg.tool_key in t.extra_rewards:
+                    tool[t.agent].append(f32(t.extra_rewards[cfg.tool_key]))
             for t in ep.turns:
-                r = f32(ep.reward) + cfg.lambda_s * phi[t.agent] + cfg.lambda_p * sum(tool[t.agent]) / len(tool[t.agent])
+                r_tool = sum(tool[t.agent]) / len(tool[t.agent]) if tool[t.agent] else 0.0
+                r = f32(ep.reward) + cfg.lambda_s * phi[t.agent] + cfg.lambda_p * r_tool
                 values.append(r)
                 gids.append(b)
                 aids.append(t.agent)
