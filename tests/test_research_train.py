@@ -27,6 +27,7 @@ from mas.trainer import train_step
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 MGRPO = CONFIGS / "hotpotqa_orchestrator_mgrpo.yaml"
+DRMAS = CONFIGS / "hotpotqa_search_orchestra_drmas.yaml"
 
 
 def varied(self, episode) -> float:
@@ -49,6 +50,15 @@ def tiny_overrides(data: dict, model_dir, steps: int = 3) -> list[str]:
 def warm_dir(tmp_path_factory) -> Path:
     cfg = load_config(MGRPO, ["env.source=sample", "env.max_train=null", "env.max_eval=null"])
     return warm_research_model(cfg, tmp_path_factory.mktemp("warm-research"))
+
+
+@pytest.fixture(scope="module")
+def warm_graph_dir(tmp_path_factory) -> Path:
+    """Warm-started on the Dr. MAS search orchestra's own roles: its verifier REJECTs (so the graph
+    reaches the searcher) or ACCEPTs, its searcher writes calls.  The M-GRPO model above never
+    learnt the verdict role, so with it the verifier never REJECTs and the searcher never acts."""
+    cfg = load_config(DRMAS, ["env.source=sample", "env.max_train=null", "env.max_eval=null"])
+    return warm_research_model(cfg, tmp_path_factory.mktemp("warm-graph"), call_tokens=True)
 
 
 def test_research_team_trains_three_steps_through_mas_train(warm_dir, tmp_path, monkeypatch):
@@ -89,10 +99,14 @@ def test_research_team_trains_three_steps_through_mas_train(warm_dir, tmp_path, 
         assert c["error"] and (o.startswith("error: ") or o.startswith("not run: ")) and c["error"] in o
 
 
-@pytest.mark.parametrize("name", ["hotpotqa_orchestrator_sharp", "hotpotqa_search_orchestra_drmas"])
-def test_shipped_research_config_runs_a_training_step(name, warm_dir, monkeypatch):
+@pytest.mark.parametrize("name,model", [
+    ("hotpotqa_orchestrator_sharp", "warm_dir"),
+    ("hotpotqa_search_orchestra_drmas", "warm_graph_dir"),  # the model that knows the verifier's role
+])
+def test_shipped_research_config_runs_a_training_step(name, model, request, monkeypatch):
+    """Generic checks; the search orchestra's tool path is checked in the test below."""
     data = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
-    cfg = validate_config(apply_overrides(data, tiny_overrides(data, warm_dir, steps=1)))
+    cfg = validate_config(apply_overrides(data, tiny_overrides(data, request.getfixturevalue(model), steps=1)))
     monkeypatch.setattr(HotpotQAEnv, "score", varied)
     team = build_team(cfg)
     result = train_step(team, 0)
@@ -104,6 +118,54 @@ def test_shipped_research_config_runs_a_training_step(name, warm_dir, monkeypatc
         assert result.metrics["credit_cost"]["interventions"] > 0
     tool_turns = [t for g in result.groups for ep in g.episodes for t in ep.turns if t.tool_calls]
     assert all(len(t.observations) == len(t.tool_calls) for t in tool_turns)
+
+
+def test_search_orchestra_searcher_calls_tools_and_trains(warm_graph_dir, monkeypatch):
+    """The Dr. MAS graph verify -> [reject: search -> verify | accept: answer] end to end: the
+    verifier REJECTs, the searcher takes turns with valid and malformed calls whose observations
+    are recorded, the graph routes back to the verifier, and the searcher's adapter is trained.
+    (With a model that never REJECTs the searcher gets no turn and every tool check is vacuous,
+    so the counts are asserted first.)"""
+    data = yaml.safe_load(DRMAS.read_text())
+    cfg = validate_config(apply_overrides(data, tiny_overrides(data, warm_graph_dir, steps=1) + ["trainer.group_size=4"]))
+    monkeypatch.setattr(HotpotQAEnv, "score", varied)
+    team = build_team(cfg)
+    before = [p.detach().clone() for p in team.policies["searcher"].trainable_parameters()]
+    assert before
+    result = train_step(team, 0)
+    episodes = [ep for g in result.groups for ep in g.episodes]
+    assert len(episodes) == 8 and all(ep.status == "ok" for ep in episodes)
+
+    searcher = [t for ep in episodes for t in ep.turns if t.agent == "searcher"]
+    calls = [c for t in searcher for c in t.tool_calls]
+    assert len(searcher) > 0 and len(calls) > 0, "the searcher never acted: the verifier did not REJECT"
+    assert result.metrics["agents"]["searcher"]["tool_calls"] > 0
+    assert any(c["valid"] for c in calls) and any(not c["valid"] for c in calls)
+    for t in searcher:
+        assert len(t.observations) == len(t.tool_calls)
+        assert ("tool_valid" in t.extra_rewards) == bool(t.tool_calls)
+        for c, o in zip(t.tool_calls, t.observations):
+            if c["valid"]:
+                assert o.startswith('search("') or o.split(":")[0] == c["arguments"]["title"], o
+            else:
+                assert c["error"] and c["error"] in o and (o.startswith("error: ") or o.startswith("not run: ")), o
+
+    # the graph's routing: every search visit follows a REJECT; after a search the verifier decides again
+    for ep in episodes:
+        assert ep.turns[0].agent == "verifier"
+        visits = [t for t in ep.turns if t.agent != "searcher" or t.parsed.get("label") != "tool"]  # one per node visit
+        for prev, nxt in zip(visits, visits[1:]):
+            if nxt.agent == "searcher":
+                assert prev.agent == "verifier" and prev.parsed.get("label") == "reject"
+            if prev.agent == "searcher":
+                assert nxt.agent == "verifier"
+    assert any(t.parsed.get("label") == "reject" for ep in episodes for t in ep.turns if t.agent == "verifier")
+
+    # the searcher's turns are trained: samples, a finite loss, its LoRA weights moved
+    stats = result.metrics["policies"]["searcher"]
+    assert stats["samples"] == sum(bool(t.completion_ids) for t in searcher) > 0 and math.isfinite(stats["loss"])
+    after = team.policies["searcher"].trainable_parameters()
+    assert any(not torch.equal(b, a.detach()) for b, a in zip(before, after))
 
 
 def test_research_eval_reports_em_f1_and_tool_calls_per_agent(warm_dir, tmp_path, capsys):
