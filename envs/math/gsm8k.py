@@ -13,7 +13,6 @@ both splits is a data error and raises.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mas.types import Episode, Task
 
 from ..base import check_env_state
+from ..jsonl import read_jsonl
 from .verify import extract_number, gsm8k_final_answer, numbers_match
 
 __all__ = ["GSM8KConfig", "GSM8KEnv", "load_jsonl", "SAMPLE_DIR"]
@@ -93,22 +93,7 @@ class GSM8KConfig(BaseModel):
 
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a JSONL file; a malformed line raises ValueError naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GSM8K data file not found: {path}")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            rows.append(_check_row(row, f"{path}:{lineno}"))
-    if not rows:
-        raise ValueError(f"{path}: no problems found (the file is empty)")
-    return rows
+    return read_jsonl(path, _check_row, "GSM8K", "problems")
 
 
 def _check_row(row: Any, where: str) -> dict[str, Any]:

@@ -23,7 +23,6 @@ The training stream is a fresh seeded permutation per epoch read through an inte
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mas.types import Episode, Task
 
 from ..base import check_env_state
+from ..jsonl import read_jsonl
 from .metrics import best_em, best_f1
 from .search import Corpus, Paragraph, build_tools
 
@@ -136,22 +136,7 @@ def normalise_row(row: Any, where: str) -> dict[str, Any]:
 
 def load_questions(path: str | Path) -> list[dict[str, Any]]:
     """Questions of a JSONL file; a malformed line raises ValueError naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"HotpotQA data file not found: {path}")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            rows.append(normalise_row(row, f"{path}:{lineno}"))
-    if not rows:
-        raise ValueError(f"{path}: no questions found (the file is empty)")
-    return rows
+    return read_jsonl(path, normalise_row, "HotpotQA", "questions")
 
 
 def _load_hf(dataset: str, config: str, split: str) -> list[dict[str, Any]]:
