@@ -81,7 +81,7 @@ from mas.types import Credit, CreditBatch, EpisodeGroup, ReplayRequest, Request,
 
 from .base import CreditConfigBase
 from .normalise import NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field
-from .registry import MethodCard, register_credit
+from .registry import MethodCard, register_credit, run_rewards
 
 STD_NORM_EPS = 1e-8  # inside the sqrt, as in the official code [C]
 
@@ -161,16 +161,11 @@ def _collect_replays(batch: CreditBatch, cfg: C3Config, results: Results | None)
     failures = 0
     for e, n_turns in enumerate(turns_per_episode):
         for d in _replay_depths(n_turns, cfg.fanout):
-            key = replay_key(e, d)
-            if results is None or key not in results:
-                raise ValueError(f"c3: missing replay results for {key!r}; run plan_credit and Engine.execute first")
-            for ep in results[key]:
-                if ep.status == "error":
-                    failures += 1
-                    continue
-                rep_e.append(e)
-                rep_d.append(d)
-                rep_r.append(float(ep.reward))
+            rewards, failed = run_rewards(results, replay_key(e, d), "c3", "replay")
+            failures += failed
+            rep_e += [e] * len(rewards)
+            rep_d += [d] * len(rewards)
+            rep_r += rewards
     return rep_e, rep_d, rep_r, failures
 
 

@@ -81,7 +81,7 @@ from mas.types import Credit, CreditBatch, EpisodeGroup, InterventionRequest, Re
 
 from .base import CreditConfigBase
 from .normalise import NormaliserName, RawScores, normalise_credit, normalise_segments, normaliser_field, scale_by_std_field
-from .registry import MethodCard, register_credit
+from .registry import MethodCard, register_credit, run_rewards
 
 
 class CCPOConfig(CreditConfigBase):
@@ -254,15 +254,10 @@ def _collect_solo(batch: CreditBatch, cfg: CCPOConfig, results: Results | None) 
     failures = 0
     for e in torch.nonzero(has_turns).flatten().tolist():
         for i in range(cfg.solo_samples):
-            key = solo_key(e, i)
-            if results is None or key not in results:
-                raise ValueError(f"ccpo: missing counterfactual results for {key!r}; run plan_credit and Engine.execute first")
-            for ep in results[key]:
-                if ep.status == "error":
-                    failures += 1
-                else:
-                    sol_e.append(e)
-                    sol_r.append(float(ep.reward))
+            rewards, failed = run_rewards(results, solo_key(e, i), "ccpo", "counterfactual")
+            failures += failed
+            sol_e += [e] * len(rewards)
+            sol_r += rewards
     return sol_e, sol_r, failures
 
 

@@ -155,6 +155,18 @@ def followup_credit(groups: list[EpisodeGroup], cfg: Any, results: Results | Non
     return list(method.followup(groups, cfg, results))
 
 
+def run_rewards(results: Results | None, key: str, method: str, what: str) -> tuple[list[float], int]:
+    """Rewards of the usable episodes an executed request ``key`` produced, and how many failed.
+
+    A key missing from ``results`` is a ValueError (the trainer runs plan -> execute -> credit);
+    a failed run (status "error") is counted, not used.
+    """
+    if results is None or key not in results:
+        raise ValueError(f"{method}: missing {what} results for {key!r}; run plan_credit and Engine.execute first")
+    runs = results[key]
+    return [float(ep.reward) for ep in runs if ep.status != "error"], sum(ep.status == "error" for ep in runs)
+
+
 def _agents_of(batch: CreditBatch, turn_mask: torch.Tensor) -> list[str]:
     ids = torch.unique(batch.agent_ids[turn_mask]).tolist()
     return sorted(batch.agent_names[i] for i in ids)

@@ -183,6 +183,8 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
 
 
 def _warm_start(model, examples: list[tuple[list[int], list[int]]], recipe: Recipe, pad_id: int) -> None:
+    from mas.tiny import sft_batch
+
     gen = torch.Generator().manual_seed(recipe.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -191,17 +193,7 @@ def _warm_start(model, examples: list[tuple[list[int], list[int]]], recipe: Reci
     model.train()
     for _ in range(recipe.steps):
         idx = torch.randint(len(examples), (recipe.batch_size,), generator=gen).tolist()
-        seqs = [examples[i][0] + examples[i][1] for i in idx]
-        width = max(map(len, seqs))
-        ids = torch.full((len(seqs), width), pad_id)  # [b, S]
-        labels = torch.full((len(seqs), width), -100)  # [b, S]
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, i in enumerate(idx):
-            p, c = examples[i]
-            ids[r, : len(p) + len(c)] = torch.tensor(p + c)
-            labels[r, len(p) : len(p) + len(c)] = torch.tensor(c)
-            mask[r, : len(p) + len(c)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = model(**sft_batch([examples[i] for i in idx], pad_id)).loss
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

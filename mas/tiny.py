@@ -81,3 +81,17 @@ def tiny_causal_lm(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
+
+
+def sft_batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded causal-LM inputs for (prompt ids, completion ids) pairs, with the loss on the
+    completion only (prompt and padding labelled -100)."""
+    width = max(len(p) + len(c) for p, c in pairs)
+    ids = torch.full((len(pairs), width), pad_id)  # [b, S]
+    labels = torch.full((len(pairs), width), -100)  # [b, S]
+    mask = torch.zeros((len(pairs), width), dtype=torch.long)  # [b, S]
+    for r, (p, c) in enumerate(pairs):
+        ids[r, : len(p) + len(c)] = torch.tensor(p + c)
+        labels[r, len(p) : len(p) + len(c)] = torch.tensor(c)
+        mask[r, : len(p) + len(c)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}

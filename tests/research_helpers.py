@@ -29,7 +29,7 @@ from mas.agents.agent import build_agents
 from mas.agents.prompts import render_prompt
 from mas.config import RunConfig
 from mas.envs import build_env
-from mas.tiny import tiny_causal_lm, train_tokenizer
+from mas.tiny import sft_batch, tiny_causal_lm, train_tokenizer
 
 VALID_SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "film director"}}</tool_call>'
 VALID_READ = '<tool_call>{"name": "read", "arguments": {"title": "Shirley Temple"}}</tool_call>'
@@ -109,15 +109,7 @@ def _warm(cfg: RunConfig, out: Path, steps: int, seed: int, hidden_size: int, ca
     model.train()
     for _ in range(steps):
         batch = [examples[i] for i in torch.randint(len(examples), (8,), generator=gen).tolist()]
-        width = max(len(p) + len(c) for p, c in batch)
-        ids = torch.full((len(batch), width), tok.pad_token_id)  # [b, S]
-        labels = torch.full((len(batch), width), -100)  # [b, S] loss on the completion only
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for r, (p, c) in enumerate(batch):
-            ids[r, : len(p) + len(c)] = torch.tensor(p + c)
-            labels[r, len(p) : len(p) + len(c)] = torch.tensor(c)
-            mask[r, : len(p) + len(c)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = model(**sft_batch(batch, tok.pad_token_id)).loss
         opt.zero_grad()
         loss.backward()
         opt.step()

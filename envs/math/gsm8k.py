@@ -16,14 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mas.types import Episode, Task
 
-from ..base import check_env_state
+from ..splits import Splits
 from ..jsonl import read_jsonl
-from .verify import extract_number, gsm8k_final_answer, numbers_match
+from .verify import extract_number, gsm8k_final_answer, score_answer
 
 __all__ = ["GSM8KConfig", "GSM8KEnv", "load_jsonl", "SAMPLE_DIR"]
 
@@ -169,66 +168,38 @@ class GSM8KEnv:
                 f"{len(leaked)} {cfg.train_split!r} problems also appear in the held-out split "
                 f"{cfg.eval_split!r} (first: train row {leaked[0]}); the splits must be disjoint"
             )
-        self._train = _to_tasks(train_rows, cfg.train_split)
-        self._eval = _to_tasks(eval_rows, cfg.eval_split)
-        self._cursor = 0
-        self._epoch_order: tuple[int, list[int]] | None = None  # (epoch, permutation) cache
+        self._splits = Splits("gsm8k", _to_tasks(train_rows, cfg.train_split), _to_tasks(eval_rows, cfg.eval_split), cfg.seed,
+                              f"the {cfg.eval_split!r} split (source={cfg.source!r}, max_eval={cfg.max_eval})")
 
     @property
     def num_train(self) -> int:
-        return len(self._train)
+        return len(self._splits.train)
 
     @property
     def num_eval(self) -> int:
-        return len(self._eval)
-
-    def _order(self, epoch: int) -> list[int]:
-        if self._epoch_order is None or self._epoch_order[0] != epoch:
-            perm = np.random.default_rng([self.cfg.seed, epoch]).permutation(len(self._train))
-            self._epoch_order = (epoch, perm.tolist())
-        return self._epoch_order[1]
+        return len(self._splits.held_out)
 
     # -- Env protocol -----------------------------------------------------------------------
 
     def sample_tasks(self, n: int) -> list[Task]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        size = len(self._train)
-        tasks = []
-        for k in range(self._cursor, self._cursor + n):
-            epoch, pos = divmod(k, size)
-            tasks.append(self._train[self._order(epoch)[pos]])
-        self._cursor += n
-        return tasks
+        return self._splits.sample(n)
 
     def eval_tasks(self, n: int) -> list[Task]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        if n > len(self._eval):
-            raise ValueError(
-                f"asked for {n} eval tasks but the {self.cfg.eval_split!r} split has "
-                f"{len(self._eval)} (source={self.cfg.source!r}, max_eval={self.cfg.max_eval})"
-            )
-        return self._eval[:n]
+        return self._splits.eval(n)
 
     def score(self, episode: Episode) -> float:
-        if episode.answer is None:
-            return 0.0
-        return 1.0 if numbers_match(episode.answer, episode.task.answer) else 0.0
+        return score_answer(episode)
 
     def describe(self) -> dict[str, Any]:
         """Data source and size, for the reporting checklist."""
         c = self.cfg
         where = {"sample": "GSM8K sample shipped with mas", "local": f"GSM8K JSONL at {c.path}",
                  "hf": f"datasets: {c.hf_dataset} ({c.hf_config})"}[c.source]
-        return {"name": "gsm8k", "source": where, "train_size": f"{len(self._train)} ({c.train_split})",
-                "eval_size": f"{len(self._eval)} ({c.eval_split})"}
-
-    def _stream_id(self) -> dict[str, Any]:
-        return {"env": "gsm8k", "seed": self.cfg.seed, "num_train": len(self._train)}
+        return {"name": "gsm8k", "source": where, "train_size": f"{self.num_train} ({c.train_split})",
+                "eval_size": f"{self.num_eval} ({c.eval_split})"}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self._stream_id(), "cursor": self._cursor}
+        return self._splits.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._cursor = check_env_state(state, self._stream_id())
+        self._splits.load_state_dict(state)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from mas.types import Episode, Task
 
 from ..base import check_env_state
-from .verify import numbers_match
+from .verify import score_answer
 
 __all__ = ["SyntheticMathConfig", "SyntheticMathEnv", "is_heldout", "make_task", "render"]
 
@@ -207,9 +207,7 @@ class SyntheticMathEnv:
         return tasks
 
     def score(self, episode: Episode) -> float:
-        if episode.answer is None:
-            return 0.0
-        return 1.0 if numbers_match(episode.answer, episode.task.answer) else 0.0
+        return score_answer(episode)
 
     def describe(self) -> dict[str, Any]:
         """Data source and size, for the reporting checklist."""

@@ -94,3 +94,11 @@ def numbers_match(pred_text: str | None, gold_text: str) -> bool:
         raise ValueError(f"gold answer {gold_text!r} contains no number")
     pred = extract_number(pred_text)
     return pred is not None and pred == gold
+
+
+def score_answer(episode) -> float:
+    """Outcome reward of a math episode: 1.0 if the team's answer has the reference number, else 0.0
+    (no answer: 0.0).  The ``score`` of both math envs."""
+    if episode.answer is None:
+        return 0.0
+    return 1.0 if numbers_match(episode.answer, episode.task.answer) else 0.0

@@ -26,12 +26,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mas.types import Episode, Task
 
-from ..base import check_env_state
+from ..splits import Splits
 from ..jsonl import read_jsonl
 from .metrics import best_em, best_f1
 from .search import Corpus, Paragraph, build_tools
@@ -198,41 +197,24 @@ class HotpotQAEnv:
                              f"(first: train row {leaked[0]}); the splits must be disjoint")
         self.corpus = Corpus(Paragraph(p["title"], p["text"]) for r in train_rows + eval_rows for p in r["paragraphs"])
         self.tools = build_tools(self.corpus, cfg.search_k, cfg.max_k, cfg.snippet_chars, cfg.read_chars)
-        self._train = _to_tasks(train_rows, cfg.train_split)
-        self._eval = _to_tasks(eval_rows, cfg.eval_split)
-        self._cursor = 0
-        self._epoch_order: tuple[int, list[int]] | None = None
+        self._splits = Splits("hotpotqa", _to_tasks(train_rows, cfg.train_split), _to_tasks(eval_rows, cfg.eval_split), cfg.seed,
+                              f"the {cfg.eval_split!r} split (source={cfg.source!r}, max_eval={cfg.max_eval})")
 
     @property
     def num_train(self) -> int:
-        return len(self._train)
+        return len(self._splits.train)
 
     @property
     def num_eval(self) -> int:
-        return len(self._eval)
-
-    def _order(self, epoch: int) -> list[int]:
-        if self._epoch_order is None or self._epoch_order[0] != epoch:
-            self._epoch_order = (epoch, np.random.default_rng([self.cfg.seed, epoch]).permutation(len(self._train)).tolist())
-        return self._epoch_order[1]
+        return len(self._splits.held_out)
 
     # -- Env protocol -----------------------------------------------------------------------
 
     def sample_tasks(self, n: int) -> list[Task]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        size = len(self._train)
-        tasks = [self._train[self._order(k // size)[k % size]] for k in range(self._cursor, self._cursor + n)]
-        self._cursor += n
-        return tasks
+        return self._splits.sample(n)
 
     def eval_tasks(self, n: int) -> list[Task]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        if n > len(self._eval):
-            raise ValueError(f"asked for {n} eval tasks but the {self.cfg.eval_split!r} split has {len(self._eval)} "
-                             f"(source={self.cfg.source!r}, max_eval={self.cfg.max_eval})")
-        return self._eval[:n]
+        return self._splits.eval(n)
 
     def score(self, episode: Episode) -> float:
         """``reward`` (F1 or EM) of the team answer; both are recorded on ``episode.info["scores"]``."""
@@ -247,15 +229,12 @@ class HotpotQAEnv:
         c = self.cfg
         where = {"sample": "HotpotQA sample shipped with mas (200 dev questions, CC BY-SA 4.0)",
                  "local": f"HotpotQA JSONL at {c.path}", "hf": f"datasets: {c.hf_dataset} ({c.hf_config})"}.get(c.source, c.source)
-        return {"name": "hotpotqa", "source": where, "train_size": f"{len(self._train)} questions ({c.train_split})",
-                "eval_size": f"{len(self._eval)} questions ({c.eval_split})",
+        return {"name": "hotpotqa", "source": where, "train_size": f"{self.num_train} questions ({c.train_split})",
+                "eval_size": f"{self.num_eval} questions ({c.eval_split})",
                 "corpus": f"{len(self.corpus)} paragraphs (BM25), reward {c.reward}"}
 
-    def _stream_id(self) -> dict[str, Any]:
-        return {"env": "hotpotqa", "seed": self.cfg.seed, "num_train": len(self._train)}
-
     def state_dict(self) -> dict[str, Any]:
-        return {**self._stream_id(), "cursor": self._cursor}
+        return self._splits.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._cursor = check_env_state(state, self._stream_id())
+        self._splits.load_state_dict(state)
