@@ -33,8 +33,12 @@ def duration(seconds: float) -> str:
 
 def wall_seconds(run: RunData) -> float:
     """Training wall time: the sum of the recorded step times (evaluations not included)."""
-    return sum(m.get("time", {}).get("step", sum(v for k, v in m.get("time", {}).items() if k in ("rollout", "credit", "update", "sync")))
-               for m in run.steps)
+    total = 0.0
+    for m in run.steps:
+        t = m.get("time", {})
+        # "step" is the whole step; runs written before it was recorded have only its phases
+        total += t["step"] if "step" in t else sum(t.get(k, 0.0) for k in ("rollout", "credit", "update", "sync"))
+    return total
 
 
 def _models(run: RunData) -> str:
