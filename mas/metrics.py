@@ -324,6 +324,12 @@ class RunLogger:
     def info(self, msg: str) -> None:
         (self.bar.write if self.bar is not None else print)(msg)
 
+    def warn(self, message: str, kind: str, step: int | None = None) -> None:
+        """A warning the user must see: printed now and kept in ``warnings.jsonl``, which
+        ``mas report`` shows at the top of the page.  ``kind`` names the check that raised it."""
+        self.info(f"warning: {message}")
+        self._append(self.run_dir / "warnings.jsonl", {"step": step, "kind": kind, "message": message})
+
 
 def _step_of(line: str) -> int:
     """The step of a JSONL record; a line left half-written by a crash counts as after every step."""

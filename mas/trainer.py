@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mas.callbacks import Callback, CallbackList, RunControl
 from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
@@ -140,9 +142,24 @@ def evaluate(team: Team, size: int, seed: int) -> dict:
     return eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools])
 
 
-def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | None = None) -> dict:
-    """Run (or continue) training; returns a summary with held-out accuracy before/after."""
+def train(
+    team: Team,
+    run_dir: Path,
+    resume: bool = False,
+    stop_after: int | None = None,
+    callbacks: Iterable[Callback] = (),
+    control: RunControl | None = None,
+) -> dict:
+    """Run (or continue) training; returns a summary with held-out accuracy before/after.
+
+    ``callbacks`` are called after each step, evaluation and checkpoint (``mas.callbacks``).
+    ``control`` carries the stop flag that callbacks and signal handlers set; when it is set
+    the run stops at the next step boundary with a checkpoint of the last completed step, and
+    the summary's ``stopped`` names the reason.
+    """
     cfg = team.cfg
+    control = control or RunControl()
+    hooks = CallbackList(callbacks, control)
     logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
     logger.write_run_info(describe_team(team))
     start = 0
@@ -154,6 +171,7 @@ def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | Non
         state = load_checkpoint(ckpt, team)
         start = state["step"] + 1
         summary = state["summary"]
+        summary.pop("stopped", None)
         logger.truncate_after(state["step"])
     else:
         method = get_credit(cfg.credit.method)
@@ -163,19 +181,30 @@ def train(team: Team, run_dir: Path, resume: bool = False, stop_after: int | Non
         summary["eval_before"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
         logger.info(f"held-out team {eval_summary(summary['eval_before'])} before training")
         logger.log_eval("before", summary["eval_before"])
+        hooks.on_eval("before", summary["eval_before"])
     end = cfg.trainer.steps if stop_after is None else min(cfg.trainer.steps, stop_after)
     logger.start_progress(total=cfg.trainer.steps, initial=start)
     for step in range(start, end):
+        if control.should_stop:  # asked before this step started (e.g. by an evaluation callback)
+            summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
+            break
         result = train_step(team, step)
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
+        hooks.on_step_end(step, result.metrics, result.groups, result.credit)
         last = step == cfg.trainer.steps - 1
-        if last or step == end - 1 or (cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0):
-            save_checkpoint(run_dir, step, team, summary)
+        periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
+        if last or step == end - 1 or periodic or control.should_stop:
+            hooks.on_checkpoint(step, save_checkpoint(run_dir, step, team, summary))
+        if control.should_stop:
+            summary["stopped"] = {"reason": control.stop_reason, "after_step": step}
+            logger.info(f"stopped after step {step} ({control.stop_reason}); resume with: mas train --resume {run_dir}")
+            break
     logger.close_progress()
-    if end == cfg.trainer.steps and cfg.trainer.eval_size and cfg.trainer.eval_after:
+    if end == cfg.trainer.steps and not control.should_stop and cfg.trainer.eval_size and cfg.trainer.eval_after:
         summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
         logger.info(f"held-out team {eval_summary(summary['eval_after'])} after training")
         logger.log_eval("after", summary["eval_after"])
+        hooks.on_eval("after", summary["eval_after"])
     logger.write_summary(summary)
     return summary
