@@ -90,7 +90,7 @@ from mas.types import Credit, CreditBatch, EpisodeGroup, InterventionRequest, Re
 
 from .base import CreditConfigBase
 from .normalise import NormaliserName, RawScores, agent_group_key, eps_field, normalise_credit, normaliser_field, normalise_segments, scale_by_std_field
-from .registry import MethodCard, register_credit
+from .registry import CREDIT_DTYPE, MethodCard, register_credit
 from .shapley import Coalition, MarginalKind, marginal_contributions, queried_coalitions
 
 
@@ -270,7 +270,7 @@ def sharp(batch: CreditBatch, cfg: SharpConfig, results: Results | None = None) 
     unknown = sorted(set(cfg.exclude or ()) - set(batch.agent_names))
     if unknown:
         raise ValueError(f"sharp: exclude names unknown agents {unknown}; valid: {sorted(batch.agent_names)}")
-    dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     ep_ids, E = batch.episode_ids, batch.num_episodes  # [N]
 
     phi, players, evals, failures = _marginals(batch, cfg, results)  # [E, K], [E]

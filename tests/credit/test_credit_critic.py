@@ -242,7 +242,7 @@ def test_longer_responses_weigh_more_than_in_sequence_weighted_normalisation():
     tok = token_weighted_whiten(values, agents, torch.tensor([1, 3]))
     seq = token_weighted_whiten(values, agents, torch.tensor([1, 1]))
     assert tok.mean.tolist() == [0.75, 0.75] and seq.mean.tolist() == [0.5, 0.5]
-    torch.testing.assert_close(seq.values, torch.tensor([-1.0, 1.0]) / (1 + 2 * EPS), rtol=1e-6, atol=1e-6)  # population std 1/2
+    torch.testing.assert_close(seq.values, torch.tensor([-1.0, 1.0], dtype=torch.float64) / (1 + 2 * EPS), rtol=1e-6, atol=1e-6)  # population std 1/2
     assert abs(float(tok.values[0])) > abs(float(tok.values[1]))  # the short turn is the outlier now
     # equal lengths of any size are sequence weighting
     torch.testing.assert_close(token_weighted_whiten(values, agents, torch.tensor([7, 7])).values, seq.values)
@@ -258,7 +258,7 @@ def test_global_token_weighted_mean_zero_and_population_std_one_per_agent(seed):
     set_lengths(groups, [rng.randint(1, 40) for _ in range(n)])
     reply = lambda req: f"PROCESS_SCORE: {rng.choice([0, 1.5, 3, 5, 7.25, 9, 10])}"
     batch = build_credit_batch(groups, agents)
-    credit = run_credit(batch, mappa(eps=0.0), answer(groups, mappa(), reply))
+    credit = run_credit(batch, mappa(eps=1e-300), answer(groups, mappa(), reply))
     L = batch.completion_lengths.double()
     checked = 0
     for k in range(len(agents)):
@@ -348,7 +348,7 @@ def test_turns_without_tokens_get_zero_and_weigh_nothing():
     out = token_weighted_whiten(torch.tensor([0.0, 1.0, 0.0, 1.0, 5.0]), torch.tensor([0, 0, 1, 1, 1]), torch.tensor([0, 0, 1, 3, 0]))
     assert out.values[:2].tolist() == [0.0, 0.0] and out.values[4] == 0.0
     sd = math.sqrt(3) / 4
-    torch.testing.assert_close(out.values[2:4], torch.tensor([-0.75 / (sd + EPS), 0.25 / (sd + EPS)]))
+    torch.testing.assert_close(out.values[2:4], torch.tensor([-0.75 / (sd + EPS), 0.25 / (sd + EPS)], dtype=torch.float64))
 
 
 # --- mappa: slow reference ------------------------------------------------------------------------------
@@ -519,8 +519,9 @@ def test_renormalisation_by_hand_and_the_zero_sum_case():
     groups = [make_group([["a", "b"], ["a", "b"]], [1.0, 0.5])]
     results = {"critic/0": ['{"a": [3], "b": [1]}'], "critic/1": ['{"a": [1], "b": [-1]}']}
     credit = run_credit(build_credit_batch(groups, ["a", "b"]), llm_mca(normaliser="none"), results)
-    # c * R / Σc: [3, 1] * 1/4; Σc = 0 cannot be rescaled and is kept
-    assert credit.advantages.tolist() == [0.75, 0.25, 1.0, -1.0]
+    # c * R / Σc: [3, 1] * 1/4; Σc = 0 cannot be rescaled: shifted by (R − Σc)/T = 0.25 each
+    assert credit.advantages.tolist() == [0.75, 0.25, 1.25, -0.75]
+    assert credit.breakdown["renormalise_shifts"].item() == 1
     assert credit.breakdown["critic_score"].tolist() == [3.0, 1.0, 1.0, -1.0]
 
 
