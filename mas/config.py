@@ -46,7 +46,11 @@ class OptimConfig(Section):
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="Learning-rate schedule after warm-up, over trainer.steps."
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in training steps (one update call per step).")
+    warmup_steps: int = Field(
+        0, ge=0,
+        description="Linear warm-up, in training steps (one update call per step), as transformers.get_scheduler counts it: "
+        "update k < warmup_steps runs at lr * k / warmup_steps, so the first one runs at lr 0.",
+    )
     micro_batch_size: int = Field(8, ge=1, description="Turns per forward/backward pass; gradients accumulate.")
 
 
@@ -214,8 +218,16 @@ class TrainerConfig(Section):
     clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1.")
     clip_high: float = Field(0.2, ge=0, description="PPO clip epsilon above 1 (clip-higher if larger).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL estimate to the reference (initial) policy.")
-    loss_agg: Literal["token_mean", "seq_mean"] = Field(
-        "token_mean", description="token_mean: mean over all completion tokens of the policy's batch; seq_mean: mean of per-turn token means."
+    loss_agg: Literal["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"] = Field(
+        "token_mean",
+        description="token_mean: mean over all completion tokens of the policy's batch (verl token-mean); seq_mean: mean of "
+        "per-turn token means (verl seq-mean-token-mean); seq_mean_token_sum: mean over turns of per-turn token sums (verl); "
+        "dr_grpo: token sum over (turns x loss_agg_max_tokens), a constant normaliser (TRL loss_type dr_grpo).",
+    )
+    loss_agg_max_tokens: int | None = Field(
+        None, ge=1,
+        description="dr_grpo's constant L_max (TRL: max_completion_length). None: the largest sampling.max_new_tokens among "
+        "the agents of each policy.",
     )
     seed: int = Field(0, description="Seeds sampling and LoRA initialisation (the task stream has env.seed).")
     eval_size: int = Field(0, ge=0, description="Held-out tasks for greedy team accuracy; 0 disables.")

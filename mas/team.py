@@ -84,6 +84,7 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None) -> Team
             kl_coef=t.kl_coef,
             loss_agg=t.loss_agg,
             ppo_epochs=t.ppo_epochs,
+            max_tokens=t.loss_agg_max_tokens or max(a.sampling.max_new_tokens for a in cfg.agents if a.policy == name),
         )
         for name, p in policies.items()
         if p.trainable and name in used
