@@ -233,6 +233,11 @@ class TrainerConfig(Section):
     eval_size: int = Field(0, ge=0, description="Held-out tasks for greedy team accuracy; 0 disables.")
     eval_before: bool = Field(True, description="Evaluate before the first step.")
     eval_after: bool = Field(True, description="Evaluate after the last step.")
+    eval_every: int = Field(
+        0, ge=0,
+        description="Also evaluate (eval_size tasks, greedy) every N steps, after the last step and when a run is stopped "
+        "early, for held-out curves (mas study); metrics.jsonl gets {'eval': 'periodic', 'step': ...}. 0 disables.",
+    )
     save_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only at the end).")
     sample_episodes: int = Field(2, ge=0, description="Episodes per step written to episodes.jsonl.")
     alternate: tuple[str, ...] = Field(

@@ -133,10 +133,12 @@ class Batcher:
     thread pool, so every topology function is async.)
     """
 
-    def __init__(self, backend: Backend, seed: int, settle_yields: int = 4):
+    def __init__(self, backend: Backend, seed: int, settle_yields: int = 4, count_tokens: Callable[[GenRequest, GenResult], int] | None = None):
         self.backend = backend
         self.seed = seed
         self.settle_yields = settle_yields
+        self.count_tokens = count_tokens or (lambda req, res: len(res.completion_ids))
+        self.tokens = 0  # completion tokens generated (every result served, critic replies included)
         self.active: set[int] = set()  # episode keys still running
         self._pending: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []
         self._wake = asyncio.Event()
@@ -176,7 +178,9 @@ class Batcher:
             except Exception:  # noqa: BLE001 - isolate the bad request(s): one at a time
                 for _, req, fut in batch:
                     try:
-                        _settle(fut, result=self.backend.generate_batch([req])[0])
+                        res = self.backend.generate_batch([req])[0]
+                        self.tokens += self.count_tokens(req, res)
+                        _settle(fut, result=res)
                     except Exception as exc:  # noqa: BLE001 - that episode fails and is marked
                         _settle(fut, error=exc)
             else:
@@ -185,7 +189,8 @@ class Batcher:
                     for _, _, fut in batch:
                         _settle(fut, error=err)
                     continue
-                for (_, _, fut), res in zip(batch, results):
+                for (_, req, fut), res in zip(batch, results):
+                    self.tokens += self.count_tokens(req, res)
                     _settle(fut, result=res)
 
 
@@ -371,7 +376,10 @@ class Engine:
         self.trainable = trainable
         self.backend = backend
         self.score = score
-        self.stats = {"batches": 0, "requests": 0, "replay_episodes": 0, "critiques": 0}
+        # generated_tokens: completion tokens of every generation served (rollouts, replays,
+        # interventions, critic replies); a remote endpoint that returns no token ids is counted
+        # by tokenising its text with the policy's tokenizer
+        self.stats = {"batches": 0, "requests": 0, "replay_episodes": 0, "critiques": 0, "generated_tokens": 0}
 
     # -- public API ------------------------------------------------------------------------
 
@@ -440,7 +448,7 @@ class Engine:
     async def _run_async(
         self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest]
     ) -> list[str]:
-        batcher = Batcher(self.backend, seed)
+        batcher = Batcher(self.backend, seed, count_tokens=self._generated_tokens)
         batcher.active = set(range(len(jobs) + len(critiques)))
         server = asyncio.create_task(batcher.serve())
         try:
@@ -455,7 +463,15 @@ class Engine:
                 pass
         self.stats["batches"] += batcher.batches
         self.stats["requests"] += batcher.requests
+        self.stats["generated_tokens"] += batcher.tokens
         return list(texts)
+
+    def _generated_tokens(self, req: GenRequest, res: GenResult) -> int:
+        """Completion tokens of one generation (re-tokenised text where the backend gave no ids)."""
+        if res.completion_ids or not res.text:
+            return len(res.completion_ids)
+        tok = self.tokenizers.get(req.policy)
+        return len(tok.encode(res.text, add_special_tokens=False)) if tok is not None else 0
 
     async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher) -> str:
         """One critic call; a failure gives an empty reply (the method's fallback handles it)."""

@@ -45,6 +45,7 @@ def step_metrics(
     updates: dict[str, dict[str, float]],
     timings: dict[str, float],
     cost: dict[str, int] | None = None,
+    generated: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """One step's record for metrics.jsonl and TensorBoard.
 
@@ -53,6 +54,9 @@ def step_metrics(
     failures, tool calls and tool-call validity (where turns carry a ``tool_valid`` signal).
     Per policy: the learner's loss, KL, clip fraction, entropy, gradient norm and learning rate.
     ``lengths`` keeps every episode's turns and completion tokens for the length distribution.
+    ``generated``: completion tokens the engine generated this step, by phase (``rollout_tokens``,
+    ``credit_tokens`` for the credit method's replays, coalitions, removal runs and critic
+    replies) and ``total``: the compute ``mas study --budget tokens`` matches.
     """
     episodes = [ep for g in groups for ep in g.episodes]
     flat = flatten_turns(groups)
@@ -101,6 +105,7 @@ def step_metrics(
         "credit_cost": cost or {},
         "credit": {k: float(v) for k, v in credit.breakdown.items() if v.dim() == 0},  # scalar diagnostics
         "tokens": sum(len(t.completion_ids) for _, t in flat),
+        "generated": generated or {},
         "time": timings,
     }
 

@@ -55,8 +55,10 @@ def train_step(team: Team, step: int) -> StepResult:
     # 1. rollout + score: G joint episodes for each of B tasks; the engine scores each episode
     #    with env.score as it ends (replays and interventions are scored the same way)
     t0 = time.perf_counter()
+    generated = GeneratedTokens(team.engine)
     tasks = team.env.sample_tasks(cfg.trainer.batch_size)
     groups = team.engine.rollout(tasks, cfg.trainer.group_size, seed=seed)
+    generated.mark("rollout_tokens")
     timings["rollout"] = time.perf_counter() - t0
 
     # 2. credit: extra evaluations if the method plans any (timed per kind), then one advantage per turn
@@ -70,6 +72,7 @@ def train_step(team: Team, step: int) -> StepResult:
         results.update(execute_timed(team.engine, more, seed + 2, timings))
         requests += more
     cost = credit_cost(requests, results)
+    generated.mark("credit_tokens")  # the method's own generations: replays, coalitions, removal runs, critic replies
     t1 = time.perf_counter()
     try:
         credit = run_credit(batch, cfg.credit, results)
@@ -102,8 +105,26 @@ def train_step(team: Team, step: int) -> StepResult:
     timings["sync"] = time.perf_counter() - t0
     timings["step"] = time.perf_counter() - t_step
 
-    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost)
+    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts())
     return StepResult(groups, credit, metrics)
+
+
+class GeneratedTokens:
+    """Completion tokens the engine generated in each phase of a step (the compute a budget matches)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.last = engine.stats["generated_tokens"]
+        self.phases: dict[str, int] = {}
+
+    def mark(self, phase: str) -> None:
+        """Attribute the tokens generated since the previous mark to ``phase``."""
+        now = self.engine.stats["generated_tokens"]
+        self.phases[phase] = self.phases.get(phase, 0) + now - self.last
+        self.last = now
+
+    def counts(self) -> dict[str, int]:
+        return {**self.phases, "total": sum(self.phases.values())}
 
 
 # extra evaluations by request kind -> the timer they count under
@@ -140,6 +161,13 @@ def active_learners(team: Team, step: int) -> dict:
 def evaluate(team: Team, size: int, seed: int) -> dict:
     episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed)
     return eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools])
+
+
+def periodic_eval_due(cfg, step: int, end: int, stopping: bool) -> bool:
+    """Whether ``trainer.eval_every`` asks for a held-out evaluation after ``step``: every N
+    steps, after the last step of this call, and when the run is about to stop."""
+    every = cfg.trainer.eval_every
+    return bool(every and cfg.trainer.eval_size) and ((step + 1) % every == 0 or step == end - 1 or stopping)
 
 
 def train(
@@ -192,6 +220,10 @@ def train(
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
+        if periodic_eval_due(cfg, step, end, control.should_stop):  # held-out curve (trainer.eval_every)
+            summary["eval_last"] = {"step": step, **evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)}
+            logger.log_eval("periodic", summary["eval_last"])
+            hooks.on_eval("periodic", summary["eval_last"])
         last = step == cfg.trainer.steps - 1
         periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
         if last or step == end - 1 or periodic or control.should_stop:
@@ -202,7 +234,11 @@ def train(
             break
     logger.close_progress()
     if end == cfg.trainer.steps and not control.should_stop and cfg.trainer.eval_size and cfg.trainer.eval_after:
-        summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
+        last_eval = summary.get("eval_last", {})
+        if last_eval.get("step") == end - 1:  # the periodic evaluation after the last step is the same greedy run
+            summary["eval_after"] = {k: v for k, v in last_eval.items() if k != "step"}
+        else:
+            summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
         logger.info(f"held-out team {eval_summary(summary['eval_after'])} after training")
         logger.log_eval("after", summary["eval_after"])
         hooks.on_eval("after", summary["eval_after"])
