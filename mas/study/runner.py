@@ -208,8 +208,10 @@ class BudgetStop:
         return self.used >= self.limit
 
     def on_step_end(self, step: int, metrics: dict, groups: list, credit: Any) -> bool:
+        """Count the step; ask to stop once the budget is reached (a steps budget is the
+        trainer's own trainer.steps, which ends the run normally, so it only counts)."""
         self.used += step_usage(metrics)[self.kind]
-        return self.reached
+        return self.reached and self.kind != "steps"
 
 
 # --- running one job ------------------------------------------------------------------------------
@@ -237,7 +239,7 @@ def run_job(job: Job | dict) -> dict:
     t0 = time.time()
     if not budget.reached:
         team = build_team(cfg)
-        summary = train(team, run_dir, resume=resume, callbacks=[budget] if job.budget_kind != "steps" else ())
+        summary = train(team, run_dir, resume=resume, callbacks=[budget])
         del team
         gc.collect()
     else:  # the budget was spent at the last checkpoint (a crash before this file was written)

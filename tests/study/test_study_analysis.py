@@ -86,6 +86,8 @@ def test_budget_counts_what_each_step_generated():
     s = BudgetStop("seconds", 2.5, used=2.0)
     assert s.on_step_end(2, step(2, 1, 0, 0.75), [], None)
     assert step_usage(step(0, 7, 3, 1.5)) == {"steps": 1.0, "tokens": 10.0, "seconds": 1.5}
+    steps = BudgetStop("steps", 1)  # trainer.steps ends a steps budget: the callback only counts
+    assert not steps.on_step_end(0, step(0, 1, 0, 0.1), [], None) and steps.reached and steps.used == 1
     with pytest.raises(ValueError, match="valid"):
         BudgetStop("episodes", 3)
 

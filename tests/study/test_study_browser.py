@@ -1,39 +1,17 @@
 """study.html as a person sees it: a real (tiny) study opened in headless Chromium.
 
-Like tests/test_report_browser.py: needs Debian's ``chromium`` and ``playwright``; with
-MAS_REQUIRE_BROWSER=1 (the test command sets it) a missing browser fails instead of skipping.
+Uses tests/test_report_browser.py's browser lookup: Debian's ``chromium`` and ``playwright``;
+with MAS_REQUIRE_BROWSER=1 (the test command sets it) a missing browser fails instead of skipping.
 The screenshot goes to $MAS_ARTIFACTS_DIR (default: the test's tmp dir).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
-import pytest
 from study_helpers import METHODS
-
-REQUIRED = os.environ.get("MAS_REQUIRE_BROWSER") == "1"
-
-
-def _browser() -> str:
-    path = os.environ.get("MAS_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        if REQUIRED:
-            pytest.fail("MAS_REQUIRE_BROWSER=1 but no chromium found (apt-get install chromium, or set MAS_CHROMIUM)")
-        pytest.skip("chromium is not installed")
-    return path
-
-
-def _playwright():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        if REQUIRED:
-            pytest.fail("MAS_REQUIRE_BROWSER=1 but playwright is not installed (pip install -e '.[dev]')")
-        pytest.skip("playwright is not installed")
-    return sync_playwright
+from test_report_browser import _browser, _playwright  # the report's browser test: same Chromium, same rules
 
 
 def test_study_page_shows_every_method_curve_and_the_frontier(tiny_study, tmp_path):
