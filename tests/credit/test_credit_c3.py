@@ -65,8 +65,11 @@ def grpo_pop(values: list[float]) -> list[float]:
 # --- slow reference ----------------------------------------------------------------------------
 
 
-def ref_c3(groups: list[EpisodeGroup], results: dict, fanout: tuple[int, ...], baseline: str = "loo", std_norm: bool = True) -> list[float]:
-    """C3 straight from CREDIT_SPEC §5.2 over the nested episodes, one loop per node."""
+def ref_c3(groups: list[EpisodeGroup], results: dict, fanout: tuple[int, ...], baseline: str = "loo", std_norm: bool = True,
+           no_replay: bool = False) -> list[float]:
+    """C3 straight from CREDIT_SPEC §5.2 over the nested episodes, one loop per node.  With
+    ``no_replay`` a depth-d (d >= 1) sibling group is every depth-d node of the task (C3's
+    c3_no_replay: the parent is ignored): the recorded nodes and their replays."""
     D = len(fanout)
     flat = [(b, ep) for b, g in enumerate(groups) for ep in g.episodes]
 
@@ -102,6 +105,10 @@ def ref_c3(groups: list[EpisodeGroup], results: dict, fanout: tuple[int, ...], b
             if d == 0:
                 members = [e2 for e2, (b2, ep2) in enumerate(flat) if b2 == b and ep2.turns]
                 adv.append(credits([q_rec(e2, 0) for e2 in members])[members.index(e)])
+            elif no_replay:
+                members = [e2 for e2, (b2, ep2) in enumerate(flat) if b2 == b and len(ep2.turns) > d]
+                values = [q_rec(e2, d) for e2 in members] + [r for e2 in members for r in replays(e2, d)]
+                adv.append(credits(values)[members.index(e)])
             else:
                 adv.append(credits([q_rec(e, d)] + replays(e, d))[0])
     return adv
@@ -129,8 +136,22 @@ def test_vectorised_equals_reference_on_random_ragged_trees(seed, fanout_tail, b
     cfg = C3Config(fanout=(G, *fanout_tail), baseline=baseline, std_norm=std_norm)
     requests = plan_credit(groups, cfg)
     results = random_results(requests, seed)
-    got = run_credit(build_credit_batch(groups, ["a", "b", "c"]), cfg, results).advantages
-    torch.testing.assert_close(got, torch.tensor(ref_c3(groups, results, cfg.fanout, baseline, std_norm), dtype=torch.float32), atol=1e-5, rtol=1e-5)
+    got = run_credit(build_credit_batch(groups, ["a", "b", "c"]), cfg, results, dtype=torch.float64).advantages
+    torch.testing.assert_close(got, torch.tensor(ref_c3(groups, results, cfg.fanout, baseline, std_norm), dtype=torch.float64), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("fanout_tail", [(1,), (3,), (2, 3), (1, 1)])
+@pytest.mark.parametrize("baseline,std_norm", [("loo", True), ("full_mean", False)])
+def test_no_replay_equals_reference(seed, fanout_tail, baseline, std_norm):
+    G = 2 + seed % 3
+    groups = random_groups(seed, 3, G, 5, ["a", "b", "c"], min_turns=0)
+    cfg = C3Config(fanout=(G, *fanout_tail), baseline=baseline, std_norm=std_norm, no_replay=True)
+    requests = plan_credit(groups, cfg)
+    results = random_results(requests, seed)
+    got = run_credit(build_credit_batch(groups, ["a", "b", "c"]), cfg, results, dtype=torch.float64).advantages
+    want = ref_c3(groups, results, cfg.fanout, baseline, std_norm, no_replay=True)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), atol=1e-10, rtol=1e-10)
 
 
 # --- the plan ---------------------------------------------------------------------------------

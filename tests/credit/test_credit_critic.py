@@ -515,6 +515,62 @@ def test_renormalised_credits_sum_to_the_outcome(seed):
     assert not torch.allclose(raw_sums, batch.episode_rewards.double())
 
 
+def ref_llm_mca_credit(groups, replies: dict, cancel_tol: float = 0.1) -> list[float]:
+    """LLM-MCA's repaired per-turn credit by loops: parse, then rescale (|Σc| >= tol·Σ|c|) or shift."""
+    out = []
+    e = 0
+    for g in groups:
+        for ep in g.episodes:
+            T = len(ep.turns)
+            if T == 0:
+                e += 1
+                continue
+            try:
+                obj = json.loads(replies[f"critic/{e}"])
+                per = {}
+                for t in ep.turns:
+                    per.setdefault(t.agent, 0)
+                    per[t.agent] += 1
+                assert set(obj) == set(per) and all(len(obj[a]) == n for a, n in per.items())
+                seen: dict[str, int] = {}
+                c = []
+                for t in ep.turns:
+                    c.append(float(obj[t.agent][seen.get(t.agent, 0)]))
+                    seen[t.agent] = seen.get(t.agent, 0) + 1
+            except (ValueError, AssertionError, KeyError):
+                out += [ep.reward / T] * T  # fallback R/T
+                e += 1
+                continue
+            S, M = sum(c), sum(abs(x) for x in c)
+            if M > 0 and abs(S) >= cancel_tol * M:
+                out += [x * ep.reward / S for x in c]
+            else:
+                out += [x + (ep.reward - S) / T for x in c]
+            e += 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("tol", [0.1, 0.5])
+def test_llm_mca_repair_matches_the_reference(seed, tol):
+    """Random decompositions, many of them nearly cancelling, and some garbage replies."""
+    rng = random.Random(seed)
+    agents = ["a", "b", "c"]
+    groups = random_groups(seed, 3, 4, 5, agents, min_turns=0)
+    cfg = llm_mca(normaliser="none", cancel_tol=tol)
+
+    def reply(req):
+        if rng.random() < 0.15:
+            return "garbage"
+        return json.dumps({a: [rng.choice([1.0, -1.0]) * rng.uniform(0.5, 1.5) for _ in v] for a, v in json_shape(req).items()})
+
+    batch = build_credit_batch(groups, agents)
+    results = answer(groups, cfg, reply)
+    replies = {k: v[0] for k, v in results.items()}
+    got = run_credit(batch, cfg, results, dtype=torch.float64).advantages
+    torch.testing.assert_close(got, torch.tensor(ref_llm_mca_credit(groups, replies, tol), dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
 def test_renormalisation_by_hand_and_the_zero_sum_case():
     groups = [make_group([["a", "b"], ["a", "b"]], [1.0, 0.5])]
     results = {"critic/0": ['{"a": [3], "b": [1]}'], "critic/1": ['{"a": [1], "b": [-1]}']}
