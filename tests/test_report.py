@@ -72,8 +72,11 @@ def test_report_is_one_self_contained_page_with_every_section(run_dir, capsys):
     ids = {attrs.get("id") for _, attrs in parser.tags}
     assert {"agents", "curves", "episodes", "checklist"} <= ids
     for title in ("Reward: team and per agent", "Credit share per agent", "Advantage per agent", "Step time breakdown",
-                  "Per policy: loss", "Per policy: KL to reference", "Per policy: learning rate"):
+                  "Per policy: loss", "Per policy: entropy", "Per policy: learning rate"):
         assert title in html
+    # terms that were off (kl_coef 0; one on-policy epoch) get no empty panel, and the page says why
+    assert "Per policy: KL to reference" not in html and "Per policy: clip fraction" not in html
+    assert "KL to reference (trainer.kl_coef is 0)" in html and "clip fraction (on-policy updates" in html
     turns = [a for t, a in parser.tags if t == "div" and "turn" in (a.get("class") or "").split()]
     assert turns and any(a["data-credit"] not in ("", "0.0") for a in turns)
     # a turn's colour is its credit's: blue for positive, red for negative
@@ -239,7 +242,7 @@ def test_tool_calls_and_observations_show_in_the_transcript():
                                     {"name": "read", "arguments": {"title": "Nope"}, "valid": False, "error": "unknown title"}],
                      "observations": ["1. Ann (score 3.2) ...", "error: unknown title 'Nope'"], "details": {}}]}
     html = episode_block(ep, ["researcher"], 1.0, open_=True)
-    assert "search(query=&#x27;Ann&#x27;, k=2)" in html and "read(title=&#x27;Nope&#x27;)" in html
+    assert "search(query=&#39;Ann&#39;, k=2)" in html and "read(title=&#39;Nope&#39;)" in html
     assert html.count('<pre class="observation">') == 2 and "invalid call: unknown title" in html
     assert "1. Ann (score 3.2)" in html
 
@@ -250,3 +253,193 @@ def test_sample_episodes_prefer_episodes_whose_turns_got_credit():
     credit = Credit(advantages=torch.tensor([0.0, 0.7, 0.0, -0.4]))
     records = sample_episodes(0, [EpisodeGroup(task, eps)], credit, 3)
     assert [r["sample_id"] for r in records] == [1, 3, 0]  # best with credit, worst with credit, then the next best
+
+
+# --- what the page explains: decisive badge, method lines, unparsed turns, panels, warnings ----
+
+
+def _ep(credits, agents, valid=None, step=1):
+    valid = valid or [True] * len(credits)
+    return {"step": step, "task": {"task_id": "t", "prompt": "q", "answer": "1"}, "answer": "1", "reward": 1.0,
+            "turns": [{"agent": a, "policy": "p", "text": f"{a} says", "credit": c, "valid": v, "details": {}}
+                      for c, a, v in zip(credits, agents, valid)]}
+
+
+def _badged(html: str) -> list[int]:
+    """Indices of the transcript turns that carry a decisive badge."""
+    turns = re.findall(r'<div class="turn" id="[^"]*-t(\d+)".*?</div>\s*<pre', html, flags=re.S)
+    heads = re.findall(r'<div class="turn" id="[^"]*-t(\d+)"(.*?)</div>\s*<pre', html, flags=re.S)
+    assert len(turns) == len(heads)
+    return [int(i) for i, head in heads if 'class="tag key"' in head]
+
+
+def test_decisive_badge_follows_the_credit_granularity():
+    from mas.credit import credit_names, get_credit
+    from mas.report.episodes import episode_block
+    from mas.report.methods import credit_level
+
+    levels = {m: credit_level(get_credit(m).card.granularity) for m in credit_names()}
+    assert levels == {"grpo": "episode", "dr_grpo": "episode", "rloo": "episode", "magrpo": "episode",
+                      "reinforce_pp": "episode", "dr_mas": "statistics", "sharp": "agent", "ccpo": "agent",
+                      "m_grpo": "agent", "c3": "turn", "critic": "turn"}
+    agents = ["lead", "helper", "lead"]
+    # agent-level credit: lead's two turns share 1.0, helper has 0.5. The decisive agent is lead, so both
+    # of its turns carry the badge (the largest-|credit| rule marked only the first), and its heatmap row
+    html = episode_block(_ep([1.0, 0.5, 1.0], agents), agents, 1.0, open_=True, level="agent")
+    assert _badged(html) == [0, 2] and html.count("decisive agent") == 3
+    assert '<th class="agent key" title="decisive agent">lead</th>' in html and "decisive: lead" in html
+    # the mean of the agent's turns decides: lead's (1.0 + 0.2) / 2 = 0.6 < helper's 0.7
+    assert _badged(episode_block(_ep([1.0, 0.7, 0.2], agents), agents, 1.0, True, level="agent")) == [1]
+    # every agent's credit the same: nothing is decisive; agents tied in magnitude: nothing either
+    assert _badged(episode_block(_ep([0.5, 0.5, 0.5], agents), agents, 1.0, True, level="agent")) == []
+    assert _badged(episode_block(_ep([0.5, -0.5, 0.5], agents), agents, 1.0, True, level="agent")) == []
+    # per-turn credit: the largest |credit|, negative included; none when every turn is the same
+    html = episode_block(_ep([0.2, -0.9, 0.5], agents), agents, 1.0, True, level="turn")
+    assert _badged(html) == [1] and "largest |credit| in this episode" in html
+    assert _badged(episode_block(_ep([0.5, 0.5, 0.5], agents), agents, 1.0, True, level="turn")) == []
+    # episode-level credit, and Dr. MAS's per-agent statistics: never a badge, even where values differ
+    for level in ("episode", "statistics"):
+        assert _badged(episode_block(_ep([0.2, -0.9, 0.5], agents), agents, 1.0, True, level=level)) == []
+    # granularity unknown (an old run): read from the credit (each agent's turns share one value: per agent)
+    assert _badged(episode_block(_ep([1.0, 0.5, 1.0], agents), agents, 1.0, True, level=None)) == [0, 2]
+    assert _badged(episode_block(_ep([1.0, 0.5, 0.2], agents), agents, 1.0, True, level=None)) == [0]
+
+
+def test_every_credit_method_says_what_its_credit_share_means(run_dir):
+    from mas.credit import credit_names
+    from mas.report.methods import SHARE_NOTES
+
+    assert sorted(SHARE_NOTES) == credit_names()
+    assert SHARE_NOTES["dr_mas"].startswith("shares follow turn counts; advantages are normalised per agent, so their mean is 0")
+    html = write_report(run_dir).read_text()
+    agents = html[html.index('<section id="agents">'):html.index('<section id="curves">')]
+    assert "What the credit share means under dr_mas:</b> shares follow turn counts" in agents
+    episodes = html[html.index('<section id="episodes">'):]
+    assert "Decisive badge.</b> Credit is the episode&#39;s outcome normalised per agent (agent: statistics per agent)" in episodes
+    assert "largest |credit| in this episode" not in html and "decisive agent" not in html  # Dr. MAS: no badge
+
+
+def test_step_metrics_count_the_credit_of_unparsed_turns():
+    from mas.credit.batch import build_credit_batch
+    from mas.metrics import step_metrics
+
+    task = Task("t", "q", "1")
+    turns = [_turn("lead"), _turn("checker"), _turn("checker")]
+    turns[1].valid = False  # unparsed
+    turns[2].valid, turns[2].tool_calls = False, [{"name": "search", "valid": False}]  # a failed tool call: not unparsed
+    groups = [EpisodeGroup(task, [Episode(task, 0, 0, 0, turns=turns, reward=1.0)])]
+    batch = build_credit_batch(groups, ["lead", "checker"])
+    credit = Credit(advantages=torch.tensor([0.5, 0.3, 0.2]))
+    m = step_metrics(0, groups, batch, credit, {}, {})
+    # team positive credit 0.5 + 0.3 + 0.2 = 1.0; checker's unparsed turn earned 0.3 of it
+    assert m["agents"]["checker"]["credit_share"] == pytest.approx(0.5)
+    assert m["agents"]["checker"]["unparsed_credit_share"] == pytest.approx(0.3)
+    assert m["agents"]["lead"]["unparsed_credit_share"] == 0.0
+    m = step_metrics(0, groups, batch, Credit(advantages=torch.tensor([-0.5, 0.0, -0.1])), {}, {})
+    assert m["agents"]["checker"]["unparsed_credit_share"] is None  # no positive credit: no share
+
+
+def _synthetic_run(src, dest, **edits):
+    """A copy of the run ``src`` with ``edits`` applied: {file name: fn(text) -> text}."""
+    dest.mkdir()
+    names = {p.name for p in src.iterdir() if p.is_file()} | set(edits)
+    for name in names:
+        text = (src / name).read_text() if (src / name).exists() else ""
+        dest.joinpath(name).write_text(edits.get(name, lambda t: t)(text))
+    return dest
+
+
+def test_unparsed_turns_are_flagged_with_their_share_of_the_credit(run_dir, tmp_path):
+    from mas.report.episodes import episode_block
+
+    agents = ["lead", "helper", "checker"]
+    # the checker's unparsed turn earned 0.268 of the episode's 1.0 positive credit
+    ep = _ep([0.5, 0.232, 0.268, -0.4], [*agents, "helper"], valid=[True, True, False, False])
+    html = episode_block(ep, agents, 1.0, open_=True, level="agent")
+    assert "unparsed output, yet 26.8% of this episode&#39;s positive credit" in html  # the checker's turn
+    assert html.count('data-unparsed="1"') == 2 and html.count("unparsed output") == 2  # the blamed one: just flagged
+    assert "unparsed turns: 26.8% of the positive credit" in html  # in the episode's summary line
+
+    def unparsed(text):  # the checker's unparsed turns earned 26.8% of the team's positive credit each step
+        rows = [json.loads(line) for line in text.splitlines()]
+        for r in rows:
+            if "agents" in r:
+                r["agents"]["checker"]["unparsed_credit_share"] = 0.268
+                r["agents"]["lead"]["unparsed_credit_share"] = 0.0
+        return "".join(json.dumps(r) + "\n" for r in rows)
+
+    run = _synthetic_run(run_dir, tmp_path / "unparsed", **{"metrics.jsonl": unparsed})
+    table = write_report(run).read_text()
+    table = table[table.index('<section id="agents">'):table.index('<section id="curves">')]
+    checker = re.search(r"<tr><th>checker.*?</tr>", table, flags=re.S).group(0)
+    assert "<td>26.8%</td>" in checker and "26.8% of the team&#39;s positive credit went to its unparsed turns" in checker
+    lead = re.search(r"<tr><th>lead.*?</tr>", table, flags=re.S).group(0)
+    assert "<td>0.0%</td>" in lead and "unparsed turns</span>" not in lead
+    assert "<td>—</td>" in re.search(r"<tr><th>helper.*?</tr>", table, flags=re.S).group(0)  # not logged: unknown
+
+
+def test_panels_of_terms_that_are_on_are_drawn(run_dir, tmp_path):
+    def config(**trainer):
+        def edit(text):
+            cfg = yaml.safe_load(text)
+            cfg["trainer"].update(trainer)
+            return yaml.safe_dump(cfg)
+        return edit
+
+    html = write_report(_synthetic_run(run_dir, tmp_path / "kl", **{"config.yaml": config(kl_coef=0.1)})).read_text()
+    assert "Per policy: KL to reference" in html and "Per policy: clip fraction" not in html
+    html = write_report(_synthetic_run(run_dir, tmp_path / "epochs", **{"config.yaml": config(ppo_epochs=2)})).read_text()
+    assert "Per policy: clip fraction" in html and "Per policy: KL to reference" not in html
+
+    def clipped(text):  # on-policy, yet some tokens were clipped (the sampler's numerics differ): drawn
+        rows = [json.loads(line) for line in text.splitlines()]
+        for r in rows:
+            if "policies" in r:
+                r["policies"]["main"]["clip_frac"] = 0.01
+        return "".join(json.dumps(r) + "\n" for r in rows)
+
+    html = write_report(_synthetic_run(run_dir, tmp_path / "clipped", **{"metrics.jsonl": clipped})).read_text()
+    assert "Per policy: clip fraction" in html and "Not drawn, because the term was off: KL to reference" in html
+
+
+def _warnings(*rows):
+    return lambda _: "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_warnings_show_in_a_banner_at_the_top_and_per_run_in_compare(run_dir, tmp_path):
+    parsed = "the embedded model parsed 0% of the orchestrator's turns; it was warm-started on the quickstart"
+    run = _synthetic_run(run_dir, tmp_path / "warned", **{"warnings.jsonl": _warnings(
+        {"step": 0, "kind": "embedded_parse", "message": parsed}, {"step": 2, "kind": "embedded_parse", "message": parsed},
+        {"step": None, "kind": "other", "message": "second <b>thing</b>"})})
+    with (run / "warnings.jsonl").open("a") as f:
+        f.write('{"step": 3, "kind": "half')  # killed mid-write
+    html = write_report(run).read_text()
+    banner = re.search(r'<div class="banner" role="alert">.*?</div>', html, flags=re.S).group(0)
+    assert html.index(banner) < html.index("<main>")  # at the top, before every section
+    assert "While training: 3 warnings" in banner
+    assert "parsed 0% of the orchestrator&#39;s turns" in banner and "(2 times, steps 0–2)" in banner
+    assert "second &lt;b&gt;thing&lt;/b&gt;" in banner  # escaped: shown as text
+    assert "1 unreadable log lines skipped" in html
+    assert '<div class="banner"' not in write_report(run_dir).read_text()  # no warnings: no banner
+
+    out = write_compare([run_dir, run], tmp_path / "cmp.html").read_text()
+    banners = re.findall(r'<div class="banner" role="alert"><h2>(.*?)</h2>', out)
+    assert banners == ["Run warned: 3 warnings"]  # only the run that has warnings
+    rows = re.findall(r"<tr><th><span.*?</tr>", out, flags=re.S)
+    assert '<span class="tag bad">3</span>' in rows[1] and rows[0].endswith("<td>—</td></tr>")
+    assert "What the credit share means under dr_mas" in out
+
+
+def test_templates_ship_as_package_data():
+    """A non-editable install finds the templates: every file under mas/report/templates matches
+    a package-data pattern of mas.report in pyproject.toml."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["mas.report"]
+    templates = root / "mas" / "report" / "templates"
+    files = [p.relative_to(templates.parent).as_posix() for p in templates.rglob("*") if p.is_file()]
+    assert {"templates/page.html.j2", "templates/toggle.js", "templates/style.css"} <= set(files)
+    assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files), (files, patterns)
