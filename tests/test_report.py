@@ -443,3 +443,140 @@ def test_templates_ship_as_package_data():
     files = [p.relative_to(templates.parent).as_posix() for p in templates.rglob("*") if p.is_file()]
     assert {"templates/page.html.j2", "templates/toggle.js", "templates/style.css"} <= set(files)
     assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files), (files, patterns)
+
+
+# --- the report escapes everything it shows ---------------------------------------------------
+
+# text a run can carry that would run script, break out of an attribute, or load something if
+# it reached the page as markup; each must show as text
+PAYLOADS = (
+    '<script>window.__mas_pwned = 1; alert("script")</script>',
+    '<img src=x onerror="window.__mas_pwned = 2; alert(2)">',
+    '" onmouseover="window.__mas_pwned = 3" data-x="',
+    "' autofocus onfocus='window.__mas_pwned = 4' x='",
+    '<a href="javascript:alert(5)">click me</a>',
+    "javascript:window.__mas_pwned = 6",
+    '</pre></div></details></td></table><svg onload="window.__mas_pwned = 7">',
+    '<iframe srcdoc="<script>parent.__mas_pwned = 8</script>"></iframe>',
+    "{{ 7 * 7 }} {% if true %}x{% endif %}",
+    "<style>body { display: none }</style><!-- <base href=\"http://example.invalid/\">",
+)
+HOSTILE = " ".join(PAYLOADS)
+# agent and policy names: the config schema forbids these, but a report reads whatever the files hold
+NAMES = {"lead": "lead<script>window.__mas_pwned = 9</script>", "helper": 'helper" onmouseover="window.__mas_pwned = 10',
+         "checker": "checker' onfocus='window.__mas_pwned = 11", "main": "main<img src=x onerror=alert(12)>"}
+ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "h3", "nav", "a", "main", "section",
+                "div", "span", "b", "p", "br", "table", "thead", "tbody", "tr", "th", "td", "details", "summary", "pre",
+                "code", "ol", "ul", "li", "figure", "figcaption", "svg", "line", "text", "g", "path", "circle", "polygon",
+                "button", "script"}
+
+
+class Page(HTMLParser):
+    """A page as a browser parses it: tags with attributes, text, and script bodies."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, list[tuple[str, str | None]]]] = []
+        self.text: list[str] = []
+        self.scripts: list[str] = []
+        self._script = False
+        self.feed(html)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, attrs))
+        self._script = tag == "script"
+
+    def handle_endtag(self, tag):
+        self._script = False
+
+    def handle_data(self, data):
+        (self.scripts if self._script else self.text).append(data)
+
+
+def assert_inert(html: str, shown: tuple[str, ...] = ()) -> Page:
+    """The page has no markup but its own: one script (the legend toggle, allowed by its hash),
+    no event handlers, nothing loaded, no link but in-page anchors; ``shown`` appear as text."""
+    from mas.report.render import csp, script_hash, toggle_script
+
+    page = Page(html)
+    assert {t for t, _ in page.tags} <= ALLOWED_TAGS, {t for t, _ in page.tags} - ALLOWED_TAGS
+    assert page.scripts == [str(toggle_script())] and sum(t == "script" for t, _ in page.tags) == 1
+    assert sum(t == "style" for t, _ in page.tags) == 1
+    metas = [dict(a) for t, a in page.tags if t == "meta"]
+    assert {"charset": "utf-8"} in metas and {"http-equiv": "Content-Security-Policy", "content": csp()} in metas
+    assert "script-src " + script_hash(str(toggle_script())) + ";" in csp() and "default-src 'none'" in csp()
+    for tag, attrs in page.tags:
+        for name, value in attrs:
+            assert not name.startswith("on") and name not in ("src", "srcdoc", "autofocus", "formaction", "action"), (tag, name)
+            if name == "href":
+                assert value.startswith("#") and re.fullmatch(r"#[A-Za-z0-9_-]+", value), value
+    text = "".join(page.text)
+    for s in shown:
+        assert s in text, s
+    return page
+
+
+def _rename(value, names=NAMES):
+    """Every agent and policy name in a record replaced by its hostile twin."""
+    if isinstance(value, dict):
+        return {names.get(k, k) if isinstance(k, str) else k: _rename(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rename(v, names) for v in value]
+    return names.get(value, value) if isinstance(value, str) else value
+
+
+def hostile_run(run_dir, dest):
+    """``run_dir`` rewritten so that every text the report shows carries ``HOSTILE``."""
+    def jsonl(edit):
+        return lambda text: "".join(json.dumps(edit(_rename(json.loads(line)))) + "\n" for line in text.splitlines())
+
+    def config(text):
+        cfg = _rename(yaml.safe_load(text))
+        cfg["team"].update(name=f"team {HOSTILE}", description=HOSTILE)
+        cfg["topology"]["kind"] = HOSTILE
+        for a in cfg["agents"]:
+            a["role"] = HOSTILE
+        return yaml.safe_dump(cfg)
+
+    def episode(ep):
+        ep["task"] = {"task_id": HOSTILE, "prompt": HOSTILE, "answer": HOSTILE}
+        ep.update(answer=HOSTILE, status=HOSTILE, error=HOSTILE, scores={HOSTILE: 1.0}, details={HOSTILE: HOSTILE})
+        for t in ep["turns"]:
+            t.update(text=HOSTILE, parsed={"answer": HOSTILE}, finish_reason=HOSTILE, observations=[HOSTILE],
+                     tool_calls=[{"name": HOSTILE, "arguments": {HOSTILE: HOSTILE}, "valid": False, "error": HOSTILE}],
+                     details={"critic_reply": HOSTILE, HOSTILE: [HOSTILE, 1.0]})
+        return ep
+
+    def info(text):
+        d = _rename(json.loads(text))
+        d["credit"].update(method=HOSTILE, family=HOSTILE, granularity=HOSTILE, baseline=HOSTILE)
+        d["env"] = {"name": HOSTILE, "source": HOSTILE}
+        d["devices"] = [HOSTILE]
+        for p in d["policies"].values():
+            p["model"] = HOSTILE
+        return json.dumps(d)
+
+    def metrics(m):
+        if "eval" in m:
+            m["tool_calls"] = {HOSTILE: 1.0}
+        return m
+
+    return _synthetic_run(run_dir, dest, **{
+        "config.yaml": config, "run_info.json": info, "episodes.jsonl": jsonl(episode), "metrics.jsonl": jsonl(metrics),
+        "summary.json": lambda _: json.dumps({"stopped": {"reason": HOSTILE, "after_step": HOSTILE}}),
+        "warnings.jsonl": _warnings({"step": 0, "kind": HOSTILE, "message": HOSTILE}, {"step": HOSTILE, "kind": "x", "message": "y"})})
+
+
+def test_the_report_shows_hostile_run_files_as_text(run_dir, tmp_path):
+    run = hostile_run(run_dir, tmp_path / "hostile")
+    html = write_report(run).read_text()
+    page = assert_inert(html, shown=PAYLOADS + tuple(NAMES.values()))
+    text = "".join(page.text)
+    assert "{{ 7 * 7 }}" in text and "49" not in text.split("{{ 7 * 7 }}")[0][-5:]  # not evaluated as a template
+    banner = re.search(r'<div class="banner" role="alert">.*?</div>', html, flags=re.S).group(0)
+    assert "&lt;script&gt;window.__mas_pwned = 1" in banner  # the warnings banner, escaped
+    turn_attrs = [dict(a) for t, a in page.tags if t == "div" and dict(a).get("class") == "turn"]
+    assert turn_attrs and {a["data-agent"] for a in turn_attrs} <= set(NAMES.values())  # quotes stayed inside the value
+    out = write_compare([run_dir, run], tmp_path / "cmp.html").read_text()
+    assert_inert(out, shown=(HOSTILE, NAMES["lead"]))
