@@ -213,6 +213,9 @@ def test_long_curves_are_drawn_through_at_most_400_points():
     svg = line_chart([Series("a", xs, [float(i % 7) for i in range(5000)])], "t", "y")
     (path,) = re.findall(r'<path d="M([^"]+)"[^>]*class="series"', svg)
     assert len(path.split(" L")) == MAX_POINTS
+    # a chart is a plain string to Python code that builds pages (e.g. `mas study`): adding markup keeps it
+    assert ('<div class="grid">' + svg + "</div>").startswith('<div class="grid"><figure class="card">')
+    assert f"<div>{svg}</div>".startswith("<div><figure")
 
 
 def test_report_errors_are_clear_and_a_partial_last_line_is_skipped(run_dir, tmp_path, capsys):
@@ -303,6 +306,10 @@ def test_decisive_badge_follows_the_credit_granularity():
     # granularity unknown (an old run): read from the credit (each agent's turns share one value: per agent)
     assert _badged(episode_block(_ep([1.0, 0.5, 1.0], agents), agents, 1.0, True, level=None)) == [0, 2]
     assert _badged(episode_block(_ep([1.0, 0.5, 0.2], agents), agents, 1.0, True, level=None)) == [0]
+    # a turn the method left out of the update (credit 0, not trained) does not drag its agent's mean down
+    ep = _ep([1.0, 0.7, 0.0], agents)
+    ep["turns"][2]["details"] = {"trained": False}
+    assert _badged(episode_block(ep, agents, 1.0, True, level="agent")) == [0]
 
 
 def test_every_credit_method_says_what_its_credit_share_means(run_dir):

@@ -4,8 +4,8 @@ No external files: every chart is an ``<svg>`` with its own axes, ticks and lege
 ``templates/chart.html.j2`` from the geometry computed here.  Hovering a line shows its name
 (SVG ``<title>``); with few points each point shows its value too.  A line chart's legend
 entries are buttons: with ``toggle.js`` on the page (``templates/toggle.html.j2``), clicking
-one hides or shows that curve.  Every function returns safe HTML (``markupsafe.Markup``, a
-``str``) with names and titles escaped.
+one hides or shows that curve.  The charts are ``str`` (``render.Html``: templates embed them
+as they are), with names and titles escaped.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from markupsafe import Markup
-
-from mas.report.render import macro
+from mas.report.render import Html, macro
 from mas.report.render import number as fmt
 
 __all__ = ["DASHES", "HEIGHT", "MARGIN", "MAX_POINTS", "PALETTE", "POINTS_WITH_TOOLTIPS", "WIDTH", "Series", "colour",
@@ -233,5 +231,5 @@ def stacked_chart(series: list[Series], title: str, y_label: str, x_label: str =
     return macro("chart.html.j2", "stacked")(f.view(x_label, y_label), views, title, note)
 
 
-def _empty(title: str, why: str) -> Markup:
+def _empty(title: str, why: str) -> Html:
     return macro("chart.html.j2", "empty")(title, why)

@@ -12,7 +12,8 @@ The decisive badge follows the credit's granularity, read from the method card i
     turn        a value per turn (C3, critic): the turn with the largest |credit|
 
 In every level the badge is absent where the credit it compares is the same everywhere in the
-episode (all turns, or all agents, within a relative 1e-6), or where everything ties.  A run
+episode (all turns, or all agents, within a relative 1e-6), or where everything ties.  Turns the
+method left out of the update (M-GRPO's dropped sub-agent copies) do not count.  A run
 without a recorded granularity (written before run_info.json, or by an unknown method) gets
 the level its stored credit shows: per agent if each agent's turns share one value, else per
 turn.
@@ -131,7 +132,8 @@ def _largest(values: dict[Any, float]) -> set:
 
 def decisive(turns: list[dict[str, Any]], level: str | None) -> Decisive:
     """The decisive turn(s) or agent(s) of an episode under credit ``level`` (see the module doc)."""
-    credit = {i: float(t["credit"]) for i, t in enumerate(turns) if finite(t.get("credit"))}
+    credit = {i: float(t["credit"]) for i, t in enumerate(turns)
+              if finite(t.get("credit")) and (t.get("details") or {}).get("trained") is not False}  # left out: no signal
     if level in ("episode", "statistics") or not credit:
         return Decisive()
     by_agent: dict[str, list[float]] = {}

@@ -19,7 +19,7 @@ import math
 import re
 from functools import lru_cache
 from importlib.resources import files
-from typing import Any
+from typing import Any, Callable
 
 from jinja2 import ChoiceLoader, Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
@@ -110,11 +110,23 @@ def environment(*packages: str) -> Environment:
     return env
 
 
-def render(template: str, **context: Any) -> Markup:
-    """Render ``template`` of the report's environment; the result is safe to embed."""
-    return Markup(environment().get_template(template).render(**context))
+class Html(str):
+    """Rendered HTML: a plain ``str`` (adding it to a string gives a string, as an f-string or
+    ``+`` expects) that templates embed as it is instead of escaping it (``__html__``).  Only
+    the functions here make one, from templates with autoescape on."""
+
+    __slots__ = ()
+
+    def __html__(self) -> str:
+        return str(self)
 
 
-def macro(template: str, name: str):
-    """A macro of a report template, callable from Python (returns Markup)."""
-    return getattr(environment().get_template(template).module, name)
+def render(template: str, **context: Any) -> Html:
+    """Render ``template`` of the report's environment; templates embed the result as it is."""
+    return Html(environment().get_template(template).render(**context))
+
+
+def macro(template: str, name: str) -> Callable[..., Html]:
+    """A macro of a report template, callable from Python; its result is ``Html``."""
+    fn = getattr(environment().get_template(template).module, name)
+    return lambda *args, **kwargs: Html(fn(*args, **kwargs))
