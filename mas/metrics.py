@@ -50,7 +50,8 @@ def step_metrics(
     """One step's record for metrics.jsonl and TensorBoard.
 
     Per agent: reward (mean outcome of the episodes it spoke in), credit share (its summed
-    positive credit over the team's; None when no turn got positive credit), advantage statistics, turns, completion tokens, parse
+    positive credit over the team's; None when no turn got positive credit) and the part of it
+    its unparsed turns earned, advantage statistics, turns, completion tokens, parse
     failures, tool calls and tool-call validity (where turns carry a ``tool_valid`` signal).
     Per policy: the learner's loss, KL, clip fraction, entropy, gradient norm and learning rate.
     ``lengths`` keeps every episode's turns and completion tokens for the length distribution.
@@ -72,10 +73,13 @@ def step_metrics(
         spoke = sorted(set(batch.episode_ids[sel].tolist()))
         tool_valid = [t.extra_rewards["tool_valid"] for t in turns if "tool_valid" in t.extra_rewards]
         tokens = sum(len(t.completion_ids) for t in turns)
+        unparsed = torch.tensor([not t.valid and not t.tool_calls for t in turns], dtype=torch.bool)  # [n]
         agents[name] = {
             "reward": float(batch.episode_rewards[spoke].mean()),
             # None (not logged) when no turn got positive credit: a share of nothing is no signal
             "credit_share": float(adv[sel].clamp(min=0).sum()) / team_positive if team_positive > 0 else None,
+            # the part of that share earned by its unparsed turns (output not in the agent's format)
+            "unparsed_credit_share": float(adv[sel][unparsed].clamp(min=0).sum()) / team_positive if team_positive > 0 else None,
             "advantage": _stats(credit.advantages[sel]),
             "turns": n,
             "completion_tokens": tokens,
