@@ -14,21 +14,25 @@ from .base import Env, check_env_state
 from .math import GSM8KConfig, GSM8KEnv, SyntheticMathConfig, SyntheticMathEnv
 from .research import TOOL_NAMES as _RESEARCH_TOOLS
 from .research import HotpotQAConfig, HotpotQAEnv
+from .team import TeamConjunctiveConfig, TeamConjunctiveEnv, TeamSaboteurConfig, TeamSaboteurEnv
 
 __all__ = ["ENV_CONFIGS", "ENV_TOOLS", "Env", "EnvConfig", "build_env", "check_env_state"]
 
-ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig)
-EnvConfig = SyntheticMathConfig | GSM8KConfig | HotpotQAConfig
+ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig, TeamConjunctiveConfig, TeamSaboteurConfig)
+EnvConfig = SyntheticMathConfig | GSM8KConfig | HotpotQAConfig | TeamConjunctiveConfig | TeamSaboteurConfig
 
 _BUILDERS: dict[str, Callable[..., Env]] = {
     "synthetic_math": SyntheticMathEnv,
     "gsm8k": GSM8KEnv,
     "hotpotqa": HotpotQAEnv,
+    "team_conjunctive": TeamConjunctiveEnv,
+    "team_saboteur": TeamSaboteurEnv,
 }
 
 # Tools each env offers its agents (an env's ``tools`` mapping holds these names); config
 # validation checks every agent's ``tools`` against this, before anything is built.
-ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hotpotqa": _RESEARCH_TOOLS}
+ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hotpotqa": _RESEARCH_TOOLS,
+                                         "team_conjunctive": (), "team_saboteur": ()}
 
 
 def build_env(cfg: EnvConfig) -> Env:

@@ -148,6 +148,16 @@ def _tool_calls_per_agent(episodes: list[Episode], tool_agents: list[str] | tupl
             for a in sorted(names)}
 
 
+def _parse_counts(episodes: list[Episode]) -> dict[str, dict[str, int]]:
+    """Turns and parse failures of each agent (as in step metrics: failed tool calls are not parse failures)."""
+    out: dict[str, dict[str, int]] = {}
+    for t in (t for ep in episodes for t in ep.turns):
+        row = out.setdefault(t.agent, {"turns": 0, "parse_failures": 0})
+        row["turns"] += 1
+        row["parse_failures"] += not t.valid and not t.tool_calls
+    return dict(sorted(out.items()))
+
+
 def eval_summary(m: dict[str, Any]) -> str:
     """One line for the terminal: accuracy, or a research team's F1 / EM and tool calls."""
     if "f1" in m or "em" in m:
@@ -162,8 +172,9 @@ def eval_summary(m: dict[str, Any]) -> str:
 def eval_metrics(episodes: list[Episode], tool_agents: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Held-out results of a team: mean reward (``accuracy``; a math team's accuracy, a research
     team's F1 or EM as its env's reward says), the env's named scores (research: ``em``, ``f1``),
-    failure counts and, where agents have tools, ``tool_calls``: mean calls per episode by agent
-    (``tool_agents`` are always listed, with 0 if they made none)."""
+    failure counts, ``agents``: each agent's turns and parse failures, and, where agents have tools,
+    ``tool_calls``: mean calls per episode by agent (``tool_agents`` are always listed, with 0 if
+    they made none)."""
     out: dict[str, Any] = {
         "accuracy": statistics.fmean(ep.reward for ep in episodes) if episodes else 0.0,
         "episodes": len(episodes),
@@ -172,6 +183,7 @@ def eval_metrics(episodes: list[Episode], tool_agents: list[str] | tuple[str, ..
     }
     if episodes:
         out.update(_env_scores(episodes))
+        out["agents"] = _parse_counts(episodes)
         calls = _tool_calls_per_agent(episodes, tool_agents)
         if calls:
             out["tool_calls"] = calls

@@ -22,6 +22,7 @@ from mas.callbacks import Callback, CallbackList, RunControl
 from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
+from mas.embedded.fit import fit_checks
 from mas.learner import TrainSample
 from mas.metrics import RunLogger, credit_cost, eval_metrics, eval_summary, step_metrics
 from mas.team import Team, describe_team
@@ -187,8 +188,8 @@ def train(
     """
     cfg = team.cfg
     control = control or RunControl()
-    hooks = CallbackList(callbacks, control)
     logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
+    hooks = CallbackList([*fit_checks(cfg, logger.warn), *callbacks], control)  # + a warning if the embedded model cannot parse the team
     logger.write_run_info(describe_team(team))
     start = 0
     summary: dict = {}
