@@ -17,7 +17,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from html import escape
 
-from mas.config import ChainTopology, DebateTopology, GraphTopology, OrchestratorTopology, RunConfig
+from mas.config import (
+    AutogenTopology,
+    ChainTopology,
+    DebateTopology,
+    GraphTopology,
+    LangGraphTopology,
+    OrchestratorTopology,
+    RunConfig,
+)
 from mas.report.charts import PALETTE
 
 START, END = "START", "END"
@@ -72,9 +80,50 @@ def topology_graph(cfg: RunConfig) -> tuple[list[str], list[Edge], dict[str, str
         ]
         nodes = [START, *(n.name for n in t.nodes), END]
         agent_of = {n.name: n.agent for n in t.nodes}
-    else:  # pragma: no cover - the config schema admits only the four kinds
+    elif isinstance(t, AutogenTopology):
+        nodes, edges, agent_of = _autogen_graph(cfg)
+    elif isinstance(t, LangGraphTopology):
+        nodes, edges, agent_of = _langgraph_graph(t)
+    else:  # pragma: no cover - the config schema admits only these kinds
         raise TypeError(f"unknown topology {type(t).__name__}")
     return list(dict.fromkeys(nodes)), edges, agent_of
+
+
+def _autogen_graph(cfg: RunConfig) -> tuple[list[str], list[Edge], dict[str, str]]:
+    """A YAML AutoGen team as who may speak after whom; a factory's team as one box (it is code)."""
+    from mas.topologies.autogen import participants_of
+
+    t = cfg.topology
+    if t.factory is not None:
+        box = f"factory {t.factory}"
+        return [START, box, END], [Edge(START, box, "task"), Edge(box, END, "its termination")], {}
+    members = participants_of(t, cfg.agent_names)
+    term = t.termination
+    stop = " or ".join(([f"'{term.text}' said"] if term.text else [])
+                       + ([f"{term.max_messages} messages"] if term.max_messages else [])) if term else ""
+    if t.team == "round_robin":
+        edges = [Edge(START, members[0])] + [Edge(a, b, "next") for a, b in zip(members, members[1:])]
+        edges += [Edge(members[-1], members[0], "next round")] if len(members) > 1 else []
+    elif t.team == "selector":
+        edges = [Edge(START, t.selector)] + [e for m in members for e in (Edge(t.selector, m, "picks"), Edge(m, t.selector, "said"))]
+    else:  # swarm
+        edges = [Edge(START, members[0])] + [Edge(a, b, "handoff") for a, bs in t.handoffs.items() for b in bs]
+    edges += [Edge(m, END, stop) for m in members]
+    nodes = [START, *([t.selector] if t.team == "selector" else []), *members, END]
+    return nodes, edges, {n: n for n in nodes[1:-1]}
+
+
+def _langgraph_graph(t: LangGraphTopology) -> tuple[list[str], list[Edge], dict[str, str]]:
+    """The user's compiled graph as LangGraph sees it: its nodes and (labelled) edges.  Which
+    agents a node calls is decided in its code, so nodes are drawn without an agent."""
+    from mas.topologies.langgraph import load_graph
+
+    graph = load_graph(t.builder)[0].get_graph()
+    name = {"__start__": START, "__end__": END}
+    nodes = [START] + [name.get(n, n) for n in graph.nodes if n not in name] + [END]
+    edges = [Edge(name.get(e.source, e.source), name.get(e.target, e.target),
+                  str(e.data) if e.data else "conditional" if e.conditional else "") for e in graph.edges]
+    return nodes, edges, {}
 
 
 def short_model(model: str) -> str:
@@ -106,9 +155,24 @@ def team_text(cfg: RunConfig) -> str:
         for i, e in enumerate(e for e in edges if e.source == n):
             arrow = f"──{e.label}──▶" if e.label else "──▶"
             lines.append(f"  {(shown[n] if i == 0 else ''):<{nw}}  {arrow} {e.target}")
+    note = _code_note(cfg)
+    if note:
+        lines += [f"  ({note})"]
     method = cfg.credit.method
     lines += ["", f"env: {getattr(cfg.env, 'name', '?')}", f"credit: {method}"]
     return "\n".join(lines)
+
+
+def _code_note(cfg: RunConfig) -> str:
+    """What a picture of a team defined in code cannot show, said plainly."""
+    t = cfg.topology
+    if isinstance(t, AutogenTopology) and t.factory is not None:
+        return (f"the team is built in code by {t.factory}: who speaks when is decided there and cannot be drawn "
+                f"from the config; mas gives it model clients for {', '.join(cfg.agent_names)}")
+    if isinstance(t, LangGraphTopology):
+        return (f"nodes and edges of the graph {t.builder} builds; which agents each node calls is decided in its "
+                f"code (MasChatModel for {', '.join(cfg.agent_names)}); answer from state['{t.answer_key}']")
+    return ""
 
 
 # --- SVG -------------------------------------------------------------------------------------
