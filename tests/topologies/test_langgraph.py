@@ -53,9 +53,10 @@ def two_nodes() -> StateGraph:
     return g
 
 
-def coin_graph() -> StateGraph:
-    """Routes on a random number: not replayable."""
-    models = {"a": MasChatModel(agent="lead"), "b": MasChatModel(agent="helper")}
+def coin_graph(checked: bool = False) -> StateGraph:
+    """Routes on a random number: not replayable.  ``checked``: a checker speaks after it (a
+    second turn, which C3 replays with the first frozen)."""
+    models = {"a": MasChatModel(agent="lead"), "b": MasChatModel(agent="helper"), "check": MasChatModel(agent="checker")}
 
     def node(name):
         async def run(state: Draft) -> dict:
@@ -63,12 +64,18 @@ def coin_graph() -> StateGraph:
         return run
 
     g = StateGraph(Draft)
-    g.add_node("a", node("a"))
-    g.add_node("b", node("b"))
+    for name in ("a", "b") + (("check",) if checked else ()):
+        g.add_node(name, node(name))
     g.add_conditional_edges(START, lambda s: "a" if random.random() < 0.5 else "b", ["a", "b"])
-    g.add_edge("a", END)
-    g.add_edge("b", END)
+    g.add_edge("a", "check" if checked else END)
+    g.add_edge("b", "check" if checked else END)
+    if checked:
+        g.add_edge("check", END)
     return g
+
+
+def coin_then_check() -> StateGraph:
+    return coin_graph(checked=True)
 
 
 @tool
@@ -214,3 +221,25 @@ def test_the_builder_graph_trains_two_steps_with_c3_and_its_replay_tree_runs(tin
     assert team.engine.stats["replay_episodes"] == 2 * 8
     for name, p in team.policies.items():
         assert any(not v.equal(before[name][k]) for k, v in p.model.state_dict().items()), name
+
+
+def test_training_a_divergent_graph_warns_with_the_agent_and_turn(tiny_model_dir, tmp_path):
+    """Not silent: the failed replays are counted per step and the run's warnings name agent and turn."""
+    import json
+
+    from mas.trainer import train
+
+    cfg = graph_config("coin_then_check", str(tiny_model_dir))
+    cfg["credit"] = {"method": "c3", "fanout": [2, 4]}
+    cfg["trainer"] = {**cfg["trainer"], "steps": 1, "batch_size": 2, "group_size": 2}
+    team = build_team(validate_config(cfg))
+    random.seed(0)
+    rows = []
+    train(team, tmp_path / "run", callbacks=[type("R", (), {"on_step_end": lambda self, s, m, g, c: rows.append((m, c))})()])
+    metrics, credit = rows[0]
+    diverged = metrics["credit_cost"]["replay_divergences"]
+    assert diverged > 0 and int(credit.breakdown["replay_failures"]) == diverged
+    warnings = [json.loads(line) for line in (tmp_path / "run" / "warnings.jsonl").read_text().splitlines()]
+    assert [w["kind"] for w in warnings] == ["replay_divergence"] and warnings[0]["step"] == 0
+    assert f"{diverged} re-run(s) of the team diverged" in warnings[0]["message"]
+    assert "ReplayDivergence: turn 0: the team asked for agent" in warnings[0]["message"]
