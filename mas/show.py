@@ -94,9 +94,10 @@ def _autogen_graph(cfg: RunConfig) -> tuple[list[str], list[Edge], dict[str, str
     from mas.topologies.autogen import participants_of
 
     t = cfg.topology
-    if t.factory is not None:
+    if t.factory is not None:  # code: one box, and the agents whose model clients it is given
         box = f"factory {t.factory}"
-        return [START, box, END], [Edge(START, box, "task"), Edge(box, END, "its termination")], {}
+        edges = [Edge(START, box, "task")] + [Edge(box, a, "model calls") for a in cfg.agent_names]
+        return [START, box, *cfg.agent_names, END], edges + [Edge(box, END, "its termination")], {a: a for a in cfg.agent_names}
     members = participants_of(t, cfg.agent_names)
     term = t.termination
     stop = " or ".join(([f"'{term.text}' said"] if term.text else [])
@@ -114,16 +115,18 @@ def _autogen_graph(cfg: RunConfig) -> tuple[list[str], list[Edge], dict[str, str
 
 
 def _langgraph_graph(t: LangGraphTopology) -> tuple[list[str], list[Edge], dict[str, str]]:
-    """The user's compiled graph as LangGraph sees it: its nodes and (labelled) edges.  Which
-    agents a node calls is decided in its code, so nodes are drawn without an agent."""
-    from mas.topologies.langgraph import load_graph
+    """The user's compiled graph as LangGraph sees it: its nodes and (labelled) edges, each node
+    with the agent its code calls where that can be read from it (``node_agents``)."""
+    from mas.topologies.langgraph import load_graph, node_agents
 
-    graph = load_graph(t.builder)[0].get_graph()
+    compiled = load_graph(t.builder)[0]
+    graph = compiled.get_graph()
     name = {"__start__": START, "__end__": END}
     nodes = [START] + [name.get(n, n) for n in graph.nodes if n not in name] + [END]
     edges = [Edge(name.get(e.source, e.source), name.get(e.target, e.target),
                   str(e.data) if e.data else "conditional" if e.conditional else "") for e in graph.edges]
-    return nodes, edges, {}
+    agent_of = {n: agents[0] for n, agents in node_agents(compiled).items() if len(agents) == 1}
+    return nodes, edges, agent_of
 
 
 def short_model(model: str) -> str:
@@ -170,9 +173,19 @@ def _code_note(cfg: RunConfig) -> str:
         return (f"the team is built in code by {t.factory}: who speaks when is decided there and cannot be drawn "
                 f"from the config; mas gives it model clients for {', '.join(cfg.agent_names)}")
     if isinstance(t, LangGraphTopology):
-        return (f"nodes and edges of the graph {t.builder} builds; which agents each node calls is decided in its "
-                f"code (MasChatModel for {', '.join(cfg.agent_names)}); answer from state['{t.answer_key}']")
+        return (f"nodes and edges of the graph {t.builder} builds, each with the agent its code calls where that can "
+                f"be read from the code (MasChatModel for {', '.join(cfg.agent_names)}); answer from "
+                f"state['{t.answer_key}']")
     return ""
+
+
+def topology_mermaid(cfg: RunConfig) -> str | None:
+    """LangGraph's own Mermaid drawing of the compiled topology (None for an AutoGen team,
+    which is not a LangGraph graph)."""
+    from mas.topologies import build_topology
+
+    compiled = getattr(build_topology(cfg.topology), "graph", None)
+    return None if compiled is None else compiled.get_graph().draw_mermaid()
 
 
 # --- SVG -------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ engine's ``ReplayDivergence`` at the first frozen turn that differs, naming agen
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from mas.engine import EpisodeContext, Outcome
@@ -65,6 +66,37 @@ def state_keys(graph: Any) -> list[str]:
     """The keys of a compiled graph's state (the channels of its state schema)."""
     out = graph.output_channels
     return [out] if isinstance(out, str) else list(out)
+
+
+def node_agents(graph: Any) -> dict[str, list[str]]:
+    """The agents each node of a compiled graph calls, as far as its code shows: the
+    MasChatModels (bound or not, alone or in a dict) its function closes over or names as
+    globals.  For drawing only (``mas show``); a node that finds its model another way is
+    listed without agents."""
+    from langchain_core.runnables import RunnableBinding
+
+    def models(obj: Any) -> list[str]:
+        while isinstance(obj, RunnableBinding):
+            obj = obj.bound
+        if isinstance(obj, MasChatModel):
+            return [obj.agent]
+        if isinstance(obj, dict):
+            return [a for v in obj.values() for a in models(v)]
+        return []
+
+    out: dict[str, list[str]] = {}
+    for name, spec in graph.builder.nodes.items():
+        found: list[str] = []
+        runnable = spec.runnable
+        for fn in (getattr(runnable, "func", None), getattr(runnable, "afunc", None)):
+            fn = inspect.unwrap(fn) if callable(fn) else None
+            code = getattr(fn, "__code__", None)
+            if code is None:
+                continue
+            cells = [c.cell_contents for c in fn.__closure__ or () if c.cell_contents is not None] if fn.__closure__ else []
+            found += [a for obj in cells + [fn.__globals__.get(n) for n in code.co_names] for a in models(obj)]
+        out[name] = list(dict.fromkeys(found))
+    return out
 
 
 def read_answer(value: Any) -> str | None:
