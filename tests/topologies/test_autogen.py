@@ -290,3 +290,29 @@ def test_round_robin_team_trains_two_steps(credit, tmp_path):
         assert all(r["credit_cost"]["interventions"] > 0 for r in rows)
     for name, p in team.policies.items():
         assert any(not v.equal(before[name][k]) for k, v in p.model.state_dict().items()), name
+
+
+def test_a_yaml_agents_env_tools_run_as_autogen_tools_and_are_recorded(tiny_tokenizer):
+    from test_engine_tools import SEARCH, engine_for, research_config
+
+    from mas.envs.research import HotpotQAConfig, HotpotQAEnv
+
+    env = HotpotQAEnv(HotpotQAConfig(name="hotpotqa"))
+    cfg = research_config({"kind": "autogen", "team": "round_robin", "participants": ["researcher", "answerer"],
+                           "termination": {"max_messages": 3}})
+
+    def respond(req):
+        if req.agent == "researcher":
+            return "Shirley Temple." if "<tool_response>" in req.messages[-1]["content"] else SEARCH
+        return "ANSWER: Shirley Temple"
+
+    engine = engine_for(cfg, respond, tiny_tokenizer, env)
+    ep = engine.rollout([Task("q", "Who was Chief of Protocol?", "Shirley Temple", meta={"answers": ["Shirley Temple"]})], 1,
+                        seed=0)[0].episodes[0]
+    assert ep.status == "ok", ep.error
+    assert [t.agent for t in ep.turns] == ["researcher", "researcher", "answerer"]
+    call = ep.turns[0]
+    assert call.tool_calls[0]["name"] == "search" and call.tool_calls[0]["valid"]
+    assert "Shirley Temple" in call.observations[0] and call.extra_rewards["tool_valid"] == 1.0
+    assert call.messages[0]["content"].count("You can call these tools") == 1  # described once, by the role
+    assert ep.turns[1].parent == call.index and ep.answer == "Shirley Temple"
