@@ -61,9 +61,10 @@ def load_plugins() -> dict[str, list[str]]:
     """Load every installed plugin once; returns the names loaded per group."""
     if _loaded:
         return _loaded
+    installed = entry_points()  # one scan of the installed distributions for all groups
     for group in GROUPS:
         _loaded[group] = []
-        for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        for ep in sorted(installed.select(group=group), key=lambda e: e.name):
             try:
                 _AFTER_LOAD[group](ep.name, ep.load())
             except Exception as e:  # noqa: BLE001 - a broken plugin is reported and skipped

@@ -132,6 +132,8 @@ def test_the_graph_runs_with_its_models_as_agents_and_its_state_answer(tiny_toke
 
 
 def test_sync_and_async_nodes_of_many_episodes_batch_the_same_in_every_run(tiny_model_dir):
+    """36 episodes, more than asyncio's default thread pool has threads (at most 32): every
+    episode's sync checker holds a worker thread until the batch of all 36 is served."""
     team = build_team(validate_config(graph_config("two_nodes", str(tiny_model_dir))))
     sizes: list[int] = []
     generate = team.backend.generate_batch
@@ -139,10 +141,10 @@ def test_sync_and_async_nodes_of_many_episodes_batch_the_same_in_every_run(tiny_
     runs = []
     for _ in range(3):
         sizes.clear()
-        groups = team.engine.rollout(TASKS, 4, seed=2)
+        groups = team.engine.rollout(TASKS, 18, seed=2)
         runs.append(([[t.completion_ids for t in ep.turns] for g in groups for ep in g.episodes], list(sizes)))
     assert all(r == runs[0] for r in runs)
-    assert runs[0][1][:2] == [8, 8]  # the solvers of all 8 episodes, then their checkers (worker threads)
+    assert runs[0][1][:2] == [36, 36]  # the solvers of all episodes, then their checkers (worker threads)
 
 
 def test_bind_tools_and_a_tool_node_record_the_call_and_its_result(tiny_tokenizer):
