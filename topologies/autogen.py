@@ -36,7 +36,7 @@ from typing import Any
 from mas.engine import EpisodeContext, Outcome
 from mas.refs import RefError, import_ref
 
-YAML_ONLY = ("participants", "selector", "selector_prompt", "handoffs", "termination", "max_turns")
+YAML_ONLY = ("participants", "selector", "selector_prompt", "allow_repeated_speaker", "handoffs", "termination", "max_turns")
 
 
 class ClientMap(dict):
@@ -62,7 +62,7 @@ def autogen_errors(cfg: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
                  "give exactly one of team (round_robin, selector, swarm: built from the YAML agents) and factory")]
     if cfg.factory is not None:
         errs += [(("topology", f), getattr(cfg, f), "only for team: (a factory's team defines its own)")
-                 for f in YAML_ONLY if getattr(cfg, f) not in (None, (), {})]
+                 for f in YAML_ONLY if getattr(cfg, f) not in (None, (), {}, False)]
         return errs + _factory_errors(cfg.factory, names)
     for i, n in enumerate(cfg.participants):
         if n not in names:
