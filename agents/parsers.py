@@ -89,3 +89,18 @@ PARSERS: dict[str, Callable[[str], Parsed]] = {
     "verdict": parse_verdict,
     "raw": parse_raw,
 }
+
+
+def register_parser(name: str, fn: Callable[[str], Parsed]) -> None:
+    """Add a parser ``fn(text) -> (parsed, valid)`` under ``name`` (a plugin's, see mas/plugins.py).
+    Registering a name twice is a ValueError."""
+    if name in PARSERS:
+        raise ValueError(f"parser {name!r} is already registered")
+    if not callable(fn):
+        raise TypeError(f"parser {name!r} must be a function text -> (parsed dict, valid), got {type(fn).__name__}")
+    PARSERS[name] = fn
+
+
+def parser_names() -> list[str]:
+    """Registered parser names (built-in first)."""
+    return list(PARSERS)

@@ -113,13 +113,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from mas.show import team_text, topology_svg
+    from mas.show import team_text, topology_mermaid, topology_svg
 
     cfg = load_config(args.config, args.overrides)
     print(team_text(cfg))
     if args.svg:
         Path(args.svg).write_text(topology_svg(cfg), encoding="utf-8")
         print(f"topology picture: {args.svg}")
+    if args.mermaid:
+        mermaid = topology_mermaid(cfg)
+        if mermaid is None:
+            print(f"no Mermaid drawing: a {cfg.topology.kind} team is not a LangGraph graph", file=sys.stderr)
+            return 2
+        Path(args.mermaid).write_text(mermaid, encoding="utf-8")
+        print(f"LangGraph's drawing of the compiled graph (Mermaid): {args.mermaid}")
     return 0
 
 
@@ -201,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("config")
     s.add_argument("overrides", nargs="*")
     s.add_argument("--svg", metavar="FILE", help="also write a picture of the topology")
+    s.add_argument("--mermaid", metavar="FILE", help="also write LangGraph's Mermaid drawing of the compiled graph")
     s.set_defaults(fn=cmd_show)
 
     st = sub.add_parser("study", help="compare credit methods over seeds at a matched budget (study.html, study.json)")

@@ -1,6 +1,8 @@
 """The run configuration: one pydantic model per YAML section, frozen after loading.
 
 Every default lives here; library code never reads a key with ``.get(key, default)``.
+The choices that plugins can extend (env names, credit methods, parsers; ``mas/plugins.py``)
+are read from their registries when this module is imported, after plugins are loaded.
 ``load_config`` turns any validation failure into a ``ConfigError`` whose lines each give
 the YAML path of the bad field, the value found and, where there is a fixed set, the valid
 choices.
@@ -15,8 +17,12 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from mas.agents.parsers import parser_names
 from mas.credit import credit_config_union
-from mas.envs import ENV_CONFIGS
+from mas.envs import env_configs
+from mas.plugins import load_plugins
+
+load_plugins()  # other packages' envs, credit methods and parsers join the registries the schema is built from
 
 
 class Section(BaseModel):
@@ -124,6 +130,9 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(64, ge=1, description="Completion length limit per turn.")
 
 
+ParserName = Literal[tuple(parser_names())]  # built-in and plugin parsers (mas.agents.parsers.PARSERS)
+
+
 class AgentConfig(Section):
     name: str = Field(
         pattern=r"^[A-Za-z_][\w-]*$",
@@ -133,10 +142,11 @@ class AgentConfig(Section):
     role: str = Field(
         description="Role prompt (system message). May use {name} and {team} placeholders."
     )
-    parser: Literal["answer", "orchestrator", "verdict", "raw"] = Field(
+    parser: ParserName = Field(  # type: ignore[valid-type]
         "answer",
         description="How the output is read: answer ('ANSWER: x' or last number), orchestrator "
-        "(CALL <agent>: <subtask> | ANSWER: x), verdict (ACCEPT | REJECT plus optional answer), raw (whole text).",
+        "(CALL <agent>: <subtask> | ANSWER: x), verdict (ACCEPT | REJECT plus optional answer), raw (whole text), "
+        "or a parser a plugin registered.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training rollouts.")
     tools: tuple[str, ...] = Field(
@@ -199,10 +209,76 @@ class GraphTopology(Section):
     max_turns: int | None = Field(None, ge=1, description="Turn bound; required if the graph has a cycle.")
 
 
+class AutogenTermination(Section):
+    text: str | None = Field(
+        None, description="End when a team agent's message contains this text (AutoGen TextMentionTermination)."
+    )
+    max_messages: int | None = Field(
+        None, ge=1, description="End after this many messages, the task message included (AutoGen MaxMessageTermination)."
+    )
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> "AutogenTermination":
+        if self.text is None and self.max_messages is None:
+            raise ValueError("give text, max_messages or both (either one ends the team), or the team may never stop")
+        return self
+
+
+class AutogenTopology(Section):
+    kind: Literal["autogen"]
+    team: Literal["round_robin", "selector", "swarm"] | None = Field(
+        None, description="Build an AgentChat team from the YAML agents: RoundRobinGroupChat, SelectorGroupChat or Swarm "
+        "(each agent an AssistantAgent with its role as system message and its tools). Exactly one of team and factory."
+    )
+    factory: str | None = Field(
+        None, description="'package.module:function' that receives one model client per agent name (a dict) and returns "
+        "an AgentChat team: your own team code, with mas's clients where it created its model clients."
+    )
+    participants: tuple[str, ...] = Field(
+        (), description="team only: the agents of the team, in speaking order for round_robin (the first speaks first); "
+        "() = every agent except the selector."
+    )
+    selector: str | None = Field(
+        None, description="team: selector only: the agent whose model picks the next speaker (its policy says whether it "
+        "trains); it is not a participant."
+    )
+    selector_prompt: str | None = Field(
+        None, description="team: selector only: AutoGen's selector prompt with {roles}, {participants} and {history}; "
+        "None = AutoGen's default."
+    )
+    allow_repeated_speaker: bool = Field(False, description="team: selector only: may the same agent speak twice in a row.")
+    handoffs: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="team: swarm only: the agents each agent may hand off to (a transfer_to_<name> "
+        "tool call); the first participant speaks first."
+    )
+    termination: AutogenTermination | None = Field(
+        None, description="team only (a factory's team has its own): when the team stops, by a text mention or a message count."
+    )
+    max_turns: int | None = Field(None, ge=1, description="team only: AutoGen's bound on agent turns per episode; None = none.")
+
+
+class LangGraphTopology(Section):
+    kind: Literal["langgraph"]
+    builder: str = Field(
+        description="'package.module:function' returning your LangGraph StateGraph (or a compiled graph); its nodes call "
+        "agents through mas.topologies.langgraph.MasChatModel(agent=...)."
+    )
+    input_key: str = Field("question", description="State key that receives the task's prompt.")
+    input_as: Literal["text", "messages"] = Field(
+        "text", description="text: the prompt as a string; messages: a list with one user message (for MessagesState graphs)."
+    )
+    answer_key: str = Field(
+        "answer", description="State key holding the team's answer at the end (a string or number; a message or a list of "
+        "messages gives the last message's text)."
+    )
+    recursion_limit: int = Field(25, ge=1, description="LangGraph's bound on super-steps per episode (its default is 25).")
+
+
 TopologyConfig = Annotated[
-    Union[OrchestratorTopology, DebateTopology, ChainTopology, GraphTopology], Field(discriminator="kind")
+    Union[OrchestratorTopology, DebateTopology, ChainTopology, GraphTopology, AutogenTopology, LangGraphTopology],
+    Field(discriminator="kind"),
 ]
-EnvConfig = Annotated[Union[ENV_CONFIGS], Field(discriminator="name")]  # type: ignore[valid-type]
+EnvConfig = Annotated[Union[env_configs()], Field(discriminator="name")]  # type: ignore[valid-type]
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,6 +477,14 @@ def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
         for i, n in enumerate(topo.nodes):
             errs += [(("topology", "nodes", i, "agent"), n.agent, f"unknown agent; valid: {names}")] if n.agent not in names else []
         errs += graph_errors(topo)
+    elif isinstance(topo, AutogenTopology):
+        from mas.topologies.autogen import autogen_errors
+
+        errs += autogen_errors(topo, names)
+    elif isinstance(topo, LangGraphTopology):
+        from mas.topologies.langgraph import langgraph_errors
+
+        errs += langgraph_errors(topo, names)
     return errs
 
 

@@ -32,6 +32,7 @@ import copy
 import math
 import dataclasses
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, Callable, Literal, Protocol
@@ -59,7 +60,21 @@ TOOL_LABEL = "tool"  # parsed label of a turn whose tool calls ran (the agent is
 
 
 class ReplayDivergence(RuntimeError):
-    """A frozen turn's prompt differs from the recorded one: the replay is not faithful."""
+    """A replay asked for something the recorded episode does not hold at a frozen turn: another
+    agent, or the same agent with another prompt.  The replay is not faithful, so the episode
+    fails with this error (named agent and turn) instead of silently crediting a different run.
+
+    A team is replayable when its control flow (who speaks next, what each agent is shown)
+    depends only on the messages so far; see docs/bring_your_own_team.md.
+    """
+
+    def __init__(self, message: str, agent: str, turn: int):
+        super().__init__(message)
+        self.agent = agent
+        self.turn = turn
+
+
+REPLAY_HINT = "a replay needs routing that depends only on the messages so far (docs/bring_your_own_team.md)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,8 +122,9 @@ class Script:
             return Directive(self.mode)
         if index < self.freeze_upto:
             if src is None or src.agent != agent:
-                found = None if src is None else src.agent
-                raise ReplayDivergence(f"turn {index}: topology asked for {agent!r}, recorded turn is {found!r}")
+                found = "no turn" if src is None else repr(src.agent)
+                raise ReplayDivergence(f"turn {index}: the team asked for agent {agent!r} where the recorded episode has "
+                                       f"{found}; {REPLAY_HINT}", agent, index)
             return Directive("replay", src, check_prompt=True)
         resampled = agent in self.resample and index > self._first_masked()  # before it nothing has changed
         if (self.keep_others and not resampled and src is not None and src.agent == agent
@@ -131,6 +147,13 @@ class Batcher:
     so batches, and with them the sampled tokens, are the same in every run.  (Topology code
     must therefore stay on the event loop: LangGraph runs sync node and routing functions in a
     thread pool, so every topology function is async.)
+
+    Framework teams run on this loop as well: an AutoGen team's agent runtime is a set of
+    asyncio tasks, and a user's LangGraph graph is run with ``ainvoke``.  A sync user node runs
+    in a worker thread and hands its model call to this loop (``run_coroutine_threadsafe``);
+    while it runs its episode is not waiting, so the batch waits for it, and sequential code
+    batches the same in every run.  Concurrent calls of one episode made from threads (parallel
+    sync branches) could arrive in different batches: such branches should be async nodes.
     """
 
     def __init__(self, backend: Backend, seed: int, settle_yields: int = 4, count_tokens: Callable[[GenRequest, GenResult], int] | None = None):
@@ -252,17 +275,31 @@ class EpisodeContext:
         return self.script.directive(index, agent_name) if self.script else SAMPLE
 
     async def call(
-        self, agent_name: str, messages: list[dict[str, str]], parent: int | None = None, index: int | None = None
+        self,
+        agent_name: str,
+        messages: list[dict[str, str]],
+        parent: int | None = None,
+        index: int | None = None,
+        run_tools: bool = True,
     ) -> Turn:
-        """One invocation of an agent: its reply, after any tool rounds (each one more Turn)."""
+        """One invocation of an agent: its reply, after any tool rounds (each one more Turn).
+
+        ``run_tools=False`` is for a framework that runs the agent's tool calls itself (an
+        AutoGen agent, a LangGraph ToolNode): the one generation comes back as is, with no
+        tool round here; the caller records the calls and observations on the turn.
+        """
+        if agent_name not in self.agents:
+            raise KeyError(f"no agent {agent_name!r} in this team; valid: {sorted(self.agents)}")
         agent = self.agents[agent_name]
         if index is None:
             index = self.reserve(1)[0]
         d = self._directive(index, agent_name)
-        if d.kind in ("mask", "remove") and agent.tools:  # keep the recorded positions of later turns
+        if d.kind in ("mask", "remove"):  # keep the recorded positions of later turns (tool rounds)
             for _ in range(self.script.invocation_length(index, agent_name) - 1):
                 await self._turn(agent_name, messages, parent, index, Directive("remove"), 0)
                 index = self.reserve(1)[0]
+        if not run_tools:
+            return await self._turn(agent_name, messages, parent, index, d, 0, run_tools=False)
         turn = await self._turn(agent_name, messages, parent, index, d, agent.max_tool_calls)
         used = 0
         while turn.parsed.get("label") == TOOL_LABEL:
@@ -275,7 +312,8 @@ class EpisodeContext:
         return turn
 
     async def _turn(
-        self, agent_name: str, messages: list[dict[str, str]], parent: int | None, index: int, d: Directive, tool_budget: int
+        self, agent_name: str, messages: list[dict[str, str]], parent: int | None, index: int, d: Directive, tool_budget: int,
+        run_tools: bool = True,
     ) -> Turn:
         """One generation (sampled, replayed, masked or removed), recorded on the episode."""
         agent = self.agents[agent_name]
@@ -285,7 +323,8 @@ class EpisodeContext:
             src = d.source
             assert src is not None
             if d.check_prompt and src.prompt_ids != prompt_ids:
-                raise ReplayDivergence(f"turn {index} ({agent_name}): prompt differs from the recorded one")
+                raise ReplayDivergence(f"turn {index} (agent {agent_name!r}): the prompt differs from the recorded one; "
+                                       f"{REPLAY_HINT}", agent_name, index)
             turn = dataclasses.replace(copy.deepcopy(src), **base, replayed=True, trainable=False)
         elif d.kind in ("mask", "remove"):
             text = MASK_TEXT if d.kind == "mask" else ""
@@ -308,7 +347,7 @@ class EpisodeContext:
             turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
                         parsed=parsed, valid=valid, finish_reason=res.finish_reason,
                         trainable=self.trainable[agent.policy])
-            if agent.tools and has_tool_call(res.text):
+            if run_tools and agent.tools and has_tool_call(res.text):
                 self._run_tools(agent.name, turn, tool_budget)
         self.episode.turns.append(turn)
         return turn
@@ -450,6 +489,12 @@ class Engine:
     ) -> list[str]:
         batcher = Batcher(self.backend, seed, count_tokens=self._generated_tokens)
         batcher.active = set(range(len(jobs) + len(critiques)))
+        # Sync framework code (a LangGraph node written with `def`) runs in the loop's default
+        # executor and blocks its thread while it waits for a model call; the batch it waits
+        # for is served only when every episode waits, so every episode must get a thread.
+        # Threads are started only when needed.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=max(32, 4 * len(jobs)), thread_name_prefix="mas-episode"))
         server = asyncio.create_task(batcher.serve())
         try:
             episodes = [self._episode(k, ep, script, batcher, greedy) for k, (ep, script) in enumerate(jobs)]

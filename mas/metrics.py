@@ -129,7 +129,24 @@ def credit_cost(requests: list, results: dict | None) -> dict[str, int]:
         "interventions": sum(isinstance(r, InterventionRequest) for r in keys.values()),
         "critiques": sum(isinstance(r, CritiqueRequest) for r in keys.values()),
         "extra_generations": sampled,
+        "replay_divergences": len(replay_divergences(results)),
     }
+
+
+def replay_divergences(results: dict | None) -> list[str]:
+    """Errors of the re-runs (replays, interventions) that diverged from their recorded episode."""
+    return [ep.error for items in (results or {}).values() for ep in items
+            if isinstance(ep, Episode) and ep.status == "error" and (ep.error or "").startswith("ReplayDivergence")]
+
+
+def divergence_warning(results: dict | None) -> str | None:
+    """One line for the run's warnings when re-runs diverged: how many, and the first error
+    (it names the agent and the turn); None when none did."""
+    errors = replay_divergences(results)
+    if not errors:
+        return None
+    return (f"{len(errors)} re-run(s) of the team diverged from their recorded episode and were left out of the "
+            f"credit; the first: {errors[0]}")
 
 
 def _env_scores(episodes: list[Episode]) -> dict[str, float]:

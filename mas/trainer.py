@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,7 @@ from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.embedded.fit import fit_checks
 from mas.learner import TrainSample
-from mas.metrics import RunLogger, credit_cost, eval_metrics, eval_summary, step_metrics
+from mas.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
 from mas.team import Team, describe_team
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
 
@@ -44,6 +44,7 @@ class StepResult:
     groups: list[EpisodeGroup]
     credit: Credit
     metrics: dict
+    warnings: list[str] = field(default_factory=list)  # for the run's warnings.jsonl (e.g. replays that diverged)
 
 
 def train_step(team: Team, step: int) -> StepResult:
@@ -107,7 +108,8 @@ def train_step(team: Team, step: int) -> StepResult:
     timings["step"] = time.perf_counter() - t_step
 
     metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts())
-    return StepResult(groups, credit, metrics)
+    diverged = divergence_warning(results)
+    return StepResult(groups, credit, metrics, [diverged] if diverged else [])
 
 
 class GeneratedTokens:
@@ -220,6 +222,8 @@ def train(
         result = train_step(team, step)
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
+        for message in result.warnings:
+            logger.warn(message, kind="replay_divergence", step=step)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
         if periodic_eval_due(cfg, step, end, control.should_stop):  # held-out curve (trainer.eval_every)
             summary["eval_last"] = {"step": step, **evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)}
