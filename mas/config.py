@@ -238,6 +238,15 @@ class RuntimeConfig(Section):
     episode_timeout_s: float | None = Field(
         None, gt=0, description="Wall-clock limit per episode; an episode over it is marked failed and scored 0."
     )
+    tool_timeout_s: float = Field(
+        30.0, gt=0, description="Wall-clock limit of one tool call; past it the tool's worker process is killed and the call "
+        "is an error observation (tools run in worker processes with no network: mas/sandbox.py)."
+    )
+    tool_memory_mb: int = Field(
+        1024, ge=16, description="Memory (address space) one tool worker may add to what it started with; an allocation past "
+        "it fails the call with an error observation."
+    )
+    tool_workers: int = Field(2, ge=1, description="Tool worker processes (forked at the first tool call); this many calls run at once.")
 
 
 class WandbConfig(Section):

@@ -45,6 +45,7 @@ def step_metrics(
     updates: dict[str, dict[str, float]],
     timings: dict[str, float],
     cost: dict[str, int] | None = None,
+    faults: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """One step's record for metrics.jsonl and TensorBoard.
 
@@ -53,6 +54,9 @@ def step_metrics(
     failures, tool calls and tool-call validity (where turns carry a ``tool_valid`` signal).
     Per policy: the learner's loss, KL, clip fraction, entropy, gradient norm and learning rate.
     ``lengths`` keeps every episode's turns and completion tokens for the length distribution.
+    ``faults`` counts what went wrong in the step's rollouts and extra evaluations, by kind
+    (``mas.engine.FAULT_KINDS``: agent/backend/tool/critic errors, timeouts, bad rewards); the
+    step went on regardless.
     """
     episodes = [ep for g in groups for ep in g.episodes]
     flat = flatten_turns(groups)
@@ -101,6 +105,7 @@ def step_metrics(
         "credit_cost": cost or {},
         "credit": {k: float(v) for k, v in credit.breakdown.items() if v.dim() == 0},  # scalar diagnostics
         "tokens": sum(len(t.completion_ids) for _, t in flat),
+        "faults": dict(faults or {}),
         "time": timings,
     }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,7 @@ class StepResult:
     groups: list[EpisodeGroup]
     credit: Credit
     metrics: dict
+    fault_messages: dict[str, str] = field(default_factory=dict)  # first message of each fault kind of the step
 
 
 def train_step(team: Team, step: int) -> StepResult:
@@ -102,8 +103,9 @@ def train_step(team: Team, step: int) -> StepResult:
     timings["sync"] = time.perf_counter() - t0
     timings["step"] = time.perf_counter() - t_step
 
-    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost)
-    return StepResult(groups, credit, metrics)
+    faults, fault_messages = team.engine.take_faults()  # what went wrong in this step's rollouts, by kind
+    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, faults)
+    return StepResult(groups, credit, metrics, fault_messages)
 
 
 # extra evaluations by request kind -> the timer they count under
@@ -139,7 +141,8 @@ def active_learners(team: Team, step: int) -> dict:
 
 def evaluate(team: Team, size: int, seed: int) -> dict:
     episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed)
-    return eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools])
+    faults, _ = team.engine.take_faults()
+    return {**eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools]), "faults": faults}
 
 
 def train(
@@ -191,6 +194,8 @@ def train(
         result = train_step(team, step)
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
+        for kind, message in result.fault_messages.items():  # the run goes on; the user sees what went wrong
+            logger.warn(f"step {step}: {result.metrics['faults'][kind]} x {kind}, e.g. {message}", kind=f"fault.{kind}", step=step)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
         last = step == cfg.trainer.steps - 1
         periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
