@@ -18,9 +18,10 @@ Markers are words (``\\b``: "Recall that: ..." is no CALL) in any case.  The ans
 first non-blank line after the first ``ANSWER:``; a subtask starts on its CALL line.
 
 Model output is untrusted and may be degenerate (megabytes of whitespace, 10^5 repeated
-markers), so every parser runs in linear time: markers are found with patterns that have a
-single quantifier followed by a character it cannot match (no backtracking between
-quantifiers), and everything else is plain string slicing.
+markers), so every parser runs in linear time: each pattern's quantifiers are separated by
+characters they cannot share (whitespace, then a name, then whitespace, then ":"), so a
+failed attempt gives each character back at most once and a match starts only at a marker
+word; everything else is plain string slicing.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ from typing import Any, Callable
 from mas.envs.math.verify import unmarked_answer
 
 _ANSWER = re.compile(r"\bANSWER\s*:", re.IGNORECASE)
-_CALL = re.compile(r"\bCALL\s", re.IGNORECASE)
+_CALL = re.compile(r"\bCALL\s+([A-Za-z_][\w-]*)\s*:[ \t]*(?=\S)", re.IGNORECASE)
 _VERDICT = re.compile(r"\b(?:ACCEPT|REJECT)\b", re.IGNORECASE)
-_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 
 Parsed = tuple[dict[str, Any], bool]
 
@@ -50,27 +50,8 @@ def _answer_marker(text: str) -> tuple[int, str] | None:
 
 def _call_marker(text: str) -> tuple[int, str, str] | None:
     """(position, agent, subtask) of the first well-formed ``CALL <agent>: <subtask>``."""
-    for m in _CALL.finditer(text):
-        i = m.end()
-        while i < len(text) and text[i].isspace():
-            i += 1
-        if i >= len(text) or text[i] not in _NAME_START:
-            continue
-        j = i + 1
-        while j < len(text) and (text[j].isalnum() or text[j] in "_-"):
-            j += 1
-        name = text[i:j]
-        k = j
-        while k < len(text) and text[k].isspace():
-            k += 1
-        if k >= len(text) or text[k] != ":":
-            continue
-        k += 1
-        while k < len(text) and text[k] in " \t":
-            k += 1
-        if k < len(text) and not text[k].isspace():  # the subtask starts on the CALL line
-            return m.start(), name, text[k:].strip()
-    return None
+    m = _CALL.search(text)
+    return None if m is None else (m.start(), m.group(1), text[m.end() :].strip())
 
 
 def parse_answer(text: str) -> Parsed:

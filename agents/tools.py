@@ -8,7 +8,8 @@ family were tuned on), one call per block, any number of blocks in one message::
 
 Rules (each violation becomes an observation that says what was wrong; nothing raises):
 
-* a message that contains ``<tool_call>`` is a tool message: every block in it is a call;
+* a message that contains ``<tool_call>`` is a tool message: every block in it is a call
+  (at most ``MAX_BLOCKS``; further blocks are one error);
   a block runs from ``<tool_call>`` to the next ``</tool_call>`` (a missing close tag is an
   error); a Markdown code fence around the JSON is tolerated;
 * the block holds one JSON object with exactly the keys ``name`` (a string) and
@@ -58,6 +59,7 @@ __all__ = [
 TOOL_VALID_KEY = "tool_valid"  # Turn.extra_rewards key of the per-turn tool-validity signal
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FENCE = "```"
+MAX_BLOCKS = 64  # tool-call blocks read from one message; more are one error (a degenerate message may hold 10^5)
 
 
 class ToolError(ValueError):
@@ -110,6 +112,9 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     calls: list[ToolCall] = []
     pos = text.find(OPEN)
     while pos != -1:
+        if len(calls) == MAX_BLOCKS:
+            calls.append(ToolCall(None, None, f"more than {MAX_BLOCKS} tool calls in one message; the rest were not read"))
+            break
         start = pos + len(OPEN)
         end = text.find(CLOSE, start)
         if end == -1:
@@ -141,6 +146,8 @@ def _parse_block(body: str) -> ToolCall:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return ToolCall(None, None, f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})")
+    except RecursionError:  # brackets nested deeper than the JSON decoder goes
+        return ToolCall(None, None, "the tool call is not valid JSON (nested too deeply)")
     if not isinstance(obj, dict):
         return ToolCall(None, None, f"the tool call must be a JSON object, found {type(obj).__name__}")
     extra = sorted(set(obj) - {"name", "arguments"})

@@ -135,7 +135,7 @@ def _boxed(text: str) -> str | None | bool:
     start = max(starts)
     i = text.index("{", start) + 1
     depth = 1
-    for j in range(i, len(text)):  # one linear scan from the last box
+    for j in range(i, min(len(text), i + MAX_ANSWER_CHARS + 1)):  # a longer box is no answer anyway
         c = text[j]
         if c == "{":
             depth += 1
@@ -143,7 +143,7 @@ def _boxed(text: str) -> str | None | bool:
             depth -= 1
             if depth == 0:
                 return text[i:j]
-    return None
+    return None if len(text) - i <= MAX_ANSWER_CHARS else ""
 
 
 def final_answer(text: str | None) -> str | None:
