@@ -48,7 +48,7 @@ import torch
 from mas.agents.agent import Agent
 from mas.agents.prompts import render_prompt
 from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
-from mas.backends.base import Backend, GenRequest, GenResult
+from mas.backends.base import Backend, BatchError, GenRequest, GenResult
 from mas.sandbox import Sandbox
 from mas.types import (
     CritiqueRequest,
@@ -68,7 +68,7 @@ TOOL_LABEL = "tool"  # parsed label of a turn whose tool calls ran (the agent is
 # what can go wrong in a rollout, counted per step in the metrics ("faults")
 FAULT_KINDS: dict[str, str] = {
     "agent_error": "episodes stopped by an exception in agent or topology code",
-    "backend_error": "generation calls that raised (a failed batch is retried request by request; each failed call counts)",
+    "backend_error": "failed generations of agent turns, and batches that failed as a whole (their requests are then retried one at a time)",
     "episode_timeout": "episodes over runtime.episode_timeout_s",
     "score_error": "episodes whose reward function raised or returned NaN/inf (scored 0)",
     "tool_error": "tool calls that raised (a ToolError, the tool's answer to a bad argument, is not a fault)",
@@ -227,14 +227,22 @@ class Batcher:
             self.requests += len(batch)
             try:
                 results = self.backend.generate_batch([req for _, req, _ in batch])
+            except BatchError as exc:  # the backend says which requests failed: only those fail
+                for (_, _, fut), res, err in zip(batch, exc.results, exc.errors):
+                    _settle(fut, result=res, error=err)
+                continue
             except Exception as exc:  # noqa: BLE001 - isolate the bad request(s): one at a time
+                if len(batch) == 1:  # nothing to isolate: sending it again alone would only repeat it
+                    _settle(batch[0][2], error=exc)
+                    continue
                 self.faults.add("backend_error", f"a batch of {len(batch)} generations failed ({type(exc).__name__}: {exc}); "
                                                  "retried one request at a time")
-                for _, req, fut in batch:
+                for _, req, fut in batch:  # a request that fails again fails its episode (counted there)
                     try:
                         _settle(fut, result=self.backend.generate_batch([req])[0])
+                    except BatchError as exc:
+                        _settle(fut, result=exc.results[0], error=exc.errors[0])
                     except Exception as exc:  # noqa: BLE001 - that episode fails and is marked
-                        self.faults.add("backend_error", f"generation for agent {req.agent!r} failed: {type(exc).__name__}: {exc}")
                         _settle(fut, error=exc)
             else:
                 if len(results) != len(batch):
@@ -362,8 +370,9 @@ class EpisodeContext:
             )
             try:
                 res = await self.batcher.generate((self.key, index), req)
-            except Exception:
+            except Exception as exc:
                 self.backend_failed = True
+                self.faults.add("backend_error", f"generation for agent {agent_name!r} failed: {type(exc).__name__}: {exc}")
                 raise
             parsed, valid = agent.parse(res.text)
             turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
