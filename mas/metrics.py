@@ -272,8 +272,9 @@ class RunLogger:
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after ``step`` (written after the last checkpoint of a crashed run),
-        in the JSONL files and in TensorBoard (``purge_step``), so a resumed run has no duplicates."""
-        for path in (self.metrics_path, self.episodes_path):
+        in the JSONL files (metrics, episodes, warnings) and in TensorBoard (``purge_step``), so a
+        resumed run has no duplicates."""
+        for path in (self.metrics_path, self.episodes_path, self.run_dir / "warnings.jsonl"):
             if path.exists():
                 keep = [line for line in path.read_text().splitlines() if _step_of(line) <= step]
                 path.write_text("".join(line + "\n" for line in keep))
@@ -342,7 +343,10 @@ def _step_of(line: str) -> int:
         record = json.loads(line)
     except json.JSONDecodeError:
         return 2**62
-    return record.get("step", -1) if isinstance(record, dict) else 2**62
+    if not isinstance(record, dict):
+        return 2**62
+    step = record.get("step")
+    return step if isinstance(step, int) else -1  # evaluations and run-wide warnings have no step
 
 
 def _tensorboard_writer(path: Path, purge_step: int | None = None):

@@ -22,6 +22,7 @@ from mas.callbacks import Callback, CallbackList, RunControl
 from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
+from mas.fault_points import pause_point
 from mas.learner import TrainSample
 from mas.metrics import RunLogger, credit_cost, eval_metrics, eval_summary, step_metrics
 from mas.team import Team, describe_team
@@ -59,6 +60,7 @@ def train_step(team: Team, step: int) -> StepResult:
     tasks = team.env.sample_tasks(cfg.trainer.batch_size)
     groups = team.engine.rollout(tasks, cfg.trainer.group_size, seed=seed)
     timings["rollout"] = time.perf_counter() - t0
+    pause_point("after_rollout", step)
 
     # 2. credit: extra evaluations if the method plans any (timed per kind), then one advantage per turn
     t0 = time.perf_counter()
@@ -95,6 +97,7 @@ def train_step(team: Team, step: int) -> StepResult:
         except FloatingPointError as e:  # the learner names the policy; add the step
             raise FloatingPointError(f"step {step}: {e}") from e
     timings["update"] = time.perf_counter() - t0
+    pause_point("after_update", step)
 
     # 4. sync: the rollout backend serves the new weights
     t0 = time.perf_counter()
@@ -191,11 +194,13 @@ def train(
         if control.should_stop:  # asked before this step started (e.g. by an evaluation callback)
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
             break
+        pause_point("step_start", step)
         result = train_step(team, step)
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
         for kind, message in result.fault_messages.items():  # the run goes on; the user sees what went wrong
             logger.warn(f"step {step}: {result.metrics['faults'][kind]} x {kind}, e.g. {message}", kind=f"fault.{kind}", step=step)
+        pause_point("after_log", step)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
         last = step == cfg.trainer.steps - 1
         periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
