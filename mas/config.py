@@ -132,7 +132,7 @@ class AgentConfig(Section):
     )
     parser: Literal["answer", "orchestrator", "verdict", "raw"] = Field(
         "answer",
-        description="How the output is read: answer ('ANSWER: x' or last number), orchestrator "
+        description="How the output is read: answer ('ANSWER: x', or an unmarked final answer that states one number), orchestrator "
         "(CALL <agent>: <subtask> | ANSWER: x), verdict (ACCEPT | REJECT plus optional answer), raw (whole text).",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training rollouts.")
