@@ -104,7 +104,9 @@ DEFAULT_PROMPT: dict[str, str] = {"mappa": MAPPA_PROMPT, "llm_mca": LLM_MCA_PROM
 PLACEHOLDERS: dict[str, tuple[str, ...]] = {"mappa": MAPPA_PLACEHOLDERS, "llm_mca": LLM_MCA_PLACEHOLDERS}
 NO_TOOLS = "N/A (no tools used)"
 NO_GROUND_TRUTH = "N/A"
-PROCESS_SCORE = re.compile(r"PROCESS_SCORE:\s*([\d.]+)", re.IGNORECASE)  # MAPPA's regex [C]
+# MAPPA's regex [C], with ASCII digits [A]: Python's \d also matches other scripts' digits, and
+# float() reads them, so "PROCESS_SCORE: 7\u0663" would score 73 -> 10.  One quantifier, so linear time.
+PROCESS_SCORE = re.compile(r"PROCESS_SCORE:\s*([0-9.]+)", re.IGNORECASE)
 _SECTION = re.compile(r"^\[(system|user)\][ \t]*$", re.MULTILINE)
 _MAX_JSON_STARTS = 64  # "{" positions tried by the JSON parser (bounds the work on garbage)
 

@@ -11,6 +11,7 @@ choices.
 from __future__ import annotations
 
 import copy
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -144,7 +145,7 @@ class AgentConfig(Section):
     )
     parser: ParserName = Field(  # type: ignore[valid-type]
         "answer",
-        description="How the output is read: answer ('ANSWER: x' or last number), orchestrator "
+        description="How the output is read: answer ('ANSWER: x', or an unmarked final answer that states one number), orchestrator "
         "(CALL <agent>: <subtask> | ANSWER: x), verdict (ACCEPT | REJECT plus optional answer), raw (whole text), "
         "or a parser a plugin registered.",
     )
@@ -331,6 +332,15 @@ class RuntimeConfig(Section):
     episode_timeout_s: float | None = Field(
         None, gt=0, description="Wall-clock limit per episode; an episode over it is marked failed and scored 0."
     )
+    tool_timeout_s: float = Field(
+        30.0, gt=0, description="Wall-clock limit of one tool call; past it the tool's worker process is killed and the call "
+        "is an error observation (tools run in worker processes with no network: mas/sandbox.py)."
+    )
+    tool_memory_mb: int = Field(
+        1024, ge=16, description="Memory (address space) one tool worker may add to what it started with; an allocation past "
+        "it fails the call with an error observation."
+    )
+    tool_workers: int = Field(2, ge=1, description="Tool worker processes (forked at the first tool call); this many calls run at once.")
 
 
 class WandbConfig(Section):
@@ -402,7 +412,7 @@ class RunConfig(Section):
 class CrossFieldErrors(ValueError):
     def __init__(self, errors: list[tuple[tuple, Any, str]]):
         self.errors = errors
-        super().__init__("; ".join(f"{_path(p)}: {m} (found {v!r})" for p, v, m in errors))
+        super().__init__("; ".join(f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in errors))
 
 
 def _tool_refs(agents: tuple, env: Any) -> list[tuple[tuple, Any, str]]:
@@ -501,10 +511,33 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: {len(lines)} error(s)\n" + "\n".join(f"  - {line}" for line in lines))
 
 
-def _path(loc: tuple) -> str:
-    out = ""
+_SHOW = reprlib.Repr()
+_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong, _SHOW.maxlevel = 80, 80, 40, 3
+_SHOW.maxlist = _SHOW.maxtuple = _SHOW.maxdict = _SHOW.maxset = 6
+
+
+def _show(value: Any) -> str:
+    """A value found in a config, as a short repr: a 10^5-item list or a 5,000-digit number is cut, not printed."""
+    try:
+        return _SHOW.repr(value)
+    except Exception:  # noqa: BLE001 - e.g. an int too long to convert to text
+        return f"<{type(value).__name__}>"
+
+
+def _path(loc: tuple, data: Any = None) -> str:
+    """``agents[0].policy``: list indices in brackets, keys after dots.  With ``data`` (the raw
+    config) an int is a list index only where the data holds a list (``{0: x}`` has a key 0)."""
+    out, cur = "", data
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        index = isinstance(part, int) and (data is None or isinstance(cur, list))
+        if not index and isinstance(cur, dict) and part in cur:  # the key as written (pydantic reports `false:` as 0)
+            part = next((k for k in cur if k == part), part)
+        out += f"[{part}]" if index else (f".{part}" if out else str(part))
+        if data is not None:
+            try:
+                cur = cur[part]
+            except (KeyError, IndexError, TypeError):
+                cur = None
     return out or "<root>"
 
 
@@ -514,7 +547,7 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
         ctx = e.get("ctx") or {}
         inner = ctx.get("error")
         if isinstance(inner, CrossFieldErrors):
-            lines += [f"{_path(p)}: {m} (found {v!r})" for p, v, m in inner.errors]
+            lines += [f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in inner.errors]
             continue
         # drop the union tag pydantic inserts for discriminated unions (e.g. credit.dr_mas.eps)
         loc = _strip_tag(data, tuple(e["loc"]))
@@ -534,7 +567,8 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
             tags = _union_tags(data, loc, tag)
             lines.append(f"{_path(loc + (tag,))}: missing required field{'; valid: ' + tags if tags else ''}")
             continue
-        lines.append(f"{_path(loc)}: {msg} (found {found!r})" if e["type"] != "missing" else f"{_path(loc)}: missing required field")
+        where = _path(loc, data)
+        lines.append(f"{where}: {msg} (found {_show(found)})" if e["type"] != "missing" else f"{where}: missing required field")
     return lines
 
 
@@ -677,7 +711,7 @@ def validate_config(data: dict, source: str = "<config>") -> RunConfig:
         lines = _format_pydantic(err, data)
         cross = any(isinstance((e.get("ctx") or {}).get("error"), CrossFieldErrors) for e in err.errors(include_url=False))
         if not cross:
-            lines += [f"{_path(p)}: {m} (found {v!r})" for p, v, m in _partial_cross_ref_errors(data)]
+            lines += [f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in _partial_cross_ref_errors(data)]
         raise ConfigError(source, lines) from None
 
 
@@ -722,13 +756,17 @@ def _partial_cross_ref_errors(data: dict) -> list[tuple[tuple, Any, str]]:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    from mas.safe_yaml import YAMLBoundsError, load_yaml_bytes
+
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml_bytes(path.read_bytes())  # bounded: size, UTF-8, alias expansion, depth
     except FileNotFoundError:
         raise ConfigError(str(path), ["file not found"]) from None
-    except (OSError, UnicodeDecodeError) as e:  # a directory, no permission, a binary file
+    except OSError as e:  # a directory, no permission
         raise ConfigError(str(path), [f"cannot read: {getattr(e, 'strerror', None) or e}"]) from None
+    except YAMLBoundsError as e:
+        raise ConfigError(str(path), [str(e)]) from None
     except yaml.YAMLError as e:
         raise ConfigError(str(path), [f"YAML syntax: {e}"]) from None
     return validate_config(apply_overrides(data or {}, overrides or []), str(path))

@@ -46,6 +46,7 @@ def step_metrics(
     timings: dict[str, float],
     cost: dict[str, int] | None = None,
     generated: dict[str, int] | None = None,
+    faults: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """One step's record for metrics.jsonl and TensorBoard.
 
@@ -58,6 +59,9 @@ def step_metrics(
     ``generated``: completion tokens the engine generated this step, by phase (``rollout_tokens``,
     ``credit_tokens`` for the credit method's replays, coalitions, removal runs and critic
     replies) and ``total``: the compute ``mas study --budget tokens`` matches.
+    ``faults`` counts what went wrong in the step's rollouts and extra evaluations, by kind
+    (``mas.engine.FAULT_KINDS``: agent/backend/tool/critic errors, timeouts, bad rewards); the
+    step went on regardless.
     """
     episodes = [ep for g in groups for ep in g.episodes]
     flat = flatten_turns(groups)
@@ -110,6 +114,7 @@ def step_metrics(
         "credit": {k: float(v) for k, v in credit.breakdown.items() if v.dim() == 0},  # scalar diagnostics
         "tokens": sum(len(t.completion_ids) for _, t in flat),
         "generated": generated or {},
+        "faults": dict(faults or {}),
         "time": timings,
     }
 
@@ -305,8 +310,9 @@ class RunLogger:
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after ``step`` (written after the last checkpoint of a crashed run),
-        in the JSONL files and in TensorBoard (``purge_step``), so a resumed run has no duplicates."""
-        for path in (self.metrics_path, self.episodes_path):
+        in the JSONL files (metrics, episodes, warnings) and in TensorBoard (``purge_step``), so a
+        resumed run has no duplicates."""
+        for path in (self.metrics_path, self.episodes_path, self.run_dir / "warnings.jsonl"):
             if path.exists():
                 keep = [line for line in path.read_text().splitlines() if _step_of(line) <= step]
                 path.write_text("".join(line + "\n" for line in keep))
@@ -375,7 +381,10 @@ def _step_of(line: str) -> int:
         record = json.loads(line)
     except json.JSONDecodeError:
         return 2**62
-    return record.get("step", -1) if isinstance(record, dict) else 2**62
+    if not isinstance(record, dict):
+        return 2**62
+    step = record.get("step")
+    return step if isinstance(step, int) else -1  # evaluations and run-wide warnings have no step
 
 
 def _tensorboard_writer(path: Path, purge_step: int | None = None):

@@ -71,6 +71,9 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None) -> Team
         score=env.score,
         episode_timeout=cfg.runtime.episode_timeout_s,
         tools=tools,
+        tool_timeout_s=cfg.runtime.tool_timeout_s,
+        tool_memory_mb=cfg.runtime.tool_memory_mb,
+        tool_workers=cfg.runtime.tool_workers,
     )
     used = {a.policy for a in agents.values()}
     t = cfg.trainer

@@ -23,6 +23,7 @@ from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.embedded.fit import fit_checks
+from mas.fault_points import pause_point
 from mas.learner import TrainSample
 from mas.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
 from mas.team import Team, describe_team
@@ -44,7 +45,7 @@ class StepResult:
     groups: list[EpisodeGroup]
     credit: Credit
     metrics: dict
-    warnings: list[str] = field(default_factory=list)  # for the run's warnings.jsonl (e.g. replays that diverged)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (kind, message) for the run's warnings.jsonl
 
 
 def train_step(team: Team, step: int) -> StepResult:
@@ -62,6 +63,7 @@ def train_step(team: Team, step: int) -> StepResult:
     groups = team.engine.rollout(tasks, cfg.trainer.group_size, seed=seed)
     generated.mark("rollout_tokens")
     timings["rollout"] = time.perf_counter() - t0
+    pause_point("after_rollout", step)
 
     # 2. credit: extra evaluations if the method plans any (timed per kind), then one advantage per turn
     t0 = time.perf_counter()
@@ -99,6 +101,7 @@ def train_step(team: Team, step: int) -> StepResult:
         except FloatingPointError as e:  # the learner names the policy; add the step
             raise FloatingPointError(f"step {step}: {e}") from e
     timings["update"] = time.perf_counter() - t0
+    pause_point("after_update", step)
 
     # 4. sync: the rollout backend serves the new weights
     t0 = time.perf_counter()
@@ -107,9 +110,13 @@ def train_step(team: Team, step: int) -> StepResult:
     timings["sync"] = time.perf_counter() - t0
     timings["step"] = time.perf_counter() - t_step
 
-    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts())
+    faults, fault_messages = team.engine.take_faults()  # what went wrong in this step's rollouts, by kind
+    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts(), faults)
+    warnings = [(f"fault.{kind}", f"step {step}: {faults[kind]} x {kind}, e.g. {message}") for kind, message in fault_messages.items()]
     diverged = divergence_warning(results)
-    return StepResult(groups, credit, metrics, [diverged] if diverged else [])
+    if diverged:
+        warnings.append(("replay_divergence", diverged))
+    return StepResult(groups, credit, metrics, warnings)
 
 
 class GeneratedTokens:
@@ -163,7 +170,8 @@ def active_learners(team: Team, step: int) -> dict:
 
 def evaluate(team: Team, size: int, seed: int) -> dict:
     episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed)
-    return eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools])
+    faults, _ = team.engine.take_faults()
+    return {**eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools]), "faults": faults}
 
 
 def periodic_eval_due(cfg, step: int, end: int, stopping: bool) -> bool:
@@ -219,11 +227,13 @@ def train(
         if control.should_stop:  # asked before this step started (e.g. by an evaluation callback)
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
             break
+        pause_point("step_start", step)
         result = train_step(team, step)
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
-        for message in result.warnings:
-            logger.warn(message, kind="replay_divergence", step=step)
+        for kind, message in result.warnings:  # the run goes on; the user sees what went wrong
+            logger.warn(message, kind=kind, step=step)
+        pause_point("after_log", step)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
         if periodic_eval_due(cfg, step, end, control.should_stop):  # held-out curve (trainer.eval_every)
             summary["eval_last"] = {"step": step, **evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)}
