@@ -33,6 +33,7 @@ class GenResult:
     logprobs: list[float]  # one per completion id
     text: str  # decoded completion without the stop id and special tokens
     finish_reason: Literal["stop", "length"]
+    usage_tokens: int | None = None  # completion tokens a remote endpoint reported (it returns no ids)
 
 
 class BatchError(RuntimeError):
