@@ -21,8 +21,9 @@ invocation did (all but the last are 'removed' placeholders), so the other agent
 keep their recorded positions and ``keep_others`` can reuse them.
 
 Everything here is deterministic for a seed: asyncio runs tasks in a fixed order, pending
-requests are sorted by (episode, turn) before each batch, and the torch RNG is reseeded
-from (seed, batch number) before each ``generate_batch``.
+requests are sorted by (episode, turn) before each batch, and each ``generate_batch`` gets
+the seed (seed, batch number), from which the backend seeds every policy's sampling on its
+own (``mas.backends.base.policy_seed``), wherever that policy is served.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, Callable, Literal, Protocol
 
-import torch
 
 from mas.agents.agent import Agent
 from mas.agents.prompts import render_prompt
@@ -168,15 +168,15 @@ class Batcher:
             self._pending = []  # (a future is done already only if its episode was cancelled by a timeout)
             if not batch:
                 continue
-            torch.manual_seed(self.seed * 1_000_003 + self.batches)
+            seed = self.seed * 1_000_003 + self.batches
             self.batches += 1
             self.requests += len(batch)
             try:
-                results = self.backend.generate_batch([req for _, req, _ in batch])
+                results = self.backend.generate_batch([req for _, req, _ in batch], seed=seed)
             except Exception:  # noqa: BLE001 - isolate the bad request(s): one at a time
                 for _, req, fut in batch:
                     try:
-                        _settle(fut, result=self.backend.generate_batch([req])[0])
+                        _settle(fut, result=self.backend.generate_batch([req], seed=seed)[0])
                     except Exception as exc:  # noqa: BLE001 - that episode fails and is marked
                         _settle(fut, error=exc)
             else:
@@ -302,7 +302,7 @@ class EpisodeContext:
             parsed, valid = agent.parse(res.text)
             turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
                         parsed=parsed, valid=valid, finish_reason=res.finish_reason,
-                        trainable=self.trainable[agent.policy])
+                        trainable=self.trainable[agent.policy], weight_version=res.weight_version)
             if agent.tools and has_tool_call(res.text):
                 self._run_tools(agent.name, turn, tool_budget)
         self.episode.turns.append(turn)

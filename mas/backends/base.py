@@ -3,10 +3,17 @@
 A backend serves named policies.  Topology code sends it ``GenRequest``s (one per agent turn;
 concurrent episodes send many at once) and gets back one ``GenResult`` per request, in order.
 ``logprobs`` are the sampling-time logprobs the PPO importance ratio is taken against.
+
+Seeding: ``generate_batch(requests, seed)`` samples each policy's requests from its own RNG
+stream, seeded by ``policy_seed(seed, policy)``, so what a policy samples never depends on
+which other policies shared the batch, nor on which process serves them (the local runtime
+serves every policy in one process, the Ray runtime each in its own actor).  ``seed=None``
+leaves the RNG as it is.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -29,11 +36,19 @@ class GenResult:
     logprobs: list[float]  # one per completion id
     text: str  # decoded completion without the stop id and special tokens
     finish_reason: Literal["stop", "length"]
+    weight_version: int | None = None  # version of the policy's weights that sampled it (None: unversioned)
+
+
+def policy_seed(seed: int, policy: str) -> int:
+    """The RNG seed of ``policy``'s requests in a batch seeded ``seed`` (stable across processes:
+    crc32, not Python's salted ``hash``)."""
+    return (seed * 1_000_003 + zlib.crc32(policy.encode("utf-8"))) % (2**63 - 1)
 
 
 class Backend(Protocol):
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
-        """Sample one completion per request; results are in the order of ``requests``."""
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
+        """Sample one completion per request; results are in the order of ``requests``.
+        With a ``seed``, each policy samples from its own stream ``policy_seed(seed, policy)``."""
         ...
 
     def sync_weights(self, policy: str) -> None:
@@ -51,7 +66,7 @@ class RoutedBackend:
     def __init__(self, routes: dict[str, Backend]):
         self.routes = routes  # policy name -> backend
 
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
         by_backend: dict[int, list[int]] = {}
         for i, r in enumerate(requests):
             if r.policy not in self.routes:
@@ -60,7 +75,7 @@ class RoutedBackend:
         out: list[GenResult | None] = [None] * len(requests)
         for idx in by_backend.values():
             backend = self.routes[requests[idx[0]].policy]
-            for i, res in zip(idx, backend.generate_batch([requests[i] for i in idx])):
+            for i, res in zip(idx, backend.generate_batch([requests[i] for i in idx], seed=seed)):
                 out[i] = res
         return out  # type: ignore[return-value]
 

@@ -94,8 +94,9 @@ class OpenAICompatBackend:
 
     # -- Backend protocol -----------------------------------------------------------------------
 
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
-        """One chat completion per request, concurrently; results in request order."""
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
+        """One chat completion per request, concurrently; results in request order (``seed`` is
+        not sent: a remote server's sampling is its own)."""
         for r in requests:
             if not r.messages:
                 raise ValueError(f"request of agent {r.agent!r} for policy {r.policy!r} has no chat messages; the openai backend sends messages, not token ids")
