@@ -41,7 +41,7 @@ from typing import Any, Callable, Literal, Protocol
 from mas.agents.agent import Agent
 from mas.agents.prompts import render_prompt
 from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
-from mas.backends.base import Backend, GenRequest, GenResult
+from mas.backends.base import Backend, BackendUnavailable, GenRequest, GenResult
 from mas.types import (
     CritiqueRequest,
     Episode,
@@ -142,6 +142,7 @@ class Batcher:
         self._wake = asyncio.Event()
         self.batches = 0
         self.requests = 0
+        self.fatal: BackendUnavailable | None = None  # the backend is gone; the rollout raises it
 
     async def generate(self, key: tuple[int, int], request: GenRequest) -> GenResult:
         fut = asyncio.get_running_loop().create_future()
@@ -173,6 +174,10 @@ class Batcher:
             self.requests += len(batch)
             try:
                 results = self.backend.generate_batch([req for _, req, _ in batch], seed=seed)
+            except BackendUnavailable as exc:  # nothing can be served: fail every waiting episode, then the rollout
+                self.fatal = self.fatal or exc
+                for _, _, fut in batch:
+                    _settle(fut, error=exc)
             except Exception:  # noqa: BLE001 - isolate the bad request(s): one at a time
                 for _, req, fut in batch:
                     try:
@@ -455,6 +460,8 @@ class Engine:
                 pass
         self.stats["batches"] += batcher.batches
         self.stats["requests"] += batcher.requests
+        if batcher.fatal is not None:
+            raise batcher.fatal
         return list(texts)
 
     async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher) -> str:

@@ -5,6 +5,15 @@
 
 Every step reseeds python, numpy and torch from (seed, step), so a resumed run repeats the
 steps a straight run would have taken.
+
+Updates run apart: every active learner's update is started, then all are collected, so under
+the Ray runtime each policy's actor trains at the same time (the local runtime runs them in
+turn).  With ``trainer.max_staleness: 1`` (Ray) the next step's rollout runs while this step's
+updates do, on the weights they started from: every turn is then at most one update old (its
+``weight_version``; the staleness seen is in each policy's step metrics), and the PPO ratio is
+taken against its sampling logprobs as always.  Credit-time generations (replays,
+interventions, critic calls) never overlap an update: they run after the previous step's sync,
+on the weights this step's update starts from.
 """
 
 from __future__ import annotations
@@ -12,17 +21,18 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mas.backends.base import policy_seed
 from mas.callbacks import Callback, CallbackList, RunControl
 from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
-from mas.learner import TrainSample
+from mas.learner import TrainSample, UpdateSpan
 from mas.metrics import RunLogger, credit_cost, eval_metrics, eval_summary, step_metrics
 from mas.team import Team, describe_team
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
@@ -39,25 +49,49 @@ def seed_everything(seed: int) -> None:
 
 
 @dataclass
+class Rollout:
+    """One step's episodes, how long they took, and the task stream's position before their tasks
+    were drawn (what a checkpoint records if this rollout ran ahead of its step)."""
+
+    step: int
+    groups: list[EpisodeGroup]
+    seconds: float
+    env_state: dict
+
+
+@dataclass
 class StepResult:
     groups: list[EpisodeGroup]
     credit: Credit
     metrics: dict
+    upcoming: Rollout | None = None  # the next step's rollout, taken during this step's updates
+    spans: dict[str, UpdateSpan] = field(default_factory=dict)  # where and when each policy's update ran
 
 
-def train_step(team: Team, step: int) -> StepResult:
+def rollout(team: Team, step: int) -> Rollout:
+    """B tasks, G joint episodes each; the engine scores each episode with env.score as it ends."""
+    env_state = team.env.state_dict()
+    t0 = time.perf_counter()
+    tasks = team.env.sample_tasks(team.cfg.trainer.batch_size)
+    groups = team.engine.rollout(tasks, team.cfg.trainer.group_size, seed=step_seed(team.cfg.trainer.seed, step))
+    return Rollout(step, groups, time.perf_counter() - t0, env_state)
+
+
+def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bool = False) -> StepResult:
+    """One training step.  ``ready``: this step's rollout if it was taken already (max_staleness 1);
+    ``prefetch``: take the next step's rollout while this step's updates run."""
     cfg = team.cfg
     seed = step_seed(cfg.trainer.seed, step)
     seed_everything(seed)
     timings: dict[str, float] = {}
     t_step = time.perf_counter()
 
-    # 1. rollout + score: G joint episodes for each of B tasks; the engine scores each episode
-    #    with env.score as it ends (replays and interventions are scored the same way)
-    t0 = time.perf_counter()
-    tasks = team.env.sample_tasks(cfg.trainer.batch_size)
-    groups = team.engine.rollout(tasks, cfg.trainer.group_size, seed=seed)
-    timings["rollout"] = time.perf_counter() - t0
+    # 1. rollout + score: G joint episodes for each of B tasks (replays and interventions are
+    #    scored the same way); with max_staleness 1 it ran during the previous step's updates
+    current = ready if ready is not None else rollout(team, step)
+    assert current.step == step, f"rollout of step {current.step} handed to step {step}"
+    groups = current.groups
+    timings["rollout"] = current.seconds
 
     # 2. credit: extra evaluations if the method plans any (timed per kind), then one advantage per turn
     t0 = time.perf_counter()
@@ -79,21 +113,36 @@ def train_step(team: Team, step: int) -> StepResult:
     timings["credit"] = time.perf_counter() - t0
 
     # 3. update: each trainable policy learns from its own turns only (turns of episodes that
-    #    failed for infrastructure reasons count in the credit statistics but are not trained on)
+    #    failed for infrastructure reasons count in the credit statistics but are not trained on);
+    #    every update is started first, then all are collected (under Ray they run at once)
     t0 = time.perf_counter()
-    samples: dict[str, list[TrainSample]] = {name: [] for name in active_learners(team, step)}
+    active = active_learners(team, step)
+    samples: dict[str, list[TrainSample]] = {name: [] for name in active}
+    versions: dict[str, list[int]] = {name: [] for name in active}  # weight version of each trained turn
     keep = credit.train_mask.tolist() if credit.train_mask is not None else [True] * batch.num_turns
     for (ep, turn), adv, kept in zip(flatten_turns(groups), credit.advantages.tolist(), keep):
         if kept and turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
             temperature = team.agents[turn.agent].sampling.temperature
             samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
-    updates = {}
-    for name, learner in active_learners(team, step).items():
+            if turn.weight_version is not None:
+                versions[turn.policy].append(turn.weight_version)
+    staleness = {name: [learner.version - v for v in versions[name]] for name, learner in active.items()}
+    started = {name: learner.start_update(samples[name], seed=policy_seed(seed, name)) for name, learner in active.items()}
+    #    with max_staleness 1 the next step's rollout runs now, on the weights these updates started from
+    upcoming = rollout(team, step + 1) if prefetch else None
+    updates, spans = {}, {}
+    for name, handle in started.items():
         try:
-            updates[name] = learner.update(samples[name])
+            updates[name] = handle.result()
         except FloatingPointError as e:  # the learner names the policy; add the step
             raise FloatingPointError(f"step {step}: {e}") from e
+        spans[name] = handle.span
+        timings[f"update/{name}"] = handle.span.seconds  # this policy's own update, inside the phase's wall time
+        lag = staleness[name]
+        updates[name].update(staleness_mean=sum(lag) / len(lag) if lag else 0.0, staleness_max=float(max(lag, default=0)))
     timings["update"] = time.perf_counter() - t0
+    if upcoming is not None:
+        timings["rollout_overlapped"] = upcoming.seconds  # the next step's rollout, inside this update phase
 
     # 4. sync: the rollout backend serves the new weights
     t0 = time.perf_counter()
@@ -103,7 +152,7 @@ def train_step(team: Team, step: int) -> StepResult:
     timings["step"] = time.perf_counter() - t_step
 
     metrics = step_metrics(step, groups, batch, credit, updates, timings, cost)
-    return StepResult(groups, credit, metrics)
+    return StepResult(groups, credit, metrics, upcoming, spans)
 
 
 # extra evaluations by request kind -> the timer they count under
@@ -183,19 +232,24 @@ def train(
         logger.log_eval("before", summary["eval_before"])
         hooks.on_eval("before", summary["eval_before"])
     end = cfg.trainer.steps if stop_after is None else min(cfg.trainer.steps, stop_after)
+    overlap = cfg.trainer.max_staleness >= 1 and team.runtime.can_overlap
+    upcoming: Rollout | None = None  # the next step's rollout when it ran during the updates
     logger.start_progress(total=cfg.trainer.steps, initial=start)
     for step in range(start, end):
         if control.should_stop:  # asked before this step started (e.g. by an evaluation callback)
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
             break
-        result = train_step(team, step)
+        result = train_step(team, step, ready=upcoming, prefetch=overlap and step + 1 < end)
+        upcoming = result.upcoming
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
         last = step == cfg.trainer.steps - 1
         periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
         if last or step == end - 1 or periodic or control.should_stop:
-            hooks.on_checkpoint(step, save_checkpoint(run_dir, step, team, summary))
+            # a rollout taken ahead is not in the checkpoint: a resumed run draws its tasks again
+            env_state = upcoming.env_state if upcoming is not None else None
+            hooks.on_checkpoint(step, save_checkpoint(run_dir, step, team, summary, env_state=env_state))
         if control.should_stop:
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step}
             logger.info(f"stopped after step {step} ({control.stop_reason}); resume with: mas train --resume {run_dir}")

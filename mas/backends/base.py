@@ -39,6 +39,11 @@ class GenResult:
     weight_version: int | None = None  # version of the policy's weights that sampled it (None: unversioned)
 
 
+class BackendUnavailable(RuntimeError):
+    """The backend itself is gone (e.g. a policy's Ray actor died): no episode can go on, so the
+    engine fails the whole rollout with this error instead of marking episodes failed."""
+
+
 def policy_seed(seed: int, policy: str) -> int:
     """The RNG seed of ``policy``'s requests in a batch seeded ``seed`` (stable across processes:
     crc32, not Python's salted ``hash``)."""
