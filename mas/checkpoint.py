@@ -109,8 +109,7 @@ def load_checkpoint(path: Path, team: "Team") -> dict[str, Any]:
 def save_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:
     """``policies/<name>/`` (rank 0) and, for a trainable policy, ``learners/<name>/``: optimizer and
     schedule (rank 0) and this process's RNG state (every rank)."""
-    from accelerate.checkpointing import save_accelerator_state
-
+    save_accelerator_state = _accelerate("save_accelerator_state")
     if rank == 0:
         handle.save_pretrained(ckpt / "policies" / name)
     if learner is not None:
@@ -132,8 +131,7 @@ def load_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "L
     folder = ckpt / "learners" / name
     legacy = ckpt / "learners" / f"{name}.pt"
     if folder.is_dir():
-        from accelerate.checkpointing import load_accelerator_state
-
+        load_accelerator_state = _accelerate("load_accelerator_state")
         own = (folder / f"random_states_{rank}.pkl").is_file()
         load_accelerator_state(str(folder), [], [learner.optimizer], [learner.scheduler], [], process_index=rank if own else 0)
     elif legacy.is_file():
@@ -144,19 +142,25 @@ def load_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "L
 
 def save_rng_state(folder: Path, rank: int = 0) -> None:
     """This process's python, numpy, torch and CUDA RNG states, as ``random_states_<rank>.pkl``."""
-    from accelerate.checkpointing import save_accelerator_state
-
-    save_accelerator_state(str(folder), [], [], [], [], process_index=rank, step=0)
+    _accelerate("save_accelerator_state")(str(folder), [], [], [], [], process_index=rank, step=0)
 
 
 def load_rng_state(folder: Path, rank: int = 0) -> None:
     folder = Path(folder)
     if (folder / f"random_states_{rank}.pkl").is_file():
-        from accelerate.checkpointing import load_accelerator_state
-
-        load_accelerator_state(str(folder), [], [], [], [], process_index=rank)
+        _accelerate("load_accelerator_state")(str(folder), [], [], [], [], process_index=rank)
     elif (folder / "rng.pt").is_file():  # written by earlier versions
         rng = torch.load(folder / "rng.pt", weights_only=False)
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
+
+
+def _accelerate(name: str):
+    """accelerate's checkpointing function ``name``; its process state must exist first (its log
+    calls require it), which in a process without an Accelerator means a plain ``PartialState``."""
+    from accelerate import PartialState
+    from accelerate import checkpointing
+
+    PartialState()
+    return getattr(checkpointing, name)

@@ -34,6 +34,7 @@ from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.learner import TrainSample, UpdateSpan
 from mas.metrics import RunLogger, credit_cost, eval_metrics, eval_summary, step_metrics
+from mas.runtime import PolicyActorDied
 from mas.team import Team, describe_team
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
 
@@ -112,32 +113,25 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
     timings["credit_assign"] = time.perf_counter() - t1
     timings["credit"] = time.perf_counter() - t0
 
-    # 3. update: each trainable policy learns from its own turns only (turns of episodes that
-    #    failed for infrastructure reasons count in the credit statistics but are not trained on);
-    #    every update is started first, then all are collected (under Ray they run at once)
+    # 3. update: each trainable policy learns from its own turns only; every update is started
+    #    first, then all are collected (under Ray each policy's actor trains at the same time)
     t0 = time.perf_counter()
     active = active_learners(team, step)
-    samples: dict[str, list[TrainSample]] = {name: [] for name in active}
-    versions: dict[str, list[int]] = {name: [] for name in active}  # weight version of each trained turn
-    keep = credit.train_mask.tolist() if credit.train_mask is not None else [True] * batch.num_turns
-    for (ep, turn), adv, kept in zip(flatten_turns(groups), credit.advantages.tolist(), keep):
-        if kept and turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
-            temperature = team.agents[turn.agent].sampling.temperature
-            samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
-            if turn.weight_version is not None:
-                versions[turn.policy].append(turn.weight_version)
-    staleness = {name: [learner.version - v for v in versions[name]] for name, learner in active.items()}
+    samples, staleness = training_batches(team, groups, credit, active)
     started = {name: learner.start_update(samples[name], seed=policy_seed(seed, name)) for name, learner in active.items()}
-    #    with max_staleness 1 the next step's rollout runs now, on the weights these updates started from
-    upcoming = rollout(team, step + 1) if prefetch else None
-    updates, spans = {}, {}
-    for name, handle in started.items():
-        try:
-            updates[name] = handle.result()
-        except FloatingPointError as e:  # the learner names the policy; add the step
-            raise FloatingPointError(f"step {step}: {e}") from e
-        spans[name] = handle.span
-        timings[f"update/{name}"] = handle.span.seconds  # this policy's own update, inside the phase's wall time
+    try:
+        #    with max_staleness 1 the next step's rollout runs now, on the weights these updates started from
+        upcoming = rollout(team, step + 1) if prefetch else None
+        updates = {name: handle.result() for name, handle in started.items()}
+    except FloatingPointError as e:  # the learner names the policy; add the step
+        wait_all(started)
+        raise FloatingPointError(f"step {step}: {e}") from e
+    except Exception:
+        wait_all(started)  # no update may still be running when the error leaves the step
+        raise
+    spans = {name: handle.span for name, handle in started.items()}
+    for name, span in spans.items():
+        timings[f"update/{name}"] = span.seconds  # this policy's own update, inside the phase's wall time
         lag = staleness[name]
         updates[name].update(staleness_mean=sum(lag) / len(lag) if lag else 0.0, staleness_max=float(max(lag, default=0)))
     timings["update"] = time.perf_counter() - t0
@@ -176,6 +170,32 @@ def execute_timed(engine, requests: list, seed: int, timings: dict[str, float]) 
     return results
 
 
+def training_batches(team: Team, groups: list[EpisodeGroup], credit: Credit, active: dict) -> tuple[dict, dict]:
+    """Each active policy's turns as ``TrainSample``s (turns of episodes that failed for
+    infrastructure reasons count in the credit statistics but are not trained on), and how
+    many updates old each one's weights were (learner version minus the turn's weight version)."""
+    samples: dict[str, list[TrainSample]] = {name: [] for name in active}
+    staleness: dict[str, list[int]] = {name: [] for name in active}
+    n = sum(len(ep.turns) for g in groups for ep in g.episodes)
+    keep = credit.train_mask.tolist() if credit.train_mask is not None else [True] * n
+    for (ep, turn), adv, kept in zip(flatten_turns(groups), credit.advantages.tolist(), keep):
+        if kept and turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
+            temperature = team.agents[turn.agent].sampling.temperature
+            samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
+            if turn.weight_version is not None:
+                staleness[turn.policy].append(active[turn.policy].version - turn.weight_version)
+    return samples, staleness
+
+
+def wait_all(handles: dict) -> None:
+    """Wait until every started update has ended, whatever its outcome (errors are the caller's)."""
+    for handle in handles.values():
+        try:
+            handle.result()
+        except Exception:  # noqa: BLE001 - the step already fails with the first error
+            pass
+
+
 def active_learners(team: Team, step: int) -> dict:
     """Learners that update at ``step``: all, or with ``trainer.alternate`` one policy at a time
     for ``switch_every`` steps while the others are frozen (as in CCPO's alternating schedule)."""
@@ -184,6 +204,33 @@ def active_learners(team: Team, step: int) -> dict:
         return team.learners
     name = order[(step // team.cfg.trainer.switch_every) % len(order)]
     return {name: team.learners[name]}
+
+
+def restart_actors(team: Team, run_dir: Path, logger: RunLogger, error: Exception, restarts: int,
+                   first: tuple[int, dict]) -> int:
+    """``runtime.restart_actors``: start the dead actor(s) again, restore every policy, the data
+    cursor and the credit state from the last checkpoint (or, before the first one, start the
+    run again with fresh actors), and return the step to continue from."""
+    limit = team.cfg.runtime.max_restarts
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is not None:
+        team.runtime.restart()
+        state = load_checkpoint(ckpt, team)
+        step = state["step"] + 1
+    else:  # nothing saved yet: every actor starts from its initial weights
+        team.runtime.restart(everything=True)
+        step, env_state = first
+        team.env.load_state_dict(env_state)
+        method = get_credit(team.cfg.credit.method)
+        if method.state is not None:
+            method.state.reset()
+    logger.warn(f"{error} Restarted the actor (restart {restarts} of {limit}); repeating from step {step}.",
+                kind="actor_restart", step=step)
+    logger.truncate_after(step - 1)
+    if logger.bar is not None:
+        logger.bar.n = step
+        logger.bar.refresh()
+    return step
 
 
 def evaluate(team: Team, size: int, seed: int) -> dict:
@@ -234,12 +281,22 @@ def train(
     end = cfg.trainer.steps if stop_after is None else min(cfg.trainer.steps, stop_after)
     overlap = cfg.trainer.max_staleness >= 1 and team.runtime.can_overlap
     upcoming: Rollout | None = None  # the next step's rollout when it ran during the updates
+    initial_env = team.env.state_dict()  # where a run restarted before its first checkpoint begins again
+    restarts = 0
     logger.start_progress(total=cfg.trainer.steps, initial=start)
-    for step in range(start, end):
+    step = start
+    while step < end:
         if control.should_stop:  # asked before this step started (e.g. by an evaluation callback)
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
             break
-        result = train_step(team, step, ready=upcoming, prefetch=overlap and step + 1 < end)
+        try:
+            result = train_step(team, step, ready=upcoming, prefetch=overlap and step + 1 < end)
+        except PolicyActorDied as e:  # without runtime.restart_actors the run stops; its last checkpoint is intact
+            if not cfg.runtime.restart_actors or restarts >= cfg.runtime.max_restarts:
+                raise
+            restarts += 1
+            step, upcoming = restart_actors(team, run_dir, logger, e, restarts, (start, initial_env)), None
+            continue
         upcoming = result.upcoming
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
@@ -254,6 +311,7 @@ def train(
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step}
             logger.info(f"stopped after step {step} ({control.stop_reason}); resume with: mas train --resume {run_dir}")
             break
+        step += 1
     logger.close_progress()
     if end == cfg.trainer.steps and not control.should_stop and cfg.trainer.eval_size and cfg.trainer.eval_after:
         summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)

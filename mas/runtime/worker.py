@@ -158,6 +158,12 @@ class PolicyWorker:
                 self._next_ticket = ticket + 1
                 self._turn.notify_all()
 
+    def data_parallel_address(self) -> tuple[str, int]:
+        """Rank 0: this node's address and a free port for the group's rendezvous."""
+        from mas.runtime.data_parallel import free_address
+
+        return free_address()
+
     def init_data_parallel(self, address: str, port: int, rank: int, world_size: int) -> None:
         """Join the torch.distributed group of this policy's workers (see ``mas.runtime.data_parallel``)."""
         from mas.runtime.data_parallel import join_group
