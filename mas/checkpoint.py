@@ -7,6 +7,7 @@
                                       checkpointing (``save_accelerator_state``):
             optimizer.bin               AdamW state
             scheduler.bin               learning-rate schedule
+            weights.json                the weights' version (updates so far; turns record it)
             random_states_<rank>.pkl    python, numpy, torch (and CUDA) RNG of that process; one per
                                         data-parallel worker
         trainer_state.json            step, data cursor, credit-method state (e.g. CCPO v1's history), summary
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from mas.credit import get_credit
+from mas.fault_points import pause_point
 
 if TYPE_CHECKING:
     from mas.agents.policy import PolicyHandle
@@ -68,11 +70,13 @@ def save_checkpoint(
     state = {"step": step, "env": env, "summary": summary, "credit": credit_state}
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     save_rng_state(tmp, rank=0)
+    pause_point("checkpoint_written", step)
     old = root / f"step_{step:06d}.old"
     if final.exists():  # re-saving a step: move the old copy aside, never leave `latest` dangling
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
+    pause_point("checkpoint_renamed", step)
     latest_tmp = root / "latest.tmp"
     latest_tmp.write_text(final.name)
     os.replace(latest_tmp, root / "latest")
@@ -120,6 +124,8 @@ def save_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "L
             str(out), [], [learner.optimizer] if first else [], [learner.scheduler] if first else [], [],
             process_index=rank, step=0,
         )
+        if first:  # the weights' version (updates so far), so a resumed run records the same versions
+            (out / "weights.json").write_text(json.dumps({"version": handle.version}))
 
 
 def load_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:
@@ -134,6 +140,8 @@ def load_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "L
         load_accelerator_state = _accelerate("load_accelerator_state")
         own = (folder / f"random_states_{rank}.pkl").is_file()
         load_accelerator_state(str(folder), [], [learner.optimizer], [learner.scheduler], [], process_index=rank if own else 0)
+        if (folder / "weights.json").is_file():
+            handle.version = int(json.loads((folder / "weights.json").read_text())["version"])
     elif legacy.is_file():
         learner.load_state_dict(torch.load(legacy, weights_only=False))
     else:

@@ -36,6 +36,10 @@ class Team:
     def backend(self) -> Backend:
         return self.engine.backend
 
+    @backend.setter
+    def backend(self, backend: Backend) -> None:  # e.g. a test routing some policies elsewhere
+        self.engine.backend = backend
+
     @property
     def learners(self) -> dict[str, Any]:
         """One per trainable policy that some agent uses."""
@@ -51,7 +55,11 @@ class Team:
         return handles
 
     def close(self) -> None:
-        self.runtime.close()
+        """Stop the engine's tool workers and free the runtime (Ray: its actors and Ray instance)."""
+        try:
+            self.engine.close()
+        finally:
+            self.runtime.close()
 
     def __enter__(self) -> "Team":
         return self
@@ -102,6 +110,9 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir
             score=env.score,
             episode_timeout=cfg.runtime.episode_timeout_s,
             tools=tools,
+            tool_timeout_s=cfg.runtime.tool_timeout_s,
+            tool_memory_mb=cfg.runtime.tool_memory_mb,
+            tool_workers=cfg.runtime.tool_workers,
         )
     except BaseException:
         runtime.close()

@@ -32,8 +32,10 @@ from mas.callbacks import Callback, CallbackList, RunControl
 from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
+from mas.embedded.fit import fit_checks
+from mas.fault_points import pause_point
 from mas.learner import TrainSample, UpdateSpan
-from mas.metrics import RunLogger, credit_cost, eval_metrics, eval_summary, step_metrics
+from mas.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
 from mas.runtime import PolicyActorDied
 from mas.team import Team, describe_team
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
@@ -51,13 +53,16 @@ def seed_everything(seed: int) -> None:
 
 @dataclass
 class Rollout:
-    """One step's episodes, how long they took, and the task stream's position before their tasks
-    were drawn (what a checkpoint records if this rollout ran ahead of its step)."""
+    """One step's episodes, how long they took, the completion tokens and faults of their
+    generation, and the task stream's position before their tasks were drawn (what a
+    checkpoint records if this rollout ran ahead of its step)."""
 
     step: int
     groups: list[EpisodeGroup]
     seconds: float
     env_state: dict
+    tokens: int = 0
+    faults: tuple[dict[str, int], dict[str, str]] = ({}, {})
 
 
 @dataclass
@@ -65,6 +70,7 @@ class StepResult:
     groups: list[EpisodeGroup]
     credit: Credit
     metrics: dict
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (kind, message) for the run's warnings.jsonl
     upcoming: Rollout | None = None  # the next step's rollout, taken during this step's updates
     spans: dict[str, UpdateSpan] = field(default_factory=dict)  # where and when each policy's update ran
 
@@ -73,9 +79,11 @@ def rollout(team: Team, step: int) -> Rollout:
     """B tasks, G joint episodes each; the engine scores each episode with env.score as it ends."""
     env_state = team.env.state_dict()
     t0 = time.perf_counter()
+    tokens = team.engine.stats["generated_tokens"]
     tasks = team.env.sample_tasks(team.cfg.trainer.batch_size)
     groups = team.engine.rollout(tasks, team.cfg.trainer.group_size, seed=step_seed(team.cfg.trainer.seed, step))
-    return Rollout(step, groups, time.perf_counter() - t0, env_state)
+    tokens = team.engine.stats["generated_tokens"] - tokens
+    return Rollout(step, groups, time.perf_counter() - t0, env_state, tokens, team.engine.take_faults())
 
 
 def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bool = False) -> StepResult:
@@ -93,6 +101,8 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
     assert current.step == step, f"rollout of step {current.step} handed to step {step}"
     groups = current.groups
     timings["rollout"] = current.seconds
+    generated = GeneratedTokens(team.engine, rollout_tokens=current.tokens)
+    pause_point("after_rollout", step)
 
     # 2. credit: extra evaluations if the method plans any (timed per kind), then one advantage per turn
     t0 = time.perf_counter()
@@ -105,6 +115,7 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
         results.update(execute_timed(team.engine, more, seed + 2, timings))
         requests += more
     cost = credit_cost(requests, results)
+    generated.mark("credit_tokens")  # the method's own generations: replays, coalitions, removal runs, critic replies
     t1 = time.perf_counter()
     try:
         credit = run_credit(batch, cfg.credit, results)
@@ -137,6 +148,7 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
     timings["update"] = time.perf_counter() - t0
     if upcoming is not None:
         timings["rollout_overlapped"] = upcoming.seconds  # the next step's rollout, inside this update phase
+    pause_point("after_update", step)
 
     # 4. sync: the rollout backend serves the new weights
     t0 = time.perf_counter()
@@ -145,8 +157,43 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
     timings["sync"] = time.perf_counter() - t0
     timings["step"] = time.perf_counter() - t_step
 
-    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost)
-    return StepResult(groups, credit, metrics, upcoming, spans)
+    faults, fault_messages = merge_faults(current.faults, team.engine.take_faults())  # this step's rollout, then credit
+    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts(), faults)
+    warnings = [(f"fault.{kind}", f"step {step}: {faults[kind]} x {kind}, e.g. {message}") for kind, message in fault_messages.items()]
+    diverged = divergence_warning(results)
+    if diverged:
+        warnings.append(("replay_divergence", diverged))
+    return StepResult(groups, credit, metrics, warnings, upcoming, spans)
+
+
+class GeneratedTokens:
+    """Completion tokens the engine generated in each phase of a step (the compute a budget matches)."""
+
+    def __init__(self, engine, **earlier: int) -> None:
+        self.engine = engine
+        self.last = engine.stats["generated_tokens"]
+        self.phases: dict[str, int] = dict(earlier)  # phases counted before (a rollout taken ahead)
+
+    def mark(self, phase: str) -> None:
+        """Attribute the tokens generated since the previous mark to ``phase``."""
+        now = self.engine.stats["generated_tokens"]
+        self.phases[phase] = self.phases.get(phase, 0) + now - self.last
+        self.last = now
+
+    def counts(self) -> dict[str, int]:
+        return {**self.phases, "total": sum(self.phases.values())}
+
+
+def merge_faults(*parts: tuple[dict[str, int], dict[str, str]]) -> tuple[dict[str, int], dict[str, str]]:
+    """Fault counts summed by kind, and the first message of each kind, over ``take_faults`` results."""
+    counts: dict[str, int] = {}
+    messages: dict[str, str] = {}
+    for part_counts, part_messages in parts:
+        for kind, n in part_counts.items():
+            counts[kind] = counts.get(kind, 0) + n
+        for kind, message in part_messages.items():
+            messages.setdefault(kind, message)
+    return counts, messages
 
 
 # extra evaluations by request kind -> the timer they count under
@@ -224,9 +271,9 @@ def restart_actors(team: Team, run_dir: Path, logger: RunLogger, error: Exceptio
         method = get_credit(team.cfg.credit.method)
         if method.state is not None:
             method.state.reset()
+    logger.truncate_after(step - 1)  # the lost steps' records and warnings go; then say what happened
     logger.warn(f"{error} Restarted the actor (restart {restarts} of {limit}); repeating from step {step}.",
                 kind="actor_restart", step=step)
-    logger.truncate_after(step - 1)
     if logger.bar is not None:
         logger.bar.n = step
         logger.bar.refresh()
@@ -235,7 +282,15 @@ def restart_actors(team: Team, run_dir: Path, logger: RunLogger, error: Exceptio
 
 def evaluate(team: Team, size: int, seed: int) -> dict:
     episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed)
-    return eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools])
+    faults, _ = team.engine.take_faults()
+    return {**eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools]), "faults": faults}
+
+
+def periodic_eval_due(cfg, step: int, end: int, stopping: bool) -> bool:
+    """Whether ``trainer.eval_every`` asks for a held-out evaluation after ``step``: every N
+    steps, after the last step of this call, and when the run is about to stop."""
+    every = cfg.trainer.eval_every
+    return bool(every and cfg.trainer.eval_size) and ((step + 1) % every == 0 or step == end - 1 or stopping)
 
 
 def train(
@@ -255,8 +310,8 @@ def train(
     """
     cfg = team.cfg
     control = control or RunControl()
-    hooks = CallbackList(callbacks, control)
     logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
+    hooks = CallbackList([*fit_checks(cfg, logger.warn), *callbacks], control)  # + a warning if the embedded model cannot parse the team
     logger.write_run_info(describe_team(team))
     start = 0
     summary: dict = {}
@@ -289,6 +344,7 @@ def train(
         if control.should_stop:  # asked before this step started (e.g. by an evaluation callback)
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
             break
+        pause_point("step_start", step)
         try:
             result = train_step(team, step, ready=upcoming, prefetch=overlap and step + 1 < end)
         except PolicyActorDied as e:  # without runtime.restart_actors the run stops; its last checkpoint is intact
@@ -300,7 +356,14 @@ def train(
         upcoming = result.upcoming
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
+        for kind, message in result.warnings:  # the run goes on; the user sees what went wrong
+            logger.warn(message, kind=kind, step=step)
+        pause_point("after_log", step)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
+        if periodic_eval_due(cfg, step, end, control.should_stop):  # held-out curve (trainer.eval_every)
+            summary["eval_last"] = {"step": step, **evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)}
+            logger.log_eval("periodic", summary["eval_last"])
+            hooks.on_eval("periodic", summary["eval_last"])
         last = step == cfg.trainer.steps - 1
         periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
         if last or step == end - 1 or periodic or control.should_stop:
@@ -314,7 +377,11 @@ def train(
         step += 1
     logger.close_progress()
     if end == cfg.trainer.steps and not control.should_stop and cfg.trainer.eval_size and cfg.trainer.eval_after:
-        summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
+        last_eval = summary.get("eval_last", {})
+        if last_eval.get("step") == end - 1:  # the periodic evaluation after the last step is the same greedy run
+            summary["eval_after"] = {k: v for k, v in last_eval.items() if k != "step"}
+        else:
+            summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
         logger.info(f"held-out team {eval_summary(summary['eval_after'])} after training")
         logger.log_eval("after", summary["eval_after"])
         hooks.on_eval("after", summary["eval_after"])

@@ -64,11 +64,18 @@ class Runtime(Protocol):
     def close(self) -> None: ...
 
 
-def learner_args(cfg: "RunConfig") -> dict[str, Any]:
-    """The trainer's loss settings every learner takes (flat builder arguments)."""
+def learner_args(cfg: "RunConfig") -> dict[str, dict[str, Any]]:
+    """Per policy, the trainer's loss settings its learner takes (flat builder arguments);
+    ``max_tokens`` is dr_grpo's constant: ``trainer.loss_agg_max_tokens``, else the largest
+    ``max_new_tokens`` of the policy's agents."""
     t = cfg.trainer
-    return dict(total_steps=t.steps, clip_low=t.clip_low, clip_high=t.clip_high, kl_coef=t.kl_coef,
-                loss_agg=t.loss_agg, ppo_epochs=t.ppo_epochs)
+    shared = dict(total_steps=t.steps, clip_low=t.clip_low, clip_high=t.clip_high, kl_coef=t.kl_coef,
+                  loss_agg=t.loss_agg, ppo_epochs=t.ppo_epochs)
+    out = {}
+    for name in cfg.policies:
+        longest = max((a.sampling.max_new_tokens for a in cfg.agents if a.policy == name), default=None)
+        out[name] = {**shared, "max_tokens": t.loss_agg_max_tokens or longest}
+    return out
 
 
 def build_runtime(cfg: "RunConfig", train: set[str], run_dir: Path | None = None) -> Runtime:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mas.backends.base import Backend, GenRequest, GenResult
+from mas.backends.base import Backend, BatchError, GenRequest, GenResult
 from mas.learner import TrainSample, UpdateSpan
 from mas.runtime import PolicyActorDied, learner_args
 from mas.runtime.ray_cluster import RaySession
@@ -112,12 +112,19 @@ class RayBackend:
             ref = group.actors[0].generate.options(concurrency_group="serve").remote([requests[i] for i in idx], seed)
             pending.append((group, idx, ref))
         out: list[GenResult | None] = [None] * len(requests)
+        errors: list[BaseException | None] = [None] * len(requests)
         if here:
-            for i, res in zip(here, self.local.generate_batch([requests[i] for i in here], seed=seed)):
-                out[i] = res
+            try:
+                for i, res in zip(here, self.local.generate_batch([requests[i] for i in here], seed=seed)):
+                    out[i] = res
+            except BatchError as e:  # some endpoint requests failed: keep the rest (as RoutedBackend does)
+                for i, res, err in zip(here, e.results, e.errors):
+                    out[i], errors[i] = res, err
         for group, idx, ref in pending:
             for i, res in zip(idx, group.get(ref)):
                 out[i] = res
+        if any(e is not None for e in errors):
+            raise BatchError(out, errors)
         return out  # type: ignore[return-value]
 
     def sync_weights(self, policy: str) -> None:

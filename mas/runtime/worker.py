@@ -41,15 +41,14 @@ if TYPE_CHECKING:
 
 class PolicyWorker:
     """Policies ``policies`` (config by name), the backend serving them and a learner for each
-    trainable one in ``train`` (policies some agent uses).  ``learner_args``: the trainer's
-    loss settings (``total_steps``, ``clip_low``, ``clip_high``, ``kl_coef``, ``loss_agg``,
-    ``ppo_epochs``)."""
+    trainable one in ``train`` (policies some agent uses).  ``learner_args``: per policy, the
+    trainer's loss settings (``mas.runtime.learner_args``)."""
 
     def __init__(
         self,
         policies: dict[str, "PolicyConfig"],
         train: list[str],
-        learner_args: dict[str, Any],
+        learner_args: dict[str, dict[str, Any]],
         seed: int,
         serving_copy: bool = False,
         num_threads: int | None = None,
@@ -63,7 +62,7 @@ class PolicyWorker:
         self.rank = rank
         self.handles: dict[str, PolicyHandle] = build_policies(dict(policies), seed=seed)
         self.learners: dict[str, Learner] = {
-            name: Learner(h, policies[name].optim, mixed_precision=policies[name].mixed_precision, **learner_args)
+            name: Learner(h, policies[name].optim, mixed_precision=policies[name].mixed_precision, **learner_args[name])
             for name, h in self.handles.items()
             if h.trainable and name in train
         }
