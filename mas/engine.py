@@ -671,7 +671,9 @@ class Engine:
             ep.status = "error"
             ep.error = f"{type(exc).__name__}: {exc}"
             ep.info["traceback"] = traceback.format_exc(limit=5)
-            if not ctx.backend_failed:  # a backend failure was counted where it happened
+            # a backend failure was counted where it happened; a replay that diverged is counted by the
+            # credit method (credit_cost.replay_divergences) and warned about once per step
+            if not ctx.backend_failed and not isinstance(exc, ReplayDivergence):
                 self.faults.add("agent_error", f"task {ep.task.task_id!r}: {ep.error}")
         finally:
             batcher.finished(key)

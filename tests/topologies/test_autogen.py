@@ -257,7 +257,8 @@ def test_round_robin_rollouts_record_turns_per_agent_batched_and_seeded(rr_team)
 
 def test_sharp_coalitions_reuse_the_recorded_turns_token_for_token(rr_team):
     groups = rr_team.engine.rollout(rr_team.env.sample_tasks(2), 2, seed=4)
-    requests = plan_credit(groups, rr_team.cfg.credit)
+    # exclude nobody: both agents are players, so no agent is re-sampled and every unmasked turn is kept
+    requests = plan_credit(groups, rr_team.cfg.credit.model_copy(update={"exclude": ()}))
     assert requests and all(isinstance(r, InterventionRequest) for r in requests)
     results = rr_team.engine.execute(requests, seed=5)
     kept = 0
