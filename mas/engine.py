@@ -210,12 +210,16 @@ class Batcher:
         self.active: set[int] = set()  # episode keys still running
         self.busy: Counter[int] = Counter()  # episode key -> tool calls running off the loop
         self._pending: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []
+        self._inflight: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []  # the batch being served
+        self.dead: BaseException | None = None  # what stopped the serving task, if it raised
         self._wake = asyncio.Event()
         self.batches = 0
         self.requests = 0
         self.fatal: BackendUnavailable | None = None  # the backend is gone; the rollout raises it
 
     async def generate(self, key: tuple[int, int], request: GenRequest) -> GenResult:
+        if self.dead is not None:
+            raise RuntimeError(f"the engine's batch server failed: {self.dead!r}") from self.dead
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((key, request, fut))
         self._wake.set()
@@ -237,6 +241,16 @@ class Batcher:
     def _all_waiting(self) -> bool:
         return bool(self._pending) and not self.busy and {k[0] for k, _, _ in self._pending} >= self.active
 
+    def fail_pending(self, server: asyncio.Task) -> None:
+        """The serving task ended: if it raised (a bug, not a failed generation: those fail their
+        own requests), every request waiting on it, and every later one, fails with that error."""
+        if server.cancelled() or server.exception() is None:
+            return
+        self.dead = server.exception()
+        for _, _, fut in self._inflight + self._pending:
+            _settle(fut, error=self.dead)
+        self._inflight, self._pending = [], []
+
     async def serve(self) -> None:
         while True:
             await self._wake.wait()
@@ -246,6 +260,7 @@ class Batcher:
             for _ in range(self.settle_yields):
                 await asyncio.sleep(0)
             batch = sorted((p for p in self._pending if not p[2].done()), key=lambda item: item[0])
+            self._inflight = batch
             self._pending = []  # (a future is done already only if its episode was cancelled by a timeout)
             if not batch:
                 continue
@@ -618,6 +633,7 @@ class Engine:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=max(32, 4 * len(jobs)), thread_name_prefix="mas-episode"))
         server = asyncio.create_task(batcher.serve())
+        server.add_done_callback(batcher.fail_pending)  # a server that dies must not leave episodes waiting
         try:
             episodes = [self._episode(k, ep, script, batcher, greedy) for k, (ep, script) in enumerate(jobs)]
             asks = [self._critique(len(jobs) + i, req, batcher) for i, req in enumerate(critiques)]
@@ -636,11 +652,14 @@ class Engine:
         return list(texts)
 
     def _generated_tokens(self, req: GenRequest, res: GenResult) -> int:
-        """Completion tokens of one generation (re-tokenised text where the backend gave no ids)."""
+        """Completion tokens of one generation: its ids; for a remote endpoint (no ids) the count
+        it reported, else its text tokenised with the policy's tokenizer."""
         if res.completion_ids or not res.text:
             return len(res.completion_ids)
+        if res.usage_tokens is not None:
+            return res.usage_tokens
         tok = self.tokenizers.get(req.policy)
-        return len(tok.encode(res.text, add_special_tokens=False)) if tok is not None else 0
+        return len(tok(res.text, add_special_tokens=False)["input_ids"]) if tok is not None else 0
 
     async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher) -> str:
         """One critic call; a failure gives an empty reply (the method's fallback handles it)."""

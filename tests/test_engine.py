@@ -299,3 +299,29 @@ def test_resampled_agents_replay_their_turns_before_the_first_masked_message(tin
     out = engine.execute([InterventionRequest("x", src, agents=("helper",), resample=("lead",))], seed=0)["x"][0]
     assert out.turns[0].replayed and out.turns[1].finish_reason == "masked"
     assert not out.turns[2].replayed and calls == ["lead"]  # only the turn after the masked one is re-sampled
+
+
+def test_a_bug_in_the_batch_server_stops_the_rollout_with_its_error_instead_of_hanging(tiny_tokenizer):
+    """If serving a batch raises outside the backend (here: counting its tokens), the episodes
+    waiting on it are released and the rollout raises that error; before, they waited forever."""
+    import threading
+
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
+
+    def broken_count(req, res):
+        raise ValueError("token count exploded")
+
+    engine._generated_tokens = broken_count
+    out: dict = {}
+
+    def run():
+        try:
+            out["groups"] = engine.rollout(TASKS[:3], 2, seed=0)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            out["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # a guard against the old hang, not a speed assertion
+    assert not worker.is_alive(), "the rollout hung on a dead batch server"
+    assert isinstance(out.get("error"), ValueError) and "token count exploded" in str(out["error"])

@@ -41,6 +41,7 @@ class GenResult:
     text: str  # decoded completion without the stop id and special tokens
     finish_reason: Literal["stop", "length"]
     weight_version: int | None = None  # version of the policy's weights that sampled it (None: unversioned)
+    usage_tokens: int | None = None  # completion tokens a remote endpoint reported (it returns no ids)
 
 
 class BackendUnavailable(RuntimeError):

@@ -212,8 +212,11 @@ def _result(reply: Any, url: str) -> GenResult:
     except (KeyError, IndexError, TypeError):
         raise _Transient(f"reply has no choices[0].message.content: {json.dumps(reply)[:200]}") from None
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    used = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return GenResult(completion_ids=[], logprobs=[], text=text if isinstance(text, str) else "",
-                     finish_reason="length" if finish == "length" else "stop")
+                     finish_reason="length" if finish == "length" else "stop",
+                     usage_tokens=used if isinstance(used, int) and not isinstance(used, bool) and used >= 0 else None)
 
 
 class ChatOnlyTokenizer:
