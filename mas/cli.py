@@ -52,8 +52,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             return 2
         cfg = load_config(args.config, args.overrides)
         run_dir = _run_dir(cfg, args.run_dir)
-    team = build_team(cfg)
-    summary = train(team, run_dir, resume=bool(args.resume), stop_after=args.stop_after)
+    from mas.runtime import PolicyActorDied
+
+    team = build_team(cfg, run_dir=run_dir)
+    try:  # a Ray runtime's actors (and a Ray instance it started) are freed however the run ends
+        summary = train(team, run_dir, resume=bool(args.resume), stop_after=args.stop_after)
+    except PolicyActorDied as e:
+        print(f"{e}\nthe run stopped; its last checkpoint is intact: continue with mas train --resume {run_dir}", file=sys.stderr)
+        return 3
+    finally:
+        team.close()
     before = summary.get("eval_before", {}).get("accuracy")
     after = summary.get("eval_after", {}).get("accuracy")
     if before is not None and after is not None:
@@ -71,21 +79,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     size = args.size or cfg.trainer.eval_size or 100
-    team = build_team(cfg, eval_size=(size, "--size" if args.size else "trainer.eval_size (or 100 when 0)"))
-    if args.checkpoint:
-        ckpt = Path(args.checkpoint)
-        if (ckpt / "checkpoints").is_dir():  # a run directory: take its latest checkpoint
-            ckpt = latest_checkpoint(ckpt) or ckpt
-        loaded = [name for name in team.policies if (ckpt / "policies" / name).is_dir()]
-        if not loaded:
-            print(f"--checkpoint {args.checkpoint}: no policy weights found there "
-                  f"(expected policies/<name>/ for one of {sorted(team.policies)})", file=sys.stderr)
-            return 2
-        for name in loaded:
-            team.policies[name].load_weights(ckpt / "policies" / name)
-            team.backend.sync_weights(name)
-        print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
-    result = evaluate(team, size, cfg.trainer.seed)
+    with build_team(cfg, eval_size=(size, "--size" if args.size else "trainer.eval_size (or 100 when 0)")) as team:
+        if args.checkpoint:
+            ckpt = Path(args.checkpoint)
+            if (ckpt / "checkpoints").is_dir():  # a run directory: take its latest checkpoint
+                ckpt = latest_checkpoint(ckpt) or ckpt
+            loaded = [name for name in cfg.policies if (ckpt / "policies" / name).is_dir()]
+            if not loaded:
+                print(f"--checkpoint {args.checkpoint}: no policy weights found there "
+                      f"(expected policies/<name>/ for one of {sorted(cfg.policies)})", file=sys.stderr)
+                return 2
+            team.runtime.load_policies(ckpt, loaded, learner_state=False)
+            print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
+        result = evaluate(team, size, cfg.trainer.seed)
     print(json.dumps(result, indent=2))
     return 0
 

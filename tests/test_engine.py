@@ -155,7 +155,7 @@ def test_rollout_batches_and_samples_are_the_same_in_every_run(tiny_model_dir, t
     team = build_team(validate_config(team_config(tiny_model_dir, topology)))
     sizes: list[int] = []
     generate = team.backend.generate_batch
-    team.backend.generate_batch = lambda reqs: (sizes.append(len(reqs)), generate(reqs))[1]
+    team.backend.generate_batch = lambda reqs, seed=None: (sizes.append(len(reqs)), generate(reqs, seed))[1]
     ids = lambda gs: [t.completion_ids for g in gs for e in g.episodes for t in e.turns]
     runs = []
     for _ in range(6):
@@ -239,7 +239,7 @@ def test_without_a_time_limit_no_timer_runs(tiny_tokenizer):
 def test_a_backend_that_loses_results_fails_the_episodes_instead_of_hanging(tiny_tokenizer):
     engine, backend = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
     real = backend.generate_batch
-    backend.generate_batch = lambda reqs: real(reqs)[:-1]
+    backend.generate_batch = lambda reqs, seed=None: real(reqs, seed)[:-1]
     groups = engine.rollout(TASKS[:2], 1, seed=0)
     assert all(g.episodes[0].status == "error" for g in groups)
 

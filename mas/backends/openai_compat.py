@@ -113,8 +113,9 @@ class OpenAICompatBackend:
 
     # -- Backend protocol -----------------------------------------------------------------------
 
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
-        """One chat completion per request, concurrently; results in request order.
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
+        """One chat completion per request, concurrently; results in request order (``seed`` is
+        not sent: a remote server's sampling is its own).
 
         Requests fail one by one: if any of several did (after its retries), ``BatchError``
         carries the others' results and each failure, so the engine does not send them again;
