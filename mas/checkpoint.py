@@ -63,6 +63,33 @@ def save_checkpoint(run_dir: Path, step: int, team: "Team", summary: dict[str, A
     return final
 
 
+def prune_checkpoints(run_dir: Path, keep_last: int | None) -> list[str]:
+    """Delete all but the newest ``keep_last`` complete checkpoints (None: keep all); returns
+    the names deleted.
+
+    The one ``latest`` names is never deleted, so ``latest`` never dangles and the final
+    checkpoint of a run is always kept.  Each old checkpoint is first renamed to
+    ``step_N.pruned`` (atomic), then removed: a crash in between leaves a ``.pruned`` folder
+    that no reader takes for a checkpoint, and that the next prune removes.  Leftover
+    ``.tmp`` / ``.old`` folders of other steps go too.
+    """
+    root = _ckpt_dir(run_dir)
+    if keep_last is None or not root.is_dir():
+        return []
+    latest = latest_checkpoint(run_dir)
+    complete = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and "." not in p.name)
+    keep = set(complete[-keep_last:]) | ({latest} if latest is not None else set())
+    doomed = [p for p in complete if p not in keep]
+    for path in doomed:
+        gone = path.with_name(path.name + ".pruned")
+        shutil.rmtree(gone, ignore_errors=True)
+        os.replace(path, gone)
+    for path in root.iterdir():  # leftovers: pruned folders and temp copies of earlier saves
+        if path.is_dir() and path.suffix in (".pruned", ".tmp", ".old") and (latest is None or path.name != latest.name):
+            shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in doomed]
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     pointer = _ckpt_dir(run_dir) / "latest"
     if not pointer.exists():

@@ -38,7 +38,11 @@ class LoraConfig(Section):
 
 
 class OptimConfig(Section):
-    lr: float = Field(1e-6, gt=0, description="Peak learning rate of this policy's AdamW.")
+    lr: float | None = Field(
+        None, gt=0,
+        description="Peak learning rate of this policy's AdamW. None: the default for the model, filled in when the team "
+        "is built: the embedded model's working rate, else a rate by the model's size and kind (mas/defaults.py; README table).",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
@@ -221,12 +225,31 @@ class TrainerConfig(Section):
     eval_size: int = Field(0, ge=0, description="Held-out tasks for greedy team accuracy; 0 disables.")
     eval_before: bool = Field(True, description="Evaluate before the first step.")
     eval_after: bool = Field(True, description="Evaluate after the last step.")
-    save_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only at the end).")
+    save_every: int | None = Field(
+        None, ge=0,
+        description="Checkpoint every N steps (0: only at the end and when stopped). None: about every 10% of the steps "
+        "(max(1, round(steps / 10))), filled in when the config loads.",
+    )
+    keep_last: int | None = Field(
+        3, ge=1,
+        description="Keep the newest N checkpoints and delete older ones after each save (the final one is always kept). "
+        "None keeps them all.",
+    )
     sample_episodes: int = Field(2, ge=0, description="Episodes per step written to episodes.jsonl.")
     alternate: tuple[str, ...] = Field(
         (), description="Train these policies one at a time, switching every switch_every steps (CCPO); () trains all each step."
     )
     switch_every: int = Field(10, ge=1, description="Steps per turn in the alternate schedule.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_save_every(cls, data: Any) -> Any:
+        """save_every None -> about every 10% of the steps (a bad 'steps' is reported by its own field)."""
+        if isinstance(data, dict) and data.get("save_every") is None:
+            steps = data["steps"] if "steps" in data else cls.model_fields["steps"].default
+            if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
+                return {**data, "save_every": max(1, round(steps / 10))}
+        return data
 
 
 class RuntimeConfig(Section):

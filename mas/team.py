@@ -6,12 +6,13 @@ Builders take the few values they need; only this module reads the whole RunConf
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from mas.agents.agent import Agent, build_agents
 from mas.agents.policy import PolicyHandle, build_policies
 from mas.backends import build_backend
 from mas.backends.base import Backend
 from mas.config import ConfigError, RunConfig, RuntimeConfig
+from mas.defaults import resolve_default_lrs
 from mas.engine import Engine
 from mas.envs import build_env
 from mas.envs.base import Env
@@ -28,6 +29,7 @@ class Team:
     engine: Engine
     env: Env
     learners: dict[str, Learner]  # one per trainable policy that some agent uses
+    defaults: dict[str, str] = field(default_factory=dict)  # YAML path -> the value build_team chose, and why
 
 
 def apply_runtime(runtime: RuntimeConfig) -> None:
@@ -58,6 +60,7 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None) -> Team
     apply_runtime(cfg.runtime)
     env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
     check_eval_size(env, *(eval_size or (cfg.trainer.eval_size, "trainer.eval_size")))
+    cfg, defaults = resolve_default_lrs(cfg)  # unset optim.lr -> the model's default (from its config, no weights)
     policies = build_policies(dict(cfg.policies), seed=cfg.trainer.seed)
     tools = getattr(env, "tools", {})  # an env with tools exposes them by name (envs/base.py)
     agents = build_agents(cfg.agents, cfg.team.name, tools)
@@ -88,7 +91,7 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None) -> Team
         for name, p in policies.items()
         if p.trainable and name in used
     }
-    return Team(cfg, policies, agents, backend, engine, env, learners)
+    return Team(cfg, policies, agents, backend, engine, env, learners, defaults)
 
 
 def describe_team(team: Team) -> dict:
@@ -113,6 +116,7 @@ def describe_team(team: Team) -> dict:
             "device": str(p.device),
             "parameters": base,
             "trainable_parameters": trainable,
+            "lr": team.cfg.policies[name].optim.lr if team.cfg.policies[name].optim else None,
             "agents": [a.name for a in team.agents.values() if a.policy == name],
         }
     card = get_credit(team.cfg.credit.method).card
@@ -128,4 +132,5 @@ def describe_team(team: Team) -> dict:
         "devices": devices,
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "cpu_count": os.cpu_count(),
+        "defaults": team.defaults,  # values the config left unset and build_team chose (e.g. optim.lr)
     }

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from mas.callbacks import Callback, CallbackList, RunControl
-from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from mas.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.learner import TrainSample
@@ -196,6 +196,7 @@ def train(
         periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
         if last or step == end - 1 or periodic or control.should_stop:
             hooks.on_checkpoint(step, save_checkpoint(run_dir, step, team, summary))
+            prune_checkpoints(run_dir, cfg.trainer.keep_last)
         if control.should_stop:
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step}
             logger.info(f"stopped after step {step} ({control.stop_reason}); resume with: mas train --resume {run_dir}")
