@@ -324,6 +324,10 @@ class RunConfig(Section):
         errors += _topology_refs(self.topology, names)
         errors += _tool_refs(self.agents, getattr(self, "env", None))
         errors += _credit_refs(getattr(self, "credit", None), names, policies, getattr(self, "trainer", None))
+        if not errors and "env" in self.model_fields_set:  # a fully validated config (not the partial pass below)
+            from mas.checks import config_errors  # local: the checks read these config types
+
+            errors += config_errors(self)
         if errors:
             raise CrossFieldErrors(errors)
         return self
@@ -547,10 +551,40 @@ def _model_in(ann: Any, parent: Any) -> Any:
     return models[0] if models else None
 
 
+def _switches_kind(item: str) -> bool:
+    """True for an override of a section's kind: credit.method, topology.kind, env.name, policies.<p>.kind."""
+    key = item.split("=", 1)[0].split(".")
+    return (len(key) == 2 and _UNION_TAGS.get(key[0]) == key[1]) or (len(key) == 3 and key[0] == "policies" and key[2] == "kind")
+
+
+# keys a policy of one kind may not carry (PolicyConfig._consistent): dropped when an override changes the kind
+_POLICY_KIND_KEYS = {"lora": (), "full": ("lora",), "frozen": ("lora", "optim")}
+_MISSING = object()
+
+
+def _switch_kind(section: dict, tag: str, value: Any, policy: bool) -> None:
+    """An override that changes a section's kind starts the section afresh: the old kind's keys
+    would be unknown keys of the new one (credit.method=sharp after dr_mas's invalid_penalty).
+    A policy keeps its model, device and the like, and drops only what the new kind forbids."""
+    if section.get(tag, _MISSING) == value:
+        return
+    if policy:
+        for key in _POLICY_KIND_KEYS.get(value, ()) if isinstance(value, str) else ():
+            section.pop(key, None)
+    else:
+        section.clear()
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply ``key.sub=value`` overrides (value parsed as YAML) to a raw config dict."""
+    """Apply ``key.sub=value`` overrides (value parsed as YAML) to a raw config dict.
+
+    Overrides of a section's kind (``credit.method``, ``topology.kind``, ``env.name``,
+    ``policies.<name>.kind``) are applied first, whatever their position, and replace the
+    old kind's settings instead of merging them in (``_switch_kind``); the other overrides
+    then set keys of the new section.
+    """
     data = copy.deepcopy(data)
-    for item in overrides:
+    for item in sorted(overrides, key=lambda it: not _switches_kind(it)):  # stable: kinds first
         if "=" not in item:
             raise ConfigError("overrides", [f"{item!r}: expected key.sub=value"])
         key, raw = item.split("=", 1)
@@ -574,6 +608,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if isinstance(cur, list):
             cur[_list_index(cur, parts[-1], key)] = value
         else:
+            if _switches_kind(item):
+                _switch_kind(cur, parts[-1], value, policy=parts[0] == "policies")
             cur[parts[-1]] = value
     return data
 

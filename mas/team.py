@@ -47,11 +47,11 @@ def apply_runtime(runtime: RuntimeConfig) -> None:
 
 def check_eval_size(env: Env, size: int, where: str) -> None:
     """A held-out size larger than the env's held-out split is a config error (named by ``where``)."""
-    if size:
-        try:
-            env.eval_tasks(size)
-        except ValueError as e:
-            raise ConfigError("config", [f"{where}: {size} is too many: {e}"]) from None
+    from mas.checks import eval_size_issues
+
+    issues = eval_size_issues(env, size, where)
+    if issues:
+        raise ConfigError("config", [f"{where}: {message}" for _, _, message in issues])
 
 
 def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None) -> Team:

@@ -20,6 +20,8 @@ import torch
 
 from mas.callbacks import Callback, CallbackList, RunControl
 from mas.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from mas.checks import config_warnings
+from mas.config import _path
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.learner import TrainSample
@@ -162,6 +164,9 @@ def train(
     hooks = CallbackList(callbacks, control)
     logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
     logger.write_run_info(describe_team(team))
+    if not resume:
+        for path, value, message in config_warnings(cfg):
+            logger.warn(f"{_path(path)}: {message} (found {value!r})", kind="config")
     start = 0
     summary: dict = {}
     if resume:
