@@ -274,12 +274,14 @@ def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_c
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        looks_local = model.startswith(("/", "./", "../", "~")) or Path(model).exists()
-        if looks_local and not Path(model).expanduser().is_dir():
+        from mas.hub import hub_access, is_local
+
+        if is_local(model) and not Path(model).expanduser().is_dir():
             raise ModelLoadError(f"model {model!r}: local path does not exist (or is not a directory)")
+        source = hub_access(model)  # the cached copy if the hub cannot be asked; fails in seconds if there is none
         try:
-            tok = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
-            lm = AutoModelForCausalLM.from_pretrained(model, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code)
+            tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            lm = AutoModelForCausalLM.from_pretrained(source, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:  # hub errors are OSError; malformed repo ids are ValueError
             raise ModelLoadError(
                 f"model {model!r}: could not load from a local directory or the Hugging Face hub "
