@@ -42,7 +42,7 @@ def save_checkpoint(run_dir: Path, step: int, team: "Team", summary: dict[str, A
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for name in team.learners:
-        team.policies[name].save_pretrained(tmp / "policies" / name)
+        team.policies[name].save_pretrained(tmp / "policies" / name, relative_to=run_dir)  # LoRA: base path relative to the run
     (tmp / "learners").mkdir()
     for name, learner in team.learners.items():
         torch.save(learner.state_dict(), tmp / "learners" / f"{name}.pt")
