@@ -26,6 +26,7 @@ from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.learner import TrainSample
 from mas.metrics import RunLogger, credit_cost, eval_metrics, eval_summary, step_metrics
+from mas.rundir import check_fresh
 from mas.team import Team, describe_team
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
 
@@ -162,6 +163,8 @@ def train(
     cfg = team.cfg
     control = control or RunControl()
     hooks = CallbackList(callbacks, control)
+    if not resume:
+        check_fresh(run_dir)  # a new run never mixes its logs and checkpoints with an old one
     logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
     logger.write_run_info(describe_team(team))
     if not resume:
@@ -204,7 +207,7 @@ def train(
             prune_checkpoints(run_dir, cfg.trainer.keep_last)
         if control.should_stop:
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step}
-            logger.info(f"stopped after step {step} ({control.stop_reason}); resume with: mas train --resume {run_dir}")
+            logger.info(f"stopped after step {step} ({control.stop_reason}); its checkpoint is written")
             break
     logger.close_progress()
     if end == cfg.trainer.steps and not control.should_stop and cfg.trainer.eval_size and cfg.trainer.eval_after:
