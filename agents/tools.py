@@ -8,7 +8,8 @@ family were tuned on), one call per block, any number of blocks in one message::
 
 Rules (each violation becomes an observation that says what was wrong; nothing raises):
 
-* a message that contains ``<tool_call>`` is a tool message: every block in it is a call;
+* a message that contains ``<tool_call>`` is a tool message: every block in it is a call
+  (at most ``MAX_BLOCKS``; further blocks are one error);
   a block runs from ``<tool_call>`` to the next ``</tool_call>`` (a missing close tag is an
   error); a Markdown code fence around the JSON is tolerated;
 * the block holds one JSON object with exactly the keys ``name`` (a string) and
@@ -19,6 +20,12 @@ Rules (each violation becomes an observation that says what was wrong; nothing r
   ``int``: a JSON integer);
 * the tool itself may reject a value (``ToolError``, e.g. an unknown title); that call is
   invalid too.
+
+Tools run outside the training process: the engine hands every call to a
+``mas.sandbox.Sandbox`` of forked worker processes with a time limit, a memory limit and no
+network (``runtime.tool_timeout_s``, ``runtime.tool_memory_mb``, ``runtime.tool_workers``),
+so a tool that hangs, allocates without bound or opens a socket costs one error observation,
+never the rollout.
 
 The engine (``mas.engine.EpisodeContext.call``) runs the calls, records them on the turn
 (``Turn.tool_calls``: name, arguments, valid, error; ``Turn.observations``: one text per
@@ -31,7 +38,6 @@ is the fraction of the turn's calls that were valid (SHARP's tool-process reward
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -52,7 +58,8 @@ __all__ = [
 
 TOOL_VALID_KEY = "tool_valid"  # Turn.extra_rewards key of the per-turn tool-validity signal
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+FENCE = "```"
+MAX_BLOCKS = 64  # tool-call blocks read from one message; more are one error (a degenerate message may hold 10^5)
 
 
 class ToolError(ValueError):
@@ -105,6 +112,9 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     calls: list[ToolCall] = []
     pos = text.find(OPEN)
     while pos != -1:
+        if len(calls) == MAX_BLOCKS:
+            calls.append(ToolCall(None, None, f"more than {MAX_BLOCKS} tool calls in one message; the rest were not read"))
+            break
         start = pos + len(OPEN)
         end = text.find(CLOSE, start)
         if end == -1:
@@ -115,17 +125,29 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
+def _unfence(body: str) -> str:
+    """The inside of a Markdown code fence around the whole (stripped) block: ```json ... ```.
+
+    Plain string operations, linear in the length: a backtracking pattern here took cubic time
+    on an opening fence followed by a long run of whitespace and no closing fence.  A block
+    that opens a fence without closing it is left as it is (and fails as JSON).
+    """
+    if len(body) >= 2 * len(FENCE) and body.startswith(FENCE) and body.endswith(FENCE):
+        inner = body[len(FENCE) : -len(FENCE)]
+        return (inner[len("json") :] if inner.startswith("json") else inner).strip()
+    return body
+
+
 def _parse_block(body: str) -> ToolCall:
-    body = body.strip()
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group(1)
+    body = _unfence(body.strip())
     if not body:
         return ToolCall(None, None, "the tool call is empty; put a JSON object between the tags")
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return ToolCall(None, None, f"the tool call is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})")
+    except RecursionError:  # brackets nested deeper than the JSON decoder goes
+        return ToolCall(None, None, "the tool call is not valid JSON (nested too deeply)")
     if not isinstance(obj, dict):
         return ToolCall(None, None, f"the tool call must be a JSON object, found {type(obj).__name__}")
     extra = sorted(set(obj) - {"name", "arguments"})
@@ -161,8 +183,20 @@ def _check_arguments(spec: ToolSpec, args: dict[str, Any]) -> tuple[dict[str, An
     return out, None
 
 
-def run_tool_call(call: ToolCall, tools: Mapping[str, ToolSpec]) -> tuple[dict[str, Any], str]:
-    """Run one parsed call against the agent's ``tools``: (record for Turn.tool_calls, observation)."""
+def run_tool_call(
+    call: ToolCall, tools: Mapping[str, ToolSpec], runner: Callable[..., Any] | None = None
+) -> tuple[dict[str, Any], str]:
+    """Run one parsed call against the agent's ``tools``: (record for Turn.tool_calls, observation).
+
+    ``runner(name, **arguments)`` runs the tool: the engine passes a ``mas.sandbox.Sandbox``
+    holding the env's tool functions (a subprocess with a time limit, a memory limit and no
+    network); without one the function is called in this process (unit tests of the format).
+    A call the tool could not finish (it raised, hung past the time limit or ran out of memory)
+    is an error observation whose record carries ``fault``: "tool_error", "tool_timeout" or
+    "tool_memory"; a ``ToolError`` (the tool's answer to a value it cannot serve) is not a fault.
+    """
+    from mas.sandbox import SandboxMemoryError, SandboxTimeout
+
     record: dict[str, Any] = {"name": call.name, "arguments": call.arguments, "valid": False, "error": None}
     if call.error is None and call.name not in tools:
         call = ToolCall(call.name, call.arguments, f"unknown tool {call.name!r}; you can call {', '.join(sorted(tools)) or 'none'}")
@@ -176,12 +210,21 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, ToolSpec]) -> tuple[dict[s
         return record, f"error: {error}. Example: {spec.example()}"
     record["arguments"] = args
     try:
-        observation = spec.fn(**args)
+        observation = runner(spec.name, **args) if runner is not None else spec.fn(**args)
     except ToolError as e:
         record["error"] = str(e)
         return record, f"error: {e}"
+    except SandboxTimeout as e:
+        record["error"], record["fault"] = f"{spec.name} failed: {e}", "tool_timeout"
+        return record, f"error: {record['error']}"
+    except SandboxMemoryError as e:
+        record["error"], record["fault"] = f"{spec.name} failed: {e}", "tool_memory"
+        return record, f"error: {record['error']}"
     except Exception as e:  # noqa: BLE001 - a tool failure is an observation, never a crashed episode
-        record["error"] = f"{spec.name} failed: {type(e).__name__}: {e}"
+        record["error"], record["fault"] = f"{spec.name} failed: {type(e).__name__}: {e}", "tool_error"
+        return record, f"error: {record['error']}"
+    if not isinstance(observation, str):
+        record["error"], record["fault"] = f"{spec.name} failed: it returned {type(observation).__name__}, not text", "tool_error"
         return record, f"error: {record['error']}"
     record["valid"] = True
     return record, observation

@@ -56,7 +56,7 @@ from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
 from .normalise import CreditNormalised, NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field, segment_stats
-from .registry import MethodCard, register_credit
+from .registry import CREDIT_DTYPE, MethodCard, register_credit
 
 _PENALTY = (
     "Subtracted from the reward of each turn whose output did not parse (DrMAS "
@@ -106,10 +106,6 @@ class RLOOConfig(CreditConfigBase):
     invalid_penalty: float = Field(0.0, allow_inf_nan=False, description=_PENALTY)
 
 
-def _float_dtype(batch: CreditBatch) -> torch.dtype:
-    return batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
-
-
 def turn_rewards_with_penalty(batch: CreditBatch, invalid_penalty: float) -> torch.Tensor:
     """Per-row reward R_i − penalty · invalid_t of every turn, float64.  [N]"""
     rewards = batch.episode_rewards.to(torch.float64)[batch.episode_ids]  # [N]
@@ -142,7 +138,7 @@ def _breakdown(batch: CreditBatch, norm: CreditNormalised, dtype: torch.dtype, i
 
 
 def _grpo(batch: CreditBatch, cfg: GRPOConfig | DrGRPOConfig) -> Credit:
-    dtype = _float_dtype(batch)
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     score = episode_scores(batch, cfg.invalid_penalty)  # [E]
     norm = normalise_credit(batch, RawScores(turn=score[batch.episode_ids], episode=score), cfg.normaliser, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
     breakdown = _breakdown(batch, norm, dtype, cfg.invalid_penalty, score)
@@ -162,11 +158,11 @@ def grpo(batch: CreditBatch, cfg: GRPOConfig, results: Results | None = None) ->
     """GRPO outcome advantage A_i = (s_i − mean_j s_j) / (std_j s_j + eps), per task group.
 
     Paper: arXiv 2402.03300 (outcome supervision).  From verl's
-    ``compute_grpo_outcome_advantage`` [C]: std is ddof = 1, eps = 1e-6, and a group of one
-    episode gets mean 0 and std 1, so its advantage is s_i / (1 + eps) (≈ the raw score),
-    not 0.  s_i is the trajectory score described in the module docstring.
-    Deviation [A]: a group of identical scores gives exactly 0 (verl can leave float32
-    rounding residue divided by eps).
+    ``compute_grpo_outcome_advantage`` [C]: std is ddof = 1, eps = 1e-6.  s_i is the
+    trajectory score described in the module docstring.
+    Deviations [A] (``normalise.py``): a group of identical scores gives exactly 0 (verl can
+    leave float32 rounding residue divided by eps), and so does a group of one episode
+    (verl returns s_i / (1 + eps) there: no comparison, no group-relative signal).
     That is the default normaliser (group); ``cfg.normaliser`` swaps the statistics
     applied to the broadcast s_i (module docstring).
     """
@@ -181,8 +177,8 @@ def dr_grpo(batch: CreditBatch, cfg: DrGRPOConfig, results: Results | None = Non
     """Dr. GRPO advantage A_i = s_i − mean_j s_j (arXiv 2503.20783).
 
     Identical to ``grpo`` with ``scale_by_std=False`` (verl ``norm_adv_by_std_in_grpo=False``,
-    whose docstring cites Dr. GRPO [C]), for every normaliser.  A singleton group keeps its
-    raw score (mean 0, verl quirk [C]).  The paper's other change, dropping the 1/|o_i|
+    whose docstring cites Dr. GRPO [C]), for every normaliser.  A singleton group gives 0
+    (``normalise.py``; verl keeps the raw score).  The paper's other change, dropping the 1/|o_i|
     length normalisation, belongs to loss aggregation, not here.
     """
     return _grpo(batch, cfg)
@@ -196,9 +192,10 @@ def rloo_scores(batch: CreditBatch, invalid_penalty: float) -> tuple[torch.Tenso
     score = episode_scores(batch, invalid_penalty)  # [E]
     stats = segment_stats(score, batch.episode_group_ids)
     g = batch.episode_group_ids  # [E]
-    size = stats.count[g]  # [E] G of the episode's group
+    size = stats.count[g]  # [E] G of the episode's group (long)
     many = size > 1  # [E]
-    factor = torch.where(many, size / (size - 1).clamp(min=1), torch.zeros_like(size, dtype=torch.float64))  # [E]
+    n = size.to(torch.float64)  # [E] the ratio G/(G-1) in float64 (long / long would land in float32)
+    factor = torch.where(many, n / (n - 1).clamp(min=1), torch.zeros_like(n))  # [E]
     adv = factor * (score - torch.where(many, stats.mean[g], score))  # [E]
     loo_mean = score - adv  # [E] mean of the other episodes' scores (own score for G = 1)
     return adv, loo_mean, size, score
@@ -214,12 +211,12 @@ def rloo(batch: CreditBatch, cfg: RLOOConfig, results: Results | None = None) ->
     Kool et al. 2019 ("Buy 4 REINFORCE samples, get a baseline for free!"); Ahmadian et al.
     2024, arXiv 2402.14740.  verl computes the second form [C]; so does this function, in
     float64, with the group mean exact for constant groups, so identical scores give 0.
-    Group of one episode: A = 0 (there is no other sample to form a baseline) [A].  This
-    deviates from verl, which leaves the raw score for a singleton group.
+    Group of one episode: A = 0 (there is no other sample to form a baseline) [A], as for
+    every normaliser here; verl leaves the raw score for a singleton group.
     A_i is the method's raw score; the default normaliser ``none`` returns it unchanged,
     another one is applied to it (module docstring).
     """
-    dtype = _float_dtype(batch)
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     adv, loo_mean, size, score = rloo_scores(batch, cfg.invalid_penalty)  # [E] each
     ep = batch.episode_ids  # [N]
     norm = normalise_credit(batch, RawScores(turn=adv[ep], episode=adv), cfg.normaliser, scale_by_std=cfg.scale_by_std, eps=cfg.eps)

@@ -71,11 +71,11 @@ def build_credit_batch(groups: list[EpisodeGroup], agent_names: list[str]) -> Cr
             e += 1
 
     keys = sorted({k for d in extra for k in d})
-    turn_rewards = {k: torch.tensor([float(d.get(k, 0.0)) for d in extra], dtype=torch.float32) for k in keys}  # [N] each
+    turn_rewards = {k: torch.tensor([float(d.get(k, 0.0)) for d in extra], dtype=torch.float64) for k in keys}  # [N] each
     turn_reward_present = {k: torch.tensor([k in d for d in extra], dtype=torch.bool) for k in keys}  # [N] each
 
     return CreditBatch(
-        episode_rewards=torch.tensor(episode_rewards, dtype=torch.float32),  # [E]
+        episode_rewards=torch.tensor(episode_rewards, dtype=torch.float64),  # [E] float64: credit arithmetic never rounds to float32
         episode_group_ids=torch.tensor(episode_group_ids, dtype=torch.long),  # [E]
         episode_ids=torch.tensor(episode_ids, dtype=torch.long),  # [N]
         group_ids=torch.tensor(group_ids, dtype=torch.long),  # [N]

@@ -20,6 +20,14 @@ The tree [C, ``EIT-EAST-Lab/C3`` "Rule-B nested rollout", read as turn positions
     (e, d) is {recorded turn d} ∪ {the fanout[d]-1 replays}.  fanout[d] = 1 plans nothing
     (a sibling group of one).
 
+No replay [C, ``c3/credit/c3/provider.py`` docstring, ``--c3_no_replay``]: C3's no-replay
+ablation keeps the tree's depths but collapses the parent id at every depth d >= 1, so a
+depth-d sibling group holds all prod(fanout[:d+1]) nodes of that depth under the question.
+``no_replay`` does the same here: the depth-d group of a task pools the recorded depth-d
+nodes of all its episodes (and their replays, if any).  Its default (None) turns it on
+exactly for fanout (G, 1, ...), C3's ablation setting, where per-parent groups would hold
+one node each and give every turn after the first 0.
+
 Node values (``reward_source="subtree_mean"`` [C]):
   * a leaf = its terminal reward;
   * an interior node = mean reward of its leaf subtree.  The subtree of the recorded turn
@@ -72,6 +80,7 @@ M replay episodes used, K = tree nodes (recorded nodes + M replays), S sibling g
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -80,8 +89,8 @@ from pydantic import Field, field_validator
 from mas.types import Credit, CreditBatch, EpisodeGroup, ReplayRequest, Request, Results
 
 from .base import CreditConfigBase
-from .normalise import NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field
-from .registry import MethodCard, register_credit, run_rewards
+from .normalise import NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field, segment_moments
+from .registry import CREDIT_DTYPE, MethodCard, register_credit, run_rewards
 
 STD_NORM_EPS = 1e-8  # inside the sqrt, as in the official code [C]
 
@@ -95,7 +104,7 @@ class C3Config(CreditConfigBase):
         min_length=1,
         description="Siblings per tree depth, depth = turn position in the episode [A: the paper's roles in topological "
         "order]. fanout[0] must equal trainer.group_size (the G rollouts are the root siblings); fanout[d] - 1 replays "
-        "are sampled per episode at depth d >= 1. Paper: (2, 4) for K = 8; (K, 1) is the no-replay ablation [C].",
+        "are sampled per episode at depth d >= 1. Paper: (2, 4) for K = 8; (K, 1) is the no-replay ablation [C] (see no_replay).",
     )
     variant: Literal["reward_only"] = Field(
         "reward_only",
@@ -110,6 +119,13 @@ class C3Config(CreditConfigBase):
         description="Standardise the credits of each sibling group: (A - mean) / sqrt(var + 1e-8), population variance "
         "(C3 code default; --no_advantage_std_norm turns it off) [C].",
     )
+    no_replay: bool | None = Field(
+        None,
+        description="Sibling groups at depth >= 1 pool every node of that depth in the task group, ignoring the parent "
+        "(C3's --c3_no_replay ablation: its rollout collapses the parent id, so a depth-d group holds prod(fanout[:d+1]) "
+        "nodes) [C]. None: on exactly when every fanout[d] for d >= 1 is 1, i.e. fanout [G, 1], where per-parent groups "
+        "would have one node each and give every turn after the first 0.",
+    )
     normaliser: NormaliserName = normaliser_field("none", "C3 default: none (std_norm already standardises each sibling group).")
     scale_by_std: bool = scale_by_std_field("Only for the pipeline normaliser.")
     eps: float = eps_field("Only for the pipeline normaliser.")
@@ -120,6 +136,13 @@ class C3Config(CreditConfigBase):
         if any(f < 1 for f in v):
             raise ValueError(f"every fanout entry must be >= 1, got {list(v)}")
         return v
+
+
+def no_replay(cfg: C3Config) -> bool:
+    """Whether depth >= 1 siblings are pooled over the task group (``no_replay``, or its automatic value)."""
+    if cfg.no_replay is not None:
+        return cfg.no_replay
+    return len(cfg.fanout) > 1 and all(f == 1 for f in cfg.fanout[1:])
 
 
 def replay_key(episode: int, depth: int) -> str:
@@ -178,7 +201,7 @@ def c3(batch: CreditBatch, cfg: C3Config, results: Results | None = None) -> Cre
 
     See the module docstring for the tree, the formulas, the [A] choices and the deviations.
     """
-    dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     dev = batch.episode_ids.device
     E, B, D = batch.num_episodes, int(batch.episode_group_ids.max()) + 1 if batch.num_episodes else 0, len(cfg.fanout)
     rep_e, rep_d, rep_r, failures = _collect_replays(batch, cfg, results)
@@ -201,12 +224,17 @@ def c3(batch: CreditBatch, cfg: C3Config, results: Results | None = None) -> Cre
     exists = depth[None, :] < n_turns[:, None].clamp(max=D)  # [E, D]
     node_e, node_d = exists.nonzero(as_tuple=True)  # [R_n] each
     ep_group = batch.episode_group_ids.to(torch.long)  # [E]
-    # sibling group: depth 0 -> the task group b; depth d >= 1 -> (e, d), numbered after the B task groups
-    rec_sib = torch.where(node_d == 0, ep_group[node_e], B + node_e * D + node_d)  # [R_n]
-    rep_sib = B + re_ * D + rd  # [M]
+    # sibling group: depth 0 -> the task group b; depth d >= 1 -> (e, d), numbered after the B task groups;
+    # without replay (C3's c3_no_replay) depth d >= 1 -> (b, d): every depth-d node of the task, parents ignored
+    if no_replay(cfg):
+        rec_sib = torch.where(node_d == 0, ep_group[node_e], B + ep_group[node_e] * D + node_d)  # [R_n]
+        rep_sib = B + ep_group[re_] * D + rd  # [M]
+    else:
+        rec_sib = torch.where(node_d == 0, ep_group[node_e], B + node_e * D + node_d)  # [R_n]
+        rep_sib = B + re_ * D + rd  # [M]
     sib = torch.cat([rec_sib, rep_sib])  # [K]
     value = torch.cat([q_rec[node_e, node_d], rr])  # [K]
-    S = B + E * D
+    S = B + max(E, B) * D
 
     count = torch.bincount(sib, minlength=S).to(torch.float64)  # [S]
     total = torch.zeros(S, dtype=torch.float64, device=dev).index_add_(0, sib, value)  # [S]
@@ -219,10 +247,8 @@ def c3(batch: CreditBatch, cfg: C3Config, results: Results | None = None) -> Cre
     credit = value - base  # [K]
     raw = credit
     if cfg.std_norm:
-        mean = torch.zeros(S, dtype=torch.float64, device=dev).index_add_(0, sib, credit) / count.clamp(min=1)  # [S]
-        centred = credit - mean[sib]  # [K]
-        var = torch.zeros(S, dtype=torch.float64, device=dev).index_add_(0, sib, centred * centred) / count.clamp(min=1)  # [S]
-        credit = centred / torch.sqrt(var[sib] + STD_NORM_EPS)  # [K]
+        mean, std, _ = segment_moments(credit, sib, S)  # [S] each: population std, overflow-safe
+        credit = (credit - mean[sib]) / torch.hypot(std[sib], torch.tensor(math.sqrt(STD_NORM_EPS), dtype=torch.float64))  # [K] sqrt(var + 1e-8)
 
     # back to the recorded turns: a turn at position t takes the node at depth min(t, D − 1)
     R_n = node_e.numel()

@@ -30,13 +30,23 @@ v1 (§6.2 [C, ``CCPO-v1`` ``leave_one_out_rema.py`` / ``historical_normalizer.py
     pass through [C]; what passes through is an [A] choice (``v1_warmup``): "shapley" gives
     the code's no-normaliser fallback, the 2-player Shapley split φ₁ = ½(R_joint − R_solo),
     φ₂ = ½(R_joint + R_solo) (``shapley_two_player``); "raw" gives r₁ = Δ, r₂ = R_joint.
+    What the authors' code passes through could not be checked here: the public repository
+    (``bhai114/ccpo``) lists ``leave_one_out_rema.py`` and ``historical_normalizer.py`` in
+    ``CCPO-v1/src/verl/verl/workers/reward_manager/__init__.py``, but neither file could be
+    read (the searchable copy holds only the ``__init__``).  What could be read: the v1 run
+    script ``CCPO-v1/scripts/rl/separated_rema/example_test500_qwen2_5_7b.sh`` sets
+    ``historical_min_samples=10``, ``historical_buffer_size=1000``, ``ema_decay=0.99``,
+    ``alpha=1.0``, ``eta=1.0`` (the defaults here), and the separated trainer always applies
+    GRPO per prompt group on top of the historically normalised rewards ("DOUBLE
+    normalization"), as here.  The pass-through form therefore stays the documented [A]
+    default until the normaliser's code can be read.
     A sample is an episode with turns.  The batch variance is the population variance [A].
     Then GRPO (with std, the code's "double normalisation") per (task group, role).
 
 The per-role GRPO step: segments are (task group, role) over *turns* (verl rows; with one
 upstream and one downstream turn per episode, as in the paper, that is per episode), with
-the statistics of ``normalise.py`` (ddof 1, ε = 1e-6, a singleton keeps its raw value,
-a constant segment gives exactly 0).  ``grpo_scale_by_std`` None picks the version's recipe:
+the statistics of ``normalise.py`` (ddof 1, ε = 1e-6, a singleton or a constant
+segment gives exactly 0).  ``grpo_scale_by_std`` None picks the version's recipe:
 False for v2 [C], True for v1 [C].  A pipeline ``normaliser`` (default none) is applied to
 the result.
 
@@ -80,8 +90,8 @@ from pydantic import Field
 from mas.types import Credit, CreditBatch, EpisodeGroup, InterventionRequest, Request, Results
 
 from .base import CreditConfigBase
-from .normalise import NormaliserName, RawScores, normalise_credit, normalise_segments, normaliser_field, scale_by_std_field
-from .registry import MethodCard, register_credit, run_rewards
+from .normalise import NormaliserName, RawScores, normalise_credit, normalise_segments, normaliser_field, scale_by_std_field, segment_moments
+from .registry import CREDIT_DTYPE, MethodCard, register_credit, run_rewards
 
 
 class CCPOConfig(CreditConfigBase):
@@ -127,7 +137,7 @@ class CCPOConfig(CreditConfigBase):
     normaliser: NormaliserName = normaliser_field("none", "CCPO default: none (the per-role GRPO step is part of the method).")
     scale_by_std: bool = scale_by_std_field("Only for the pipeline normaliser.")
     eps: float = Field(
-        1e-6, ge=0.0, allow_inf_nan=False, description="ε of the v1 history normaliser, the per-role GRPO step and the pipeline normaliser (1e-6) [C]."
+        1e-6, gt=0.0, allow_inf_nan=False, description="ε of the v1 history normaliser, the per-role GRPO step and the pipeline normaliser (1e-6) [C]; must be > 0."
     )
 
 
@@ -167,7 +177,8 @@ class HistoryNormaliser:
         if delta.numel() == 0:
             return
         for stat, x in ((self.delta, delta), (self.joint, joint), (self.solo, solo)):
-            stat.update(float(x.mean()), float(x.var(unbiased=False)), decay)
+            mean, std, _ = segment_moments(x, torch.zeros(x.numel(), dtype=torch.long, device=x.device), 1)  # population, overflow-safe
+            stat.update(float(mean[0]), float(std[0]) ** 2, decay)
         self.count += int(delta.numel())
 
     def state_dict(self) -> dict[str, Any]:
@@ -296,7 +307,7 @@ def ccpo(batch: CreditBatch, cfg: CCPOConfig, results: Results | None = None) ->
 
     See the module docstring for v1/v2, the [A] choices and the state v1 keeps.
     """
-    dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     dev = batch.episode_ids.device
     E = batch.num_episodes
     B = int(batch.episode_group_ids.max()) + 1 if E else 0

@@ -42,8 +42,15 @@ per robot, §8.3].  Parsing uses ``json.loads`` only (``raw_decode`` at each "{"
 first object that decodes wins); the object must name exactly the agents that spoke, each
 with exactly its number of messages, all numbers finite (bools, NaN and Infinity rejected).
 Otherwise the episode falls back to R/T on each of its T turns [S].  With ``renormalise``
-(default) a parsed decomposition is rescaled c ← c·R/Σc when Σc ≠ 0, so Σ_k Σ_t c = R
-[A, §8.3 "optional efficiency repair"]; an all-zero one is kept as it is.  The credits are
+(default) a parsed decomposition is repaired so that Σ_k Σ_t c = R [A, §8.3 "optional
+efficiency repair"]:
+    rescale  c ← c·R/Σc                 when |Σc| >= cancel_tol · Σ|c|
+    shift    c ← c + (R − Σc)/T         otherwise (credits that nearly cancel, or all zero)
+The rescale alone explodes when the credits nearly cancel: [1, −0.999999] with R = 1 would
+become [1e6, −999999], finite, so no check would catch it.  The guard bounds every rescaled
+credit by |R|/cancel_tol (10·|R| for the default 0.1), and the shift keeps the critic's
+differences between turns exactly while restoring efficiency; an all-zero decomposition
+becomes R/T per turn, the same as a reply that did not parse.  The credits are
 the raw per-turn scores; Dr. MAS agent-wise normalisation (per task group and agent, ddof 1;
 ``normaliser: agent``) turns them into advantages by default [A, §8.3].
 
@@ -64,7 +71,8 @@ llm_mca: the credit before renormalisation, R/T on fallback), ``turn_reward`` [N
 score handed to the normaliser, ``fallback`` [N] bool, ``norm_mean``/``norm_std``/``norm_count``
 [N], ``episode_score`` [E], and scalar tensors ``critic_calls`` (replies read, retries
 included), ``parse_failures`` (replies that did not parse, retries included), ``retries`` and
-``fallbacks`` (turns for mappa, episodes for llm_mca).  The critics' text rationales are not
+``fallbacks`` (turns for mappa, episodes for llm_mca), and for llm_mca ``renormalise_shifts``
+(episodes whose credits nearly cancelled and were repaired additively).  The critics' text rationales are not
 kept: Credit has no place for text.
 
 Shapes: N flattened turns, E episodes, K agents.
@@ -87,16 +95,18 @@ from mas.types import Credit, CreditBatch, CritiqueRequest, Episode, EpisodeGrou
 from .base import CreditConfigBase
 from .critic_prompts import LLM_MCA_PLACEHOLDERS, LLM_MCA_PROMPT, MAPPA_PLACEHOLDERS, MAPPA_PROMPT, MAPPA_RETRY_PROMPT
 from .normalise import Normalised, RawScores, eps_field, normalise_credit, scale_by_std_field, weighted_whiten
-from .registry import MethodCard, register_credit
+from .registry import CREDIT_DTYPE, MethodCard, register_credit
 
 CriticMode = Literal["mappa", "llm_mca"]
-CriticNormaliser = Literal["agent_tokens", "none", "group", "global", "agent"]
+CriticNormaliser = Literal["agent_tokens", "none", "group", "group_batch_std", "global", "agent"]
 DEFAULT_NORMALISER: dict[str, str] = {"mappa": "agent_tokens", "llm_mca": "agent"}
 DEFAULT_PROMPT: dict[str, str] = {"mappa": MAPPA_PROMPT, "llm_mca": LLM_MCA_PROMPT}
 PLACEHOLDERS: dict[str, tuple[str, ...]] = {"mappa": MAPPA_PLACEHOLDERS, "llm_mca": LLM_MCA_PLACEHOLDERS}
 NO_TOOLS = "N/A (no tools used)"
 NO_GROUND_TRUTH = "N/A"
-PROCESS_SCORE = re.compile(r"PROCESS_SCORE:\s*([\d.]+)", re.IGNORECASE)  # MAPPA's regex [C]
+# MAPPA's regex [C], with ASCII digits [A]: Python's \d also matches other scripts' digits, and
+# float() reads them, so "PROCESS_SCORE: 7\u0663" would score 73 -> 10.  One quantifier, so linear time.
+PROCESS_SCORE = re.compile(r"PROCESS_SCORE:\s*([0-9.]+)", re.IGNORECASE)
 _SECTION = re.compile(r"^\[(system|user)\][ \t]*$", re.MULTILINE)
 _MAX_JSON_STARTS = 64  # "{" positions tried by the JSON parser (bounds the work on garbage)
 
@@ -142,7 +152,18 @@ class CriticConfig(CreditConfigBase):
         "never reads it: process-only [C].",
     )
     tool_observation_chars: int = Field(2000, ge=0, description="mappa: tool observations shown to the coach are cut to this many characters (MAPPA: 2,000 [C]).")
-    renormalise: bool = Field(True, description="llm_mca: rescale c <- c*R/sum(c) when sum(c) != 0 so the episode's credits sum to R [A].")
+    renormalise: bool = Field(
+        True,
+        description="llm_mca: repair each parsed decomposition so the episode's credits sum to R [A]: rescale c <- c*R/sum(c), "
+        "or, when the credits nearly cancel (see cancel_tol), shift c <- c + (R - sum(c))/T.",
+    )
+    cancel_tol: float = Field(
+        0.1,
+        gt=0.0,
+        lt=1.0,
+        description="llm_mca: rescale only when |sum(c)| >= cancel_tol * sum(|c|), which bounds a rescaled credit by |R|/cancel_tol; "
+        "otherwise the additive shift is used [A].",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -418,7 +439,7 @@ def token_weighted_whiten(
     w = weights.to(torch.float64).clamp(min=0.0)  # [N]
     white = weighted_whiten(values, w, agent_ids, scale_by_std=scale_by_std, eps=eps, num_segments=K, variance_floor=False)
     count = torch.bincount(agent_ids.to(torch.long), minlength=K)  # [K]
-    dtype = values.dtype if values.is_floating_point() else torch.float32
+    dtype = CREDIT_DTYPE
     return Normalised(values=white.values.to(dtype), mean=white.mean.to(dtype), std=white.std.to(dtype),
                       count=count[agent_ids.to(torch.long)])
 
@@ -482,9 +503,13 @@ def _llm_mca_credits(
             nth[a] = nth.get(a, 0) + 1
     raw_t = torch.tensor(raw, dtype=torch.float64)  # [N]
     sums = torch.zeros(E, dtype=torch.float64).index_add_(0, ep, raw_t)  # [E] Σ_k Σ_t c
-    rescale = parsed_ok & (sums != 0) if cfg.renormalise else torch.zeros_like(parsed_ok)  # [E]
+    mass = torch.zeros(E, dtype=torch.float64).index_add_(0, ep, raw_t.abs())  # [E] Σ_k Σ_t |c|
+    repair = parsed_ok & torch.tensor(cfg.renormalise)  # [E]
+    rescale = repair & (sums.abs() >= cfg.cancel_tol * mass) & (mass > 0)  # [E] c·R/Σc is bounded by |R|/cancel_tol
+    shift = repair & ~rescale  # [E] nearly cancelling (or all-zero) credits: additive repair
     scale = torch.where(rescale, R / torch.where(rescale, sums, torch.ones_like(sums)), torch.ones_like(sums))  # [E]
-    credit = raw_t * scale[ep]  # [N]
+    offset = torch.where(shift, (R - sums) / n_turns.clamp(min=1).to(torch.float64), torch.zeros_like(sums))  # [E]
+    credit = raw_t * scale[ep] + offset[ep]  # [N]
     bad = torch.zeros(E, dtype=torch.float64).index_add_(0, ep, (~torch.isfinite(credit)).to(torch.float64)) > 0  # [E] overflow
     failures += int((bad & parsed_ok).sum())
     fallback_e = ~parsed_ok | bad  # [E]
@@ -492,7 +517,8 @@ def _llm_mca_credits(
     fb = fallback_e[ep]  # [N]
     raw_t = torch.where(fb, equal_split, raw_t)  # [N]
     credit = torch.where(fb, equal_split, credit)  # [N]
-    counts = {"critic_calls": calls, "parse_failures": failures, "retries": 0, "fallbacks": int((fallback_e & (n_turns > 0)).sum())}
+    counts = {"critic_calls": calls, "parse_failures": failures, "retries": 0, "fallbacks": int((fallback_e & (n_turns > 0)).sum()),
+              "renormalise_shifts": int((shift & ~fallback_e & (n_turns > 0)).sum())}
     return raw_t, credit, fb, counts, replies
 
 
@@ -518,7 +544,7 @@ def critic(batch: CreditBatch, cfg: CriticConfig, results: Results | None = None
         return Credit(advantages=torch.zeros(0))
     if results is None:
         raise ValueError("critic credit needs the critic's replies: results is None (the trainer runs plan -> execute -> credit)")
-    dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     R = batch.episode_rewards.to(torch.float64)  # [E]
     if cfg.mode == "mappa":
         score, fallback, counts, replies = _mappa_scores(batch, cfg, results)  # [N] 0..10

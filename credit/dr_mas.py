@@ -10,9 +10,9 @@ and its advantage is
 Provenance:
   * Eq. 5 as quoted in DrMAS issue #81 [S]; the code [C] (verl in ``langfengQ/DrMAS``):
     group key ``f"{uid}_{agent_id}"`` (``algorithm.group_by_agent_id=True``), σ is
-    ``torch.std`` (ddof = 1), ε = 1e-6, |Y_k| = 1 gives mean 0 and std 1 (the raw reward
-    divided by 1 + ε comes back), ``norm_adv_by_std_in_grpo=False`` gives agent-wise
-    centring only.
+    ``torch.std`` (ddof = 1), ε = 1e-6, ``norm_adv_by_std_in_grpo=False`` gives agent-wise
+    centring only.  verl's |Y_k| = 1 gives mean 0 and std 1 (the raw reward divided by
+    1 + ε comes back); here it gives 0 [A, ``normalise.py``: a lone turn has no comparison].
   * Per-row reward [C]: ``EpisodeRewardManager`` puts the episode reward on every agent
     row, ``apply_invalid_action_penalty`` subtracts 0.1 × invalid on that row only (0.1 in
     the run scripts, hence the default here).
@@ -51,7 +51,7 @@ from mas.types import Credit, CreditBatch, Results
 from .base import CreditConfigBase
 from .baselines import episode_scores, turn_rewards_with_penalty
 from .normalise import NormaliserName, RawScores, eps_field, normalise_credit, normaliser_field, scale_by_std_field
-from .registry import MethodCard, register_credit
+from .registry import CREDIT_DTYPE, MethodCard, register_credit
 
 
 class DrMasConfig(CreditConfigBase):
@@ -79,7 +79,7 @@ def dr_mas(batch: CreditBatch, cfg: DrMasConfig, results: Results | None = None)
     (μ, σ and sample count of the turn's segment; also as ``norm_*``), and
     ``episode_advantage`` [E] with the group normaliser.
     """
-    dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     reward = turn_rewards_with_penalty(batch, cfg.invalid_penalty)  # [N] R^{i,t}
     score = episode_scores(batch, cfg.invalid_penalty)  # [E] s_i = mean_t R^{i,t}
     norm = normalise_credit(batch, RawScores(turn=reward, episode=score), cfg.normaliser, scale_by_std=cfg.scale_by_std, eps=cfg.eps)
@@ -94,6 +94,6 @@ def dr_mas(batch: CreditBatch, cfg: DrMasConfig, results: Results | None = None)
         "norm_std": std,  # [N]
         "norm_count": norm.count,  # [N]
     }
-    if cfg.normaliser == "group":
+    if cfg.normaliser in ("group", "group_batch_std"):
         breakdown["episode_advantage"] = norm.episode_values.to(dtype)  # [E]
     return Credit(advantages=norm.values.to(dtype), breakdown=breakdown)  # [N]

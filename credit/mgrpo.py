@@ -26,8 +26,8 @@ calls sub-agents d_k >= 0 times.
        β₃·R_M^k with ``beta_format``/``beta_expert``/``beta_main`` (0.1/0.0/0.9 [A]; set
        ``beta_expert`` > 0 to use a judge).
 3. Main advantage [P "group-relative"; form A]: GRPO over the K rollouts of the task,
-   Â_M^k = (R_M^k − mean) / (std + ε) (ddof 1, verl's singleton and ε rules, exact 0 for a
-   constant group; ``scale_by_std=False`` only centres), broadcast to the main agent's turns.
+   Â_M^k = (R_M^k − mean) / (std + ε) (ddof 1, ε; exact 0 for a constant group and for a
+   group of one rollout, ``normalise.py``; ``scale_by_std=False`` only centres), broadcast to the main agent's turns.
 4. Trajectory alignment [S, blog summary; details A].  Each rollout k with d_k >= 1 is
    aligned to exactly D_max items: if d_k > D_max a uniformly random subset of D_max of its
    sub turns is kept, if d_k < D_max it is padded with D_max − d_k copies of its own sub
@@ -46,7 +46,7 @@ calls sub-agents d_k >= 0 times.
    before alignment) among its rollout's sub invocations [A].  Copies of a turn share its
    position, hence its segment and its per-item advantage A_item.  The statistics are those of
    ``normalise.py`` (ddof 1, ε, exact 0 for a constant segment); a segment of a single aligned
-   item keeps its raw reward (verl's singleton rule, as GRPO) [C for GRPO, A here].
+   item gets 0, as a one-rollout GRPO group does [A].
 
 One advantage per turn: a sub turn aligned c times contributes c identical samples, and
 Σ_items A_item·∇logπ(item) = Σ_turns (c·A_item)·∇logπ(turn), so the returned advantage of a
@@ -91,7 +91,7 @@ from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
 from .normalise import eps_field, normalise_segments, scale_by_std_field
-from .registry import MethodCard, register_credit
+from .registry import CREDIT_DTYPE, MethodCard, register_credit
 
 RewardForm = Literal["mrlx", "linear"]
 SubNorm = Literal["pooled", "rollout", "subtask"]
@@ -255,7 +255,7 @@ def m_grpo(batch: CreditBatch, cfg: MGRPOConfig, results: Results | None = None)
     """
     if cfg.main_agent not in batch.agent_names:
         raise ValueError(f"m_grpo: main_agent {cfg.main_agent!r} is not an agent of the team; valid: {batch.agent_names}")
-    dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     N, E = batch.num_turns, batch.num_episodes
     B = int(batch.episode_group_ids.max()) + 1 if E else 0
     K = len(batch.agent_names)

@@ -4,7 +4,12 @@
     def dr_mas(batch: CreditBatch, cfg: DrMasConfig, results: Results | None = None) -> Credit
 
 The trainer calls ``run_credit(batch, cfg, results)``, which dispatches on ``cfg.method``
-(no ``if method == ...`` branches anywhere else) and checks that the advantages are finite.
+(no ``if method == ...`` branches anywhere else), casts the result once and checks that the
+advantages are finite.  Precision: every method computes in float64 (``CREDIT_DTYPE``) from
+float64 inputs (``build_credit_batch``) and returns float64; ``run_credit`` is the one place
+that rounds, to ``dtype`` (float32 by default, the learner's precision), so a method's
+advantages equal its float64 result rounded once, never float32 arithmetic (an integer
+ratio such as RLOO's G/(G−1) would otherwise land in float32 and differ by ~1e-7).
 Methods that need extra evaluations (replays, interventions, critic calls) also register a
 ``plan(groups, cfg) -> list[Request]``; the engine executes the requests and passes the
 results back to the method.  ``credit_config_union()`` is the discriminated union of all
@@ -15,6 +20,7 @@ Shapes: N flattened turns, E episodes.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, TypeVar, Union
@@ -23,6 +29,9 @@ import torch
 from pydantic import BaseModel, Field
 
 from mas.types import Credit, CreditBatch, EpisodeGroup, Request, Results
+
+CREDIT_DTYPE = torch.float64  # all credit arithmetic
+OUTPUT_DTYPE = torch.float32  # what run_credit hands to the learner (one cast, at the end)
 
 CreditFn = Callable[[CreditBatch, Any, "Results | None"], Credit]
 PlanFn = Callable[[list[EpisodeGroup], Any], list[Request]]
@@ -172,11 +181,23 @@ def _agents_of(batch: CreditBatch, turn_mask: torch.Tensor) -> list[str]:
     return sorted(batch.agent_names[i] for i in ids)
 
 
-def run_credit(batch: CreditBatch, cfg: Any, results: Results | None = None) -> Credit:
-    """Run the method named by ``cfg.method`` and check the result.
+def _episodes_of(batch: CreditBatch, turn_mask: torch.Tensor) -> list[int]:
+    return sorted(set(batch.episode_ids[turn_mask].tolist()))
 
-    Raises ``NonFiniteCreditError`` (a FloatingPointError) naming the agents concerned
-    when an episode reward is NaN/Inf (before running) or an advantage is (after).
+
+def _cast(credit: Credit, dtype: torch.dtype) -> Credit:
+    """The one rounding of a method's float64 result: advantages and float breakdown tensors."""
+    breakdown = {k: v.to(dtype) if v.is_floating_point() else v for k, v in credit.breakdown.items()}
+    return dataclasses.replace(credit, advantages=credit.advantages.to(dtype), breakdown=breakdown)
+
+
+def run_credit(batch: CreditBatch, cfg: Any, results: Results | None = None, dtype: torch.dtype = OUTPUT_DTYPE) -> Credit:
+    """Run the method named by ``cfg.method``, cast its float64 result once to ``dtype``, check it.
+
+    Raises ``NonFiniteCreditError`` (a FloatingPointError) naming the episodes and agents
+    concerned when an episode reward is NaN/Inf (before running) or an advantage is NaN/Inf
+    after the cast (e.g. a reward of 1e155 kept raw by normaliser none overflows float32:
+    it fails here, loudly, instead of training on inf).
     """
     method = get_credit(cfg.method)
     if not isinstance(cfg, method.config_cls):
@@ -197,11 +218,15 @@ def run_credit(batch: CreditBatch, cfg: Any, results: Results | None = None) -> 
     adv = credit.advantages  # [N]
     if adv.shape != (batch.num_turns,):
         raise ValueError(f"credit {method.name!r} returned advantages of shape {tuple(adv.shape)}, expected ({batch.num_turns},)")
-    bad = ~torch.isfinite(adv)  # [N]
+    credit = _cast(credit, dtype)
+    bad = ~torch.isfinite(credit.advantages)  # [N]
     if bool(bad.any()):
         agents = _agents_of(batch, bad)
+        episodes = _episodes_of(batch, bad)
+        rewards = batch.episode_rewards[episodes].tolist()
         raise NonFiniteCreditError(
-            f"credit {method.name!r}: {int(bad.sum())} of {batch.num_turns} advantages are NaN/Inf, on turns of agents {agents}",
+            f"credit {method.name!r}: {int(bad.sum())} of {batch.num_turns} advantages are NaN/Inf in {dtype} "
+            f"(episodes {episodes}, outcome rewards {rewards}; agents {agents}); check the env's reward scale",
             agents,
         )
     return credit

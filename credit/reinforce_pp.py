@@ -52,7 +52,7 @@ from mas.types import Credit, CreditBatch, Results
 
 from .base import CreditConfigBase
 from .normalise import Whitened, weighted_whiten  # noqa: F401  (Whitened re-exported for callers)
-from .registry import MethodCard, register_credit
+from .registry import CREDIT_DTYPE, MethodCard, register_credit
 
 
 class ReinforcePPConfig(CreditConfigBase):
@@ -75,7 +75,7 @@ class ReinforcePPConfig(CreditConfigBase):
         "False counts each turn once (sequence-weighted control) [A].",
     )
     scale_by_std: bool = Field(True, description="Divide by the std after centring; False only centres (OpenRLHF --no_advantage_std_norm) [C].")
-    eps: float = Field(1e-8, ge=0.0, allow_inf_nan=False, description="Lower bound on the variance before rsqrt (OpenRLHF: var.clamp(min=1e-8)) [C].")
+    eps: float = Field(1e-8, gt=0.0, allow_inf_nan=False, description="Lower bound on the variance before rsqrt (OpenRLHF: var.clamp(min=1e-8)) [C]; must be > 0.")
 
 
 def group_mean(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -99,7 +99,7 @@ def reinforce_pp(batch: CreditBatch, cfg: ReinforcePPConfig, results: Results | 
     x_n = R_i of the turn's episode (REINFORCE++) or R_i − mean_task R (``baseline``).  See
     the module docstring for the sources and the per-turn reading of the per-token algorithm.
     """
-    dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     ep = batch.episode_ids  # [N]
     rewards = batch.episode_rewards.to(torch.float64)  # [E]
     if cfg.baseline:

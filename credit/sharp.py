@@ -81,7 +81,7 @@ n players of one episode.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from pydantic import Field
@@ -90,7 +90,7 @@ from mas.types import Credit, CreditBatch, EpisodeGroup, InterventionRequest, Re
 
 from .base import CreditConfigBase
 from .normalise import NormaliserName, RawScores, agent_group_key, eps_field, normalise_credit, normaliser_field, normalise_segments, scale_by_std_field
-from .registry import MethodCard, register_credit
+from .registry import CREDIT_DTYPE, MethodCard, register_credit
 from .shapley import Coalition, MarginalKind, marginal_contributions, queried_coalitions
 
 
@@ -197,8 +197,23 @@ def _segment_mean(values: torch.Tensor, segment_ids: torch.Tensor, num_segments:
     return total / count.clamp(min=1), count
 
 
-def _marginals(batch: CreditBatch, cfg: SharpConfig, results: Results | None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """φ per (episode, agent) [E, K], players per episode [E], re-runs read, failed re-runs."""
+class Marginals(NamedTuple):
+    """Marginal credit of every (episode, agent) from the coalition re-runs (also ``mas audit``'s ground truth)."""
+
+    phi: torch.Tensor  # [E, K] float64; 0 for agents that are not players of the episode
+    is_player: torch.Tensor  # [E, K] bool
+    evals: int  # coalition re-runs read
+    failures: int  # of which errored (value 0)
+
+
+def coalition_marginals(batch: CreditBatch, cfg: SharpConfig, results: Results | None) -> Marginals:
+    """φ per (episode, agent) from the results of ``plan_sharp`` (module docstring), before ``sparsify``."""
+    phi, is_player, evals, failures = _marginals(batch, cfg, results, sparsify=False)
+    return Marginals(phi, is_player, evals, failures)
+
+
+def _marginals(batch: CreditBatch, cfg: SharpConfig, results: Results | None, sparsify: bool = True) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """φ per (episode, agent) [E, K], players [E, K] bool, re-runs read, failed re-runs."""
     E, K = batch.num_episodes, len(batch.agent_names)
     present = torch.zeros(E, K, dtype=torch.bool)
     present[batch.episode_ids, batch.agent_ids] = True  # [E, K] agent k acts in episode e
@@ -212,7 +227,7 @@ def _marginals(batch: CreditBatch, cfg: SharpConfig, results: Results | None) ->
     is_player = present & ~excluded  # [E, K]
     phi = torch.zeros(E, K, dtype=torch.float64)  # [E, K]
     if cfg.lambda_s == 0:
-        return phi, is_player.sum(dim=1), 0, 0
+        return phi, is_player, 0, 0
     index = {name: k for k, name in enumerate(batch.agent_names)}
     rewards = batch.episode_rewards.to(torch.float64).tolist()  # [E]
     evals = failures = 0
@@ -240,9 +255,9 @@ def _marginals(batch: CreditBatch, cfg: SharpConfig, results: Results | None) ->
         credit = marginal_contributions(len(players), value, cfg.marginal, **_estimator_args(cfg, e))  # [n]
         cols = torch.tensor([index[p] for p in players], dtype=torch.long)  # [n]
         phi[e, cols] = credit
-    if cfg.sparsify > 0:
+    if sparsify and cfg.sparsify > 0:
         phi = torch.where(phi.abs() < cfg.sparsify, torch.zeros_like(phi), phi)  # [E, K]
-    return phi, is_player.sum(dim=1), evals, failures
+    return phi, is_player, evals, failures
 
 
 def _tool_rewards(batch: CreditBatch, key: str) -> torch.Tensor:
@@ -270,10 +285,11 @@ def sharp(batch: CreditBatch, cfg: SharpConfig, results: Results | None = None) 
     unknown = sorted(set(cfg.exclude or ()) - set(batch.agent_names))
     if unknown:
         raise ValueError(f"sharp: exclude names unknown agents {unknown}; valid: {sorted(batch.agent_names)}")
-    dtype = batch.episode_rewards.dtype if batch.episode_rewards.is_floating_point() else torch.float32
+    dtype = CREDIT_DTYPE  # float64 throughout; run_credit casts once at the end
     ep_ids, E = batch.episode_ids, batch.num_episodes  # [N]
 
-    phi, players, evals, failures = _marginals(batch, cfg, results)  # [E, K], [E]
+    phi, is_player, evals, failures = _marginals(batch, cfg, results)  # [E, K], [E, K]
+    players = is_player.sum(dim=1)  # [E]
     marginal = phi[ep_ids, batch.agent_ids]  # [N] φ_{i,m} of the turn's agent
     broadcast = batch.episode_rewards.to(torch.float64)[ep_ids]  # [N] R^b_i
     tool = _tool_rewards(batch, cfg.tool_key)  # [N] R^tool_{i,m}

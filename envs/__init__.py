@@ -1,34 +1,73 @@
 """Tasks, verifiers and tools (DESIGN.md: envs/).
 
-``ENV_CONFIGS`` lists the config model of every env; the run config builds the ``env`` section
-as ``Annotated[Union[ENV_CONFIGS], Field(discriminator="name")]``. ``build_env`` turns one of
-those configs into an :class:`Env`. Importing this package is cheap: heavy dependencies
+Every env is registered by name with its config model, its builder and the names of the tools
+it offers its agents.  ``env_configs()`` lists the config models; the run config builds the
+``env`` section as ``Annotated[Union[env_configs()], Field(discriminator="name")]``, so an
+unknown name is an error that lists every registered env.  ``build_env`` turns one of those
+configs into an :class:`Env`.  Importing this package is cheap: heavy dependencies
 (``datasets``) are imported only by the env that needs them, when it is built.
+
+Third-party packages add envs through the ``mas.envs`` entry-point group (``mas/plugins.py``):
+the entry point names a module that calls :func:`register_env` when imported.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import typing
+from typing import Callable, Literal
 
 from .base import Env, check_env_state
+from .custom import CustomEnv, CustomEnvConfig
 from .math import GSM8KConfig, GSM8KEnv, SyntheticMathConfig, SyntheticMathEnv
 from .research import TOOL_NAMES as _RESEARCH_TOOLS
 from .research import HotpotQAConfig, HotpotQAEnv
+from .team import TeamConjunctiveConfig, TeamConjunctiveEnv, TeamSaboteurConfig, TeamSaboteurEnv
 
-__all__ = ["ENV_CONFIGS", "ENV_TOOLS", "Env", "EnvConfig", "build_env", "check_env_state"]
+__all__ = ["ENV_CONFIGS", "ENV_TOOLS", "Env", "EnvConfig", "build_env", "check_env_state", "env_configs", "env_names",
+           "register_env"]
 
-ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig)
-EnvConfig = SyntheticMathConfig | GSM8KConfig | HotpotQAConfig
+ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig, TeamConjunctiveConfig, TeamSaboteurConfig, CustomEnvConfig)
+EnvConfig = SyntheticMathConfig | GSM8KConfig | HotpotQAConfig | TeamConjunctiveConfig | TeamSaboteurConfig | CustomEnvConfig
 
 _BUILDERS: dict[str, Callable[..., Env]] = {
     "synthetic_math": SyntheticMathEnv,
     "gsm8k": GSM8KEnv,
     "hotpotqa": HotpotQAEnv,
+    "team_conjunctive": TeamConjunctiveEnv,
+    "team_saboteur": TeamSaboteurEnv,
+    "custom": CustomEnv,
 }
 
 # Tools each env offers its agents (an env's ``tools`` mapping holds these names); config
 # validation checks every agent's ``tools`` against this, before anything is built.
-ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hotpotqa": _RESEARCH_TOOLS}
+ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hotpotqa": _RESEARCH_TOOLS,
+                                         "team_conjunctive": (), "team_saboteur": (), "custom": ()}
+
+_REGISTERED: list[type] = []  # config models of envs added with register_env
+
+
+def register_env(name: str, config_cls: type, build: Callable[..., Env], tools: tuple[str, ...] = ()) -> None:
+    """Add an env: ``config_cls`` (a pydantic model with ``name: Literal[name]``, extra keys
+    forbidden) is its YAML section, ``build(cfg)`` returns the Env, ``tools`` names the tools in
+    its ``tools`` mapping.  Registering a name twice is a ValueError."""
+    if name in _BUILDERS:
+        raise ValueError(f"env {name!r} is already registered")
+    field = getattr(config_cls, "model_fields", {}).get("name")
+    if field is None or typing.get_origin(field.annotation) is not Literal or typing.get_args(field.annotation) != (name,):
+        raise TypeError(f"env {name!r}: {getattr(config_cls, '__name__', config_cls)} must be a pydantic model declaring "
+                        f"`name: Literal[{name!r}]`")
+    _BUILDERS[name] = build
+    ENV_TOOLS[name] = tuple(tools)
+    _REGISTERED.append(config_cls)
+
+
+def env_configs() -> tuple[type, ...]:
+    """Config models of every registered env (built-in first)."""
+    return ENV_CONFIGS + tuple(_REGISTERED)
+
+
+def env_names() -> list[str]:
+    return list(_BUILDERS)
 
 
 def build_env(cfg: EnvConfig) -> Env:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mas.credit import get_credit
+from mas.fault_points import pause_point
 
 if TYPE_CHECKING:
     from mas.team import Team
@@ -51,11 +52,13 @@ def save_checkpoint(run_dir: Path, step: int, team: "Team", summary: dict[str, A
     state = {"step": step, "env": team.env.state_dict(), "summary": summary, "credit": credit_state}
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
+    pause_point("checkpoint_written", step)
     old = root / f"step_{step:06d}.old"
     if final.exists():  # re-saving a step: move the old copy aside, never leave `latest` dangling
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
+    pause_point("checkpoint_renamed", step)
     latest_tmp = root / "latest.tmp"
     latest_tmp.write_text(final.name)
     os.replace(latest_tmp, root / "latest")

@@ -182,9 +182,10 @@ def _sharp_exclude(cfg: Any) -> list[Issue]:
     else:
         who = ", ".join(repr(a) for a in last) or "the agent of each episode's last turn"
         why = f"SHARP leaves out the agent who speaks last in each episode (here {who})"
+    say_so = f"write exclude: {list(last)} to say so" if last else "name the agents to leave out in exclude"
     return [(("credit", "exclude"), None,
-             f"{why}: it gets no Shapley credit (φ = 0) and is re-sampled in every coalition; write exclude: "
-             f"{list(last)} to say so, or exclude: [] to make every agent a player")]
+             f"{why}: it gets no Shapley credit (φ = 0) and is re-sampled in every coalition; {say_so}, "
+             f"or write exclude: [] to make every agent a player")]
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The ``mas`` command line: train, eval, validate, report, show, export.
+"""The ``mas`` command line: train, eval, validate, report, show, export, study, audit.
 
 Every command that reads a config takes ``key.sub=value`` overrides as bare arguments after it.
 """
@@ -179,13 +179,20 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from mas.show import team_text, topology_svg
+    from mas.show import team_text, topology_mermaid, topology_svg
 
     cfg = load_config(args.config, args.overrides)
     print(team_text(cfg))
     if args.svg:
         Path(args.svg).write_text(topology_svg(cfg), encoding="utf-8")
         print(f"topology picture: {args.svg}")
+    if args.mermaid:
+        mermaid = topology_mermaid(cfg)
+        if mermaid is None:
+            print(f"no Mermaid drawing: a {cfg.topology.kind} team is not a LangGraph graph", file=sys.stderr)
+            return 2
+        Path(args.mermaid).write_text(mermaid, encoding="utf-8")
+        print(f"LangGraph's drawing of the compiled graph (Mermaid): {args.mermaid}")
     return 0
 
 
@@ -212,6 +219,55 @@ def cmd_export(args: argparse.Namespace) -> int:
             return 1
         print(f"pushed to {url}")
     return 0
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    """Run (or continue) a grid of credit methods x seeds at a matched budget; write study.html/json."""
+    from mas.study import StudySpec, study, write_outputs
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not methods:
+        print("mas study: --methods needs at least one credit method, e.g. --methods grpo,dr_mas,sharp", file=sys.stderr)
+        return 2
+    kind, budget = ("steps", None)
+    if args.budget:
+        kind = args.budget[0]
+        try:
+            budget = float(args.budget[1])
+        except ValueError:
+            print(f"mas study: --budget {kind} {args.budget[1]!r}: the amount must be a number", file=sys.stderr)
+            return 2
+    spec = StudySpec(config=args.config, methods=methods, seeds=args.seeds, out=args.out, budget_kind=kind, budget=budget,
+                     overrides=tuple(args.overrides), credit_sets=tuple(args.credit_set), eval_every=args.eval_every,
+                     baseline=args.baseline)
+    if args.report_only:
+        json_path, html_path = write_outputs(args.out)
+    else:
+        executor = args.executor or _default_executor(args.config, args.overrides)
+        json_path, html_path = study(spec, executor=executor, ray_address=args.ray_address, cpus_per_run=args.cpus_per_run)
+    print(f"study: {html_path} and {json_path}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Credit fidelity of a run: its credit against exact Shapley values from coalition re-runs."""
+    from mas.audit import AuditError, run_audit, summary_lines
+
+    exclude = None if args.exclude is None else tuple(a for a in args.exclude.split(",") if a)
+    try:
+        report = run_audit(args.run_dir, step=args.checkpoint, episodes=args.episodes, max_generations=args.max_generations,
+                           fresh=args.fresh, exclude=exclude, permutations=args.permutations, seed=args.seed)
+    except AuditError as e:
+        print(f"mas audit: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(report)))
+    print(f"audit: {Path(args.run_dir) / 'audit' / ('step_%06d.json' % report['checkpoint_step'])}")
+    return 0
+
+
+def _default_executor(config: str, overrides: list[str]) -> str:
+    """Runs go out as Ray tasks when the team's runtime is Ray, else one after another."""
+    return "ray" if getattr(load_config(config, overrides).runtime, "kind", "local") == "ray" else "local"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("config")
     s.add_argument("overrides", nargs="*")
     s.add_argument("--svg", metavar="FILE", help="also write a picture of the topology")
+    s.add_argument("--mermaid", metavar="FILE", help="also write LangGraph's Mermaid drawing of the compiled graph")
     s.set_defaults(fn=cmd_show)
 
     x = sub.add_parser("export", help="write a run's trained policies as Hugging Face models; optionally push them to the hub")
@@ -257,6 +314,37 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
     x.set_defaults(fn=cmd_export)
 
+    st = sub.add_parser("study", help="compare credit methods over seeds at a matched budget (study.html, study.json)")
+    st.add_argument("config", help="team YAML")
+    st.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run, e.g. trainer.steps=6")
+    st.add_argument("--methods", required=True, help="comma-separated credit methods, e.g. grpo,dr_mas,sharp,c3")
+    st.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3, the survey's minimum)")
+    st.add_argument("--out", required=True, help="study directory (re-run the same command to continue it)")
+    st.add_argument("--budget", nargs=2, metavar=("KIND", "N"),
+                    help="steps N, tokens N (generated tokens, credit generations included) or seconds N (training time); "
+                    "default: steps = trainer.steps")
+    st.add_argument("--eval-every", type=int, help="held-out evaluation every K steps (default: about five per run)")
+    st.add_argument("--credit-set", action="append", default=[], metavar="METHOD.key=value",
+                    help="a credit option for one method, e.g. sharp.marginal=loo (repeatable)")
+    st.add_argument("--baseline", help="the method others are compared with (default: grpo if studied, else the first)")
+    st.add_argument("--executor", choices=["local", "ray"], help="local: one run after another; ray: runs as Ray tasks "
+                    "(default: ray when runtime.kind is ray)")
+    st.add_argument("--ray-address", help="Ray cluster address (default: a local Ray instance)")
+    st.add_argument("--cpus-per-run", type=float, default=1.0, help="CPUs each Ray task reserves (default 1)")
+    st.add_argument("--report-only", action="store_true", help="only (re)write study.html and study.json from the runs so far")
+    st.set_defaults(fn=cmd_study)
+
+    au = sub.add_parser("audit", help="credit fidelity of a run: Spearman between its credit and exact Shapley values")
+    au.add_argument("run_dir", metavar="RUN_DIR")
+    au.add_argument("--checkpoint", type=int, metavar="STEP", help="the checkpoint's step (default: the latest)")
+    au.add_argument("--episodes", type=int, default=32, help="episodes to audit (default 32)")
+    au.add_argument("--max-generations", type=int, help="upper bound on the coalition re-runs' generations; fewer episodes are audited to stay within it")
+    au.add_argument("--fresh", action="store_true", help="audit new rollouts of the checkpoint (credited by the run's method) instead of stored episodes")
+    au.add_argument("--exclude", help="comma-separated agents that are not players (default: the agent that answers; '' for nobody)")
+    au.add_argument("--permutations", type=int, default=64, help="Monte-Carlo orderings P beyond 8 players (default 64)")
+    au.add_argument("--seed", type=int, default=0, help="seed of the re-runs and the bootstrap")
+    au.set_defaults(fn=cmd_audit)
+
     v = sub.add_parser("validate", help="check configs; print the resolved config or every error")
     v.add_argument("configs", nargs="+", metavar="CONFIG [key.sub=value ...]",
                    help="config files, and overrides applied to each")
@@ -268,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the positional list of each command that takes key.sub=value overrides
-_POSITIONALS = {"train": "items", "validate": "configs", "eval": "overrides", "show": "overrides"}
+_POSITIONALS = {"train": "items", "validate": "configs", "eval": "overrides", "show": "overrides", "study": "overrides"}
 
 
 def main(argv: list[str] | None = None) -> int:

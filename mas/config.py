@@ -1,6 +1,8 @@
 """The run configuration: one pydantic model per YAML section, frozen after loading.
 
 Every default lives here; library code never reads a key with ``.get(key, default)``.
+The choices that plugins can extend (env names, credit methods, parsers; ``mas/plugins.py``)
+are read from their registries when this module is imported, after plugins are loaded.
 ``load_config`` turns any validation failure into a ``ConfigError`` whose lines each give
 the YAML path of the bad field, the value found and, where there is a fixed set, the valid
 choices.
@@ -9,14 +11,19 @@ choices.
 from __future__ import annotations
 
 import copy
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from mas.agents.parsers import parser_names
 from mas.credit import credit_config_union
-from mas.envs import ENV_CONFIGS
+from mas.envs import env_configs
+from mas.plugins import load_plugins
+
+load_plugins()  # other packages' envs, credit methods and parsers join the registries the schema is built from
 
 
 class Section(BaseModel):
@@ -50,7 +57,11 @@ class OptimConfig(Section):
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="Learning-rate schedule after warm-up, over trainer.steps."
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in training steps (one update call per step).")
+    warmup_steps: int = Field(
+        0, ge=0,
+        description="Linear warm-up, in training steps (one update call per step), as transformers.get_scheduler counts it: "
+        "update k < warmup_steps runs at lr * k / warmup_steps, so the first one runs at lr 0.",
+    )
     micro_batch_size: int = Field(8, ge=1, description="Turns per forward/backward pass; gradients accumulate.")
 
 
@@ -124,6 +135,9 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(64, ge=1, description="Completion length limit per turn.")
 
 
+ParserName = Literal[tuple(parser_names())]  # built-in and plugin parsers (mas.agents.parsers.PARSERS)
+
+
 class AgentConfig(Section):
     name: str = Field(
         pattern=r"^[A-Za-z_][\w-]*$",
@@ -133,10 +147,11 @@ class AgentConfig(Section):
     role: str = Field(
         description="Role prompt (system message). May use {name} and {team} placeholders."
     )
-    parser: Literal["answer", "orchestrator", "verdict", "raw"] = Field(
+    parser: ParserName = Field(  # type: ignore[valid-type]
         "answer",
-        description="How the output is read: answer ('ANSWER: x' or last number), orchestrator "
-        "(CALL <agent>: <subtask> | ANSWER: x), verdict (ACCEPT | REJECT plus optional answer), raw (whole text).",
+        description="How the output is read: answer ('ANSWER: x', or an unmarked final answer that states one number), orchestrator "
+        "(CALL <agent>: <subtask> | ANSWER: x), verdict (ACCEPT | REJECT plus optional answer), raw (whole text), "
+        "or a parser a plugin registered.",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training rollouts.")
     tools: tuple[str, ...] = Field(
@@ -199,10 +214,76 @@ class GraphTopology(Section):
     max_turns: int | None = Field(None, ge=1, description="Turn bound; required if the graph has a cycle.")
 
 
+class AutogenTermination(Section):
+    text: str | None = Field(
+        None, description="End when a team agent's message contains this text (AutoGen TextMentionTermination)."
+    )
+    max_messages: int | None = Field(
+        None, ge=1, description="End after this many messages, the task message included (AutoGen MaxMessageTermination)."
+    )
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> "AutogenTermination":
+        if self.text is None and self.max_messages is None:
+            raise ValueError("give text, max_messages or both (either one ends the team), or the team may never stop")
+        return self
+
+
+class AutogenTopology(Section):
+    kind: Literal["autogen"]
+    team: Literal["round_robin", "selector", "swarm"] | None = Field(
+        None, description="Build an AgentChat team from the YAML agents: RoundRobinGroupChat, SelectorGroupChat or Swarm "
+        "(each agent an AssistantAgent with its role as system message and its tools). Exactly one of team and factory."
+    )
+    factory: str | None = Field(
+        None, description="'package.module:function' that receives one model client per agent name (a dict) and returns "
+        "an AgentChat team: your own team code, with mas's clients where it created its model clients."
+    )
+    participants: tuple[str, ...] = Field(
+        (), description="team only: the agents of the team, in speaking order for round_robin (the first speaks first); "
+        "() = every agent except the selector."
+    )
+    selector: str | None = Field(
+        None, description="team: selector only: the agent whose model picks the next speaker (its policy says whether it "
+        "trains); it is not a participant."
+    )
+    selector_prompt: str | None = Field(
+        None, description="team: selector only: AutoGen's selector prompt with {roles}, {participants} and {history}; "
+        "None = AutoGen's default."
+    )
+    allow_repeated_speaker: bool = Field(False, description="team: selector only: may the same agent speak twice in a row.")
+    handoffs: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="team: swarm only: the agents each agent may hand off to (a transfer_to_<name> "
+        "tool call); the first participant speaks first."
+    )
+    termination: AutogenTermination | None = Field(
+        None, description="team only (a factory's team has its own): when the team stops, by a text mention or a message count."
+    )
+    max_turns: int | None = Field(None, ge=1, description="team only: AutoGen's bound on agent turns per episode; None = none.")
+
+
+class LangGraphTopology(Section):
+    kind: Literal["langgraph"]
+    builder: str = Field(
+        description="'package.module:function' returning your LangGraph StateGraph (or a compiled graph); its nodes call "
+        "agents through mas.topologies.langgraph.MasChatModel(agent=...)."
+    )
+    input_key: str = Field("question", description="State key that receives the task's prompt.")
+    input_as: Literal["text", "messages"] = Field(
+        "text", description="text: the prompt as a string; messages: a list with one user message (for MessagesState graphs)."
+    )
+    answer_key: str = Field(
+        "answer", description="State key holding the team's answer at the end (a string or number; a message or a list of "
+        "messages gives the last message's text)."
+    )
+    recursion_limit: int = Field(25, ge=1, description="LangGraph's bound on super-steps per episode (its default is 25).")
+
+
 TopologyConfig = Annotated[
-    Union[OrchestratorTopology, DebateTopology, ChainTopology, GraphTopology], Field(discriminator="kind")
+    Union[OrchestratorTopology, DebateTopology, ChainTopology, GraphTopology, AutogenTopology, LangGraphTopology],
+    Field(discriminator="kind"),
 ]
-EnvConfig = Annotated[Union[ENV_CONFIGS], Field(discriminator="name")]  # type: ignore[valid-type]
+EnvConfig = Annotated[Union[env_configs()], Field(discriminator="name")]  # type: ignore[valid-type]
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,13 +299,26 @@ class TrainerConfig(Section):
     clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1.")
     clip_high: float = Field(0.2, ge=0, description="PPO clip epsilon above 1 (clip-higher if larger).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL estimate to the reference (initial) policy.")
-    loss_agg: Literal["token_mean", "seq_mean"] = Field(
-        "token_mean", description="token_mean: mean over all completion tokens of the policy's batch; seq_mean: mean of per-turn token means."
+    loss_agg: Literal["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"] = Field(
+        "token_mean",
+        description="token_mean: mean over all completion tokens of the policy's batch (verl token-mean); seq_mean: mean of "
+        "per-turn token means (verl seq-mean-token-mean); seq_mean_token_sum: mean over turns of per-turn token sums (verl); "
+        "dr_grpo: token sum over (turns x loss_agg_max_tokens), a constant normaliser (TRL loss_type dr_grpo).",
+    )
+    loss_agg_max_tokens: int | None = Field(
+        None, ge=1,
+        description="dr_grpo's constant L_max (TRL: max_completion_length). None: the largest sampling.max_new_tokens among "
+        "the agents of each policy.",
     )
     seed: int = Field(0, description="Seeds sampling and LoRA initialisation (the task stream has env.seed).")
     eval_size: int = Field(0, ge=0, description="Held-out tasks for greedy team accuracy; 0 disables.")
     eval_before: bool = Field(True, description="Evaluate before the first step.")
     eval_after: bool = Field(True, description="Evaluate after the last step.")
+    eval_every: int = Field(
+        0, ge=0,
+        description="Also evaluate (eval_size tasks, greedy) every N steps, after the last step and when a run is stopped "
+        "early, for held-out curves (mas study); metrics.jsonl gets {'eval': 'periodic', 'step': ...}. 0 disables.",
+    )
     save_every: int | None = Field(
         None, ge=0,
         description="Checkpoint every N steps (0: only at the end and when stopped). None: about every 10% of the steps "
@@ -261,6 +355,15 @@ class RuntimeConfig(Section):
     episode_timeout_s: float | None = Field(
         None, gt=0, description="Wall-clock limit per episode; an episode over it is marked failed and scored 0."
     )
+    tool_timeout_s: float = Field(
+        30.0, gt=0, description="Wall-clock limit of one tool call; past it the tool's worker process is killed and the call "
+        "is an error observation (tools run in worker processes with no network: mas/sandbox.py)."
+    )
+    tool_memory_mb: int = Field(
+        1024, ge=16, description="Memory (address space) one tool worker may add to what it started with; an allocation past "
+        "it fails the call with an error observation."
+    )
+    tool_workers: int = Field(2, ge=1, description="Tool worker processes (forked at the first tool call); this many calls run at once.")
 
 
 class WandbConfig(Section):
@@ -336,7 +439,7 @@ class RunConfig(Section):
 class CrossFieldErrors(ValueError):
     def __init__(self, errors: list[tuple[tuple, Any, str]]):
         self.errors = errors
-        super().__init__("; ".join(f"{_path(p)}: {m} (found {v!r})" for p, v, m in errors))
+        super().__init__("; ".join(f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in errors))
 
 
 def _tool_refs(agents: tuple, env: Any) -> list[tuple[tuple, Any, str]]:
@@ -411,6 +514,14 @@ def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
         for i, n in enumerate(topo.nodes):
             errs += [(("topology", "nodes", i, "agent"), n.agent, f"unknown agent; valid: {names}")] if n.agent not in names else []
         errs += graph_errors(topo)
+    elif isinstance(topo, AutogenTopology):
+        from mas.topologies.autogen import autogen_errors
+
+        errs += autogen_errors(topo, names)
+    elif isinstance(topo, LangGraphTopology):
+        from mas.topologies.langgraph import langgraph_errors
+
+        errs += langgraph_errors(topo, names)
     return errs
 
 
@@ -427,10 +538,33 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: {len(lines)} error(s)\n" + "\n".join(f"  - {line}" for line in lines))
 
 
-def _path(loc: tuple) -> str:
-    out = ""
+_SHOW = reprlib.Repr()
+_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong, _SHOW.maxlevel = 80, 80, 40, 3
+_SHOW.maxlist = _SHOW.maxtuple = _SHOW.maxdict = _SHOW.maxset = 6
+
+
+def _show(value: Any) -> str:
+    """A value found in a config, as a short repr: a 10^5-item list or a 5,000-digit number is cut, not printed."""
+    try:
+        return _SHOW.repr(value)
+    except Exception:  # noqa: BLE001 - e.g. an int too long to convert to text
+        return f"<{type(value).__name__}>"
+
+
+def _path(loc: tuple, data: Any = None) -> str:
+    """``agents[0].policy``: list indices in brackets, keys after dots.  With ``data`` (the raw
+    config) an int is a list index only where the data holds a list (``{0: x}`` has a key 0)."""
+    out, cur = "", data
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        index = isinstance(part, int) and (data is None or isinstance(cur, list))
+        if not index and isinstance(cur, dict) and part in cur:  # the key as written (pydantic reports `false:` as 0)
+            part = next((k for k in cur if k == part), part)
+        out += f"[{part}]" if index else (f".{part}" if out else str(part))
+        if data is not None:
+            try:
+                cur = cur[part]
+            except (KeyError, IndexError, TypeError):
+                cur = None
     return out or "<root>"
 
 
@@ -440,7 +574,7 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
         ctx = e.get("ctx") or {}
         inner = ctx.get("error")
         if isinstance(inner, CrossFieldErrors):
-            lines += [f"{_path(p)}: {m} (found {v!r})" for p, v, m in inner.errors]
+            lines += [f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in inner.errors]
             continue
         # drop the union tag pydantic inserts for discriminated unions (e.g. credit.dr_mas.eps)
         loc = _strip_tag(data, tuple(e["loc"]))
@@ -460,7 +594,8 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
             tags = _union_tags(data, loc, tag)
             lines.append(f"{_path(loc + (tag,))}: missing required field{'; valid: ' + tags if tags else ''}")
             continue
-        lines.append(f"{_path(loc)}: {msg} (found {found!r})" if e["type"] != "missing" else f"{_path(loc)}: missing required field")
+        where = _path(loc, data)
+        lines.append(f"{where}: {msg} (found {_show(found)})" if e["type"] != "missing" else f"{where}: missing required field")
     return lines
 
 
@@ -635,7 +770,7 @@ def validate_config(data: dict, source: str = "<config>") -> RunConfig:
         lines = _format_pydantic(err, data)
         cross = any(isinstance((e.get("ctx") or {}).get("error"), CrossFieldErrors) for e in err.errors(include_url=False))
         if not cross:
-            lines += [f"{_path(p)}: {m} (found {v!r})" for p, v, m in _partial_cross_ref_errors(data)]
+            lines += [f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in _partial_cross_ref_errors(data)]
         raise ConfigError(source, lines) from None
 
 
@@ -680,13 +815,17 @@ def _partial_cross_ref_errors(data: dict) -> list[tuple[tuple, Any, str]]:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    from mas.safe_yaml import YAMLBoundsError, load_yaml_bytes
+
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml_bytes(path.read_bytes())  # bounded: size, UTF-8, alias expansion, depth
     except FileNotFoundError:
         raise ConfigError(str(path), ["file not found"]) from None
-    except (OSError, UnicodeDecodeError) as e:  # a directory, no permission, a binary file
+    except OSError as e:  # a directory, no permission
         raise ConfigError(str(path), [f"cannot read: {getattr(e, 'strerror', None) or e}"]) from None
+    except YAMLBoundsError as e:
+        raise ConfigError(str(path), [str(e)]) from None
     except yaml.YAMLError as e:
         raise ConfigError(str(path), [f"YAML syntax: {e}"]) from None
     return validate_config(apply_overrides(data or {}, overrides or []), str(path))

@@ -16,6 +16,8 @@ their observations on that Turn, and calls the agent again with the observations
 to its messages, until it replies without a tool call or its ``max_tool_calls`` are spent;
 the topology gets the final turn.  A replayed turn reuses its recorded calls and
 observations (the tools are not run again), so a replay is faithful whatever the tool does.
+Tool functions run in a ``mas.sandbox.Sandbox`` (worker processes with a time limit, a memory
+limit and no network), off the event loop, so a slow tool holds up only its own episode.
 A masked or removed tool-using agent occupies as many turn positions as its recorded
 invocation did (all but the last are 'removed' placeholders), so the other agents' turns
 keep their recorded positions and ``keep_others`` can reuse them.
@@ -23,6 +25,10 @@ keep their recorded positions and ``keep_others`` can reuse them.
 Everything here is deterministic for a seed: asyncio runs tasks in a fixed order, pending
 requests are sorted by (episode, turn) before each batch, and the torch RNG is reseeded
 from (seed, batch number) before each ``generate_batch``.
+
+Faults (DESIGN.md: a failed episode is kept, marked, scored 0 and counted; the step goes on)
+are counted by kind in ``Engine.faults`` (``FAULT_KINDS``); the trainer takes the counts of
+each step into its metrics (``take_faults``), with the first message of each kind.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ import copy
 import math
 import dataclasses
 import traceback
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Callable, Literal, Protocol
 
 import torch
@@ -41,7 +49,8 @@ import torch
 from mas.agents.agent import Agent
 from mas.agents.prompts import render_prompt
 from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
-from mas.backends.base import Backend, GenRequest, GenResult
+from mas.backends.base import Backend, BatchError, GenRequest, GenResult
+from mas.sandbox import Sandbox
 from mas.types import (
     CritiqueRequest,
     Episode,
@@ -57,9 +66,56 @@ from mas.types import (
 MASK_TEXT = "[masked]"
 TOOL_LABEL = "tool"  # parsed label of a turn whose tool calls ran (the agent is called again)
 
+# what can go wrong in a rollout, counted per step in the metrics ("faults")
+FAULT_KINDS: dict[str, str] = {
+    "agent_error": "episodes stopped by an exception in agent or topology code",
+    "backend_error": "failed generations of agent turns, and batches that failed as a whole (their requests are then retried one at a time)",
+    "episode_timeout": "episodes over runtime.episode_timeout_s",
+    "score_error": "episodes whose reward function raised or returned NaN/inf (scored 0)",
+    "tool_error": "tool calls that raised (a ToolError, the tool's answer to a bad argument, is not a fault)",
+    "tool_timeout": "tool calls stopped at runtime.tool_timeout_s",
+    "tool_memory": "tool calls stopped at runtime.tool_memory_mb",
+    "critic_error": "critiques that got no reply (the credit method's fallback applies)",
+}
+
+
+class Faults:
+    """Counts of each fault kind, and the first message of each, since the last ``take``."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.messages: dict[str, str] = {}
+
+    def add(self, kind: str, message: str) -> None:
+        if kind not in FAULT_KINDS:
+            raise KeyError(f"unknown fault kind {kind!r}; valid: {sorted(FAULT_KINDS)}")
+        self.counts[kind] += 1
+        self.messages.setdefault(kind, message)
+
+    def take(self) -> tuple[dict[str, int], dict[str, str]]:
+        """(count of every kind, zeros included; first message of each kind seen), then reset."""
+        out = {k: self.counts[k] for k in FAULT_KINDS}, dict(self.messages)
+        self.counts.clear()
+        self.messages.clear()
+        return out
+
 
 class ReplayDivergence(RuntimeError):
-    """A frozen turn's prompt differs from the recorded one: the replay is not faithful."""
+    """A replay asked for something the recorded episode does not hold at a frozen turn: another
+    agent, or the same agent with another prompt.  The replay is not faithful, so the episode
+    fails with this error (named agent and turn) instead of silently crediting a different run.
+
+    A team is replayable when its control flow (who speaks next, what each agent is shown)
+    depends only on the messages so far; see docs/bring_your_own_team.md.
+    """
+
+    def __init__(self, message: str, agent: str, turn: int):
+        super().__init__(message)
+        self.agent = agent
+        self.turn = turn
+
+
+REPLAY_HINT = "a replay needs routing that depends only on the messages so far (docs/bring_your_own_team.md)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,8 +163,9 @@ class Script:
             return Directive(self.mode)
         if index < self.freeze_upto:
             if src is None or src.agent != agent:
-                found = None if src is None else src.agent
-                raise ReplayDivergence(f"turn {index}: topology asked for {agent!r}, recorded turn is {found!r}")
+                found = "no turn" if src is None else repr(src.agent)
+                raise ReplayDivergence(f"turn {index}: the team asked for agent {agent!r} where the recorded episode has "
+                                       f"{found}; {REPLAY_HINT}", agent, index)
             return Directive("replay", src, check_prompt=True)
         resampled = agent in self.resample and index > self._first_masked()  # before it nothing has changed
         if (self.keep_others and not resampled and src is not None and src.agent == agent
@@ -125,19 +182,33 @@ class Script:
 class Batcher:
     """Collects requests from concurrently running episodes and serves them in batches.
 
-    A batch is flushed once every running episode is waiting on at least one request; a few
+    A batch is flushed once every running episode is waiting on at least one request and no
+    episode has a tool call running (tools run in worker threads, and an episode's next
+    request after a tool round belongs in the same batch whatever the tool's speed); a few
     more loop iterations then let sibling requests of the same episode (concurrent calls in
     one node) arrive.  The rule depends only on which episodes are waiting, never on timing,
     so batches, and with them the sampled tokens, are the same in every run.  (Topology code
     must therefore stay on the event loop: LangGraph runs sync node and routing functions in a
     thread pool, so every topology function is async.)
+
+    Framework teams run on this loop as well: an AutoGen team's agent runtime is a set of
+    asyncio tasks, and a user's LangGraph graph is run with ``ainvoke``.  A sync user node runs
+    in a worker thread and hands its model call to this loop (``run_coroutine_threadsafe``);
+    while it runs its episode is not waiting, so the batch waits for it, and sequential code
+    batches the same in every run.  Concurrent calls of one episode made from threads (parallel
+    sync branches) could arrive in different batches: such branches should be async nodes.
     """
 
-    def __init__(self, backend: Backend, seed: int, settle_yields: int = 4):
+    def __init__(self, backend: Backend, seed: int, settle_yields: int = 4, faults: Faults | None = None,
+                 count_tokens: Callable[[GenRequest, GenResult], int] | None = None):
         self.backend = backend
+        self.faults = faults if faults is not None else Faults()
         self.seed = seed
         self.settle_yields = settle_yields
+        self.count_tokens = count_tokens or (lambda req, res: len(res.completion_ids))
+        self.tokens = 0  # completion tokens generated (every result served, critic replies included)
         self.active: set[int] = set()  # episode keys still running
+        self.busy: Counter[int] = Counter()  # episode key -> tool calls running off the loop
         self._pending: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self.batches = 0
@@ -153,8 +224,17 @@ class Batcher:
         self.active.discard(key)
         self._wake.set()
 
+    def tool_started(self, key: int) -> None:
+        self.busy[key] += 1
+
+    def tool_finished(self, key: int) -> None:
+        self.busy[key] -= 1
+        if self.busy[key] <= 0:
+            del self.busy[key]
+        self._wake.set()
+
     def _all_waiting(self) -> bool:
-        return bool(self._pending) and {k[0] for k, _, _ in self._pending} >= self.active
+        return bool(self._pending) and not self.busy and {k[0] for k, _, _ in self._pending} >= self.active
 
     async def serve(self) -> None:
         while True:
@@ -173,10 +253,21 @@ class Batcher:
             self.requests += len(batch)
             try:
                 results = self.backend.generate_batch([req for _, req, _ in batch])
-            except Exception:  # noqa: BLE001 - isolate the bad request(s): one at a time
-                for _, req, fut in batch:
+            except BatchError as exc:  # the backend says which requests failed: only those fail
+                for (_, req, fut), res, err in zip(batch, exc.results, exc.errors):
+                    self._served(req, fut, res, err)
+                continue
+            except Exception as exc:  # noqa: BLE001 - isolate the bad request(s): one at a time
+                if len(batch) == 1:  # nothing to isolate: sending it again alone would only repeat it
+                    _settle(batch[0][2], error=exc)
+                    continue
+                self.faults.add("backend_error", f"a batch of {len(batch)} generations failed ({type(exc).__name__}: {exc}); "
+                                                 "retried one request at a time")
+                for _, req, fut in batch:  # a request that fails again fails its episode (counted there)
                     try:
-                        _settle(fut, result=self.backend.generate_batch([req])[0])
+                        self._served(req, fut, self.backend.generate_batch([req])[0])
+                    except BatchError as exc:
+                        self._served(req, fut, exc.results[0], exc.errors[0])
                     except Exception as exc:  # noqa: BLE001 - that episode fails and is marked
                         _settle(fut, error=exc)
             else:
@@ -185,8 +276,14 @@ class Batcher:
                     for _, _, fut in batch:
                         _settle(fut, error=err)
                     continue
-                for (_, _, fut), res in zip(batch, results):
-                    _settle(fut, result=res)
+                for (_, req, fut), res in zip(batch, results):
+                    self._served(req, fut, res)
+
+    def _served(self, req: GenRequest, fut: asyncio.Future, res: GenResult | None, error: BaseException | None = None) -> None:
+        """Hand a request its result (counting the tokens generated) or its error."""
+        if error is None:
+            self.tokens += self.count_tokens(req, res)
+        _settle(fut, result=res, error=error)
 
 
 def _settle(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
@@ -217,9 +314,14 @@ class EpisodeContext:
         script: Script | None = None,
         greedy: bool = False,
         tools: Mapping[str, ToolSpec] | None = None,
+        tool_runner: Callable[..., Any] | None = None,
+        faults: Faults | None = None,
     ):
         self.key = key
         self.tools = dict(tools or {})
+        self.tool_runner = tool_runner  # runs a tool by name (a Sandbox); None: in this process
+        self.faults = faults if faults is not None else Faults()
+        self.backend_failed = False  # set when a generation raised: the episode's error is the backend's
         self.episode = episode
         self.agents = agents
         self.tokenizers = tokenizers
@@ -247,17 +349,31 @@ class EpisodeContext:
         return self.script.directive(index, agent_name) if self.script else SAMPLE
 
     async def call(
-        self, agent_name: str, messages: list[dict[str, str]], parent: int | None = None, index: int | None = None
+        self,
+        agent_name: str,
+        messages: list[dict[str, str]],
+        parent: int | None = None,
+        index: int | None = None,
+        run_tools: bool = True,
     ) -> Turn:
-        """One invocation of an agent: its reply, after any tool rounds (each one more Turn)."""
+        """One invocation of an agent: its reply, after any tool rounds (each one more Turn).
+
+        ``run_tools=False`` is for a framework that runs the agent's tool calls itself (an
+        AutoGen agent, a LangGraph ToolNode): the one generation comes back as is, with no
+        tool round here; the caller records the calls and observations on the turn.
+        """
+        if agent_name not in self.agents:
+            raise KeyError(f"no agent {agent_name!r} in this team; valid: {sorted(self.agents)}")
         agent = self.agents[agent_name]
         if index is None:
             index = self.reserve(1)[0]
         d = self._directive(index, agent_name)
-        if d.kind in ("mask", "remove") and agent.tools:  # keep the recorded positions of later turns
+        if d.kind in ("mask", "remove"):  # keep the recorded positions of later turns (tool rounds)
             for _ in range(self.script.invocation_length(index, agent_name) - 1):
                 await self._turn(agent_name, messages, parent, index, Directive("remove"), 0)
                 index = self.reserve(1)[0]
+        if not run_tools:
+            return await self._turn(agent_name, messages, parent, index, d, 0, run_tools=False)
         turn = await self._turn(agent_name, messages, parent, index, d, agent.max_tool_calls)
         used = 0
         while turn.parsed.get("label") == TOOL_LABEL:
@@ -270,7 +386,8 @@ class EpisodeContext:
         return turn
 
     async def _turn(
-        self, agent_name: str, messages: list[dict[str, str]], parent: int | None, index: int, d: Directive, tool_budget: int
+        self, agent_name: str, messages: list[dict[str, str]], parent: int | None, index: int, d: Directive, tool_budget: int,
+        run_tools: bool = True,
     ) -> Turn:
         """One generation (sampled, replayed, masked or removed), recorded on the episode."""
         agent = self.agents[agent_name]
@@ -280,7 +397,8 @@ class EpisodeContext:
             src = d.source
             assert src is not None
             if d.check_prompt and src.prompt_ids != prompt_ids:
-                raise ReplayDivergence(f"turn {index} ({agent_name}): prompt differs from the recorded one")
+                raise ReplayDivergence(f"turn {index} (agent {agent_name!r}): the prompt differs from the recorded one; "
+                                       f"{REPLAY_HINT}", agent_name, index)
             turn = dataclasses.replace(copy.deepcopy(src), **base, replayed=True, trainable=False)
         elif d.kind in ("mask", "remove"):
             text = MASK_TEXT if d.kind == "mask" else ""
@@ -298,17 +416,22 @@ class EpisodeContext:
                 agent=agent_name,
                 messages=messages,
             )
-            res = await self.batcher.generate((self.key, index), req)
+            try:
+                res = await self.batcher.generate((self.key, index), req)
+            except Exception as exc:
+                self.backend_failed = True
+                self.faults.add("backend_error", f"generation for agent {agent_name!r} failed: {type(exc).__name__}: {exc}")
+                raise
             parsed, valid = agent.parse(res.text)
             turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
                         parsed=parsed, valid=valid, finish_reason=res.finish_reason,
                         trainable=self.trainable[agent.policy])
-            if agent.tools and has_tool_call(res.text):
-                self._run_tools(agent.name, turn, tool_budget)
+            if run_tools and agent.tools and has_tool_call(res.text):
+                await self._run_tools(agent.name, turn, tool_budget)
         self.episode.turns.append(turn)
         return turn
 
-    def _run_tools(self, agent_name: str, turn: Turn, budget: int) -> None:
+    async def _run_tools(self, agent_name: str, turn: Turn, budget: int) -> None:
         """Run the turn's tool calls (at most ``budget``) and record calls, observations, tool_valid.
 
         With budget left the turn becomes a tool turn (label ``tool``, valid iff every call
@@ -319,8 +442,14 @@ class EpisodeContext:
         allowed = {name: self.tools[name] for name in agent.tools if name in self.tools}
         records, observations = [], []
         for k, call in enumerate(parse_tool_calls(turn.text)):
-            if k < budget:
-                rec, obs = run_tool_call(call, allowed)
+            if k < budget:  # in a worker thread: the loop (other episodes, the batcher) goes on meanwhile
+                self.batcher.tool_started(self.key)
+                try:
+                    rec, obs = await asyncio.to_thread(run_tool_call, call, allowed, self.tool_runner)
+                finally:
+                    self.batcher.tool_finished(self.key)
+                if "fault" in rec:
+                    self.faults.add(rec["fault"], f"agent {agent_name!r}: {rec['error']}")
             else:
                 rec, obs = skipped_call(call, f"the limit of {agent.max_tool_calls} tool calls per reply is spent")
             records.append(rec)
@@ -358,7 +487,13 @@ class Engine:
         score: Callable[[Episode], float],
         episode_timeout: float | None = None,
         tools: Mapping[str, ToolSpec] | None = None,
+        tool_timeout_s: float = 30.0,
+        tool_memory_mb: int | None = 1024,
+        tool_workers: int = 2,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ):
+        """``tool_*``: limits of the sandbox the env's tools run in (see ``mas.sandbox``);
+        ``sleep``: what an episode's time limit waits with (a test injects a manual clock)."""
         self.tools = dict(tools or {})  # the env's tools by name; each agent may call those in its Agent.tools
         for agent in agents.values():
             missing = [t for t in agent.tools if t not in self.tools]
@@ -371,7 +506,35 @@ class Engine:
         self.trainable = trainable
         self.backend = backend
         self.score = score
-        self.stats = {"batches": 0, "requests": 0, "replay_episodes": 0, "critiques": 0}
+        self.sleep = sleep
+        # generated_tokens: completion tokens of every generation served (rollouts, replays,
+        # interventions, critic replies); a remote endpoint that returns no token ids is counted
+        # by tokenising its text with the policy's tokenizer
+        self.stats = {"batches": 0, "requests": 0, "replay_episodes": 0, "critiques": 0, "generated_tokens": 0}
+        self.faults = Faults()
+        self.tool_limits = {"timeout_s": tool_timeout_s, "memory_mb": tool_memory_mb, "workers": tool_workers}
+        self._sandbox: Sandbox | None = None  # started at the first tool call
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        """The worker processes that run the env's tools (None when the env has none).  Workers
+        hold the functions they were forked with: if ``tools`` was changed since, new ones start."""
+        functions = {name: spec.fn for name, spec in self.tools.items()}
+        if self._sandbox is not None and self._sandbox.functions != functions:
+            self._sandbox.close()
+            self._sandbox = None
+        if self._sandbox is None and functions:
+            self._sandbox = Sandbox(functions, name="tools", **self.tool_limits)
+        return self._sandbox
+
+    def take_faults(self) -> tuple[dict[str, int], dict[str, str]]:
+        """Faults counted since the last call, by kind (``FAULT_KINDS``), and the first message of each."""
+        return self.faults.take()
+
+    def close(self) -> None:
+        """Stop the tool workers (they also stop when the engine is garbage-collected or the process ends)."""
+        if self._sandbox is not None:
+            self._sandbox.close()
 
     # -- public API ------------------------------------------------------------------------
 
@@ -440,8 +603,14 @@ class Engine:
     async def _run_async(
         self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest]
     ) -> list[str]:
-        batcher = Batcher(self.backend, seed)
+        batcher = Batcher(self.backend, seed, faults=self.faults, count_tokens=self._generated_tokens)
         batcher.active = set(range(len(jobs) + len(critiques)))
+        # Sync framework code (a LangGraph node written with `def`) runs in the loop's default
+        # executor and blocks its thread while it waits for a model call; the batch it waits
+        # for is served only when every episode waits, so every episode must get a thread.
+        # Threads are started only when needed.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=max(32, 4 * len(jobs)), thread_name_prefix="mas-episode"))
         server = asyncio.create_task(batcher.serve())
         try:
             episodes = [self._episode(k, ep, script, batcher, greedy) for k, (ep, script) in enumerate(jobs)]
@@ -455,7 +624,15 @@ class Engine:
                 pass
         self.stats["batches"] += batcher.batches
         self.stats["requests"] += batcher.requests
+        self.stats["generated_tokens"] += batcher.tokens
         return list(texts)
+
+    def _generated_tokens(self, req: GenRequest, res: GenResult) -> int:
+        """Completion tokens of one generation (re-tokenised text where the backend gave no ids)."""
+        if res.completion_ids or not res.text:
+            return len(res.completion_ids)
+        tok = self.tokenizers.get(req.policy)
+        return len(tok.encode(res.text, add_special_tokens=False)) if tok is not None else 0
 
     async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher) -> str:
         """One critic call; a failure gives an empty reply (the method's fallback handles it)."""
@@ -465,23 +642,29 @@ class Engine:
                          agent=f"critic:{req.policy}", messages=messages)
         try:
             return (await batcher.generate((key, 0), gen)).text
-        except Exception:  # noqa: BLE001 - counted by the method as a parse/call failure
+        except Exception as exc:  # noqa: BLE001 - counted here and by the method as a parse failure
+            self.faults.add("critic_error", f"critique {req.key!r} by policy {req.policy!r} failed: {type(exc).__name__}: {exc}")
             return ""
         finally:
             batcher.finished(key)
 
     async def _episode(self, key: int, ep: Episode, script: Script | None, batcher: Batcher, greedy: bool) -> None:
-        ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy, self.tools)
+        runner = self.sandbox if self.tools else None
+        ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy, self.tools,
+                             tool_runner=runner, faults=self.faults)
         try:
-            outcome = await asyncio.wait_for(self.topology.run(ctx), self.episode_timeout)
+            outcome = await _within(self.topology.run(ctx), self.episode_timeout, self.sleep)
             ep.answer = outcome.answer
             ep.status = "truncated" if outcome.truncated else "ok"
         except TimeoutError:
             ep.status, ep.error = "error", f"timeout: episode exceeded {self.episode_timeout}s"
+            self.faults.add("episode_timeout", f"task {ep.task.task_id!r}: {ep.error}")
         except Exception as exc:  # noqa: BLE001 - a failed episode is kept, marked and scored 0
             ep.status = "error"
             ep.error = f"{type(exc).__name__}: {exc}"
             ep.info["traceback"] = traceback.format_exc(limit=5)
+            if not ctx.backend_failed:  # a backend failure was counted where it happened
+                self.faults.add("agent_error", f"task {ep.task.task_id!r}: {ep.error}")
         finally:
             batcher.finished(key)
         ep.turns.sort(key=lambda t: t.index)
@@ -494,6 +677,32 @@ class Engine:
                     raise FloatingPointError(f"the env scored this episode {ep.reward}")
             except Exception as exc:  # noqa: BLE001 - a scorer crash marks the episode, never the step
                 ep.status, ep.error, ep.reward = "error", f"score: {type(exc).__name__}: {exc}", 0.0
+                self.faults.add("score_error", f"task {ep.task.task_id!r}: {ep.error}")
+
+
+async def _within(coro: Awaitable[Any], timeout: float | None, sleep: Callable[[float], Awaitable[Any]]) -> Any:
+    """``await coro``, or cancel it and raise TimeoutError once ``sleep(timeout)`` returns first."""
+    if timeout is None:
+        return await coro
+    work = asyncio.ensure_future(coro)
+    timer = asyncio.ensure_future(sleep(timeout))
+    try:
+        await asyncio.wait({work, timer}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        timer.cancel()
+        raise
+    if work.done():
+        timer.cancel()
+        return work.result()
+    work.cancel()
+    try:
+        await work
+    except asyncio.CancelledError:
+        pass
+    except Exception:  # noqa: BLE001 - it failed while being stopped; the timeout is what counts
+        pass
+    raise TimeoutError
 
 
 def _check_critique(req: CritiqueRequest, tokenizers: dict[str, Any]) -> None:

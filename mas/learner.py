@@ -24,18 +24,34 @@ arXiv 2503.14476):
     kl_t    = exp(ref_t - logp_t) - (ref_t - logp_t) - 1          (k3, Schulman 2020 blog)
     loss_t  = pg_t + kl_coef * kl_t
 
-Aggregation: ``token_mean`` sums over the completion tokens and divides by their number;
-``seq_mean`` averages each turn's tokens, then averages over turns.  Both divide by the
-count of the whole update batch, not of a micro-batch, so accumulating micro-batch
-gradients gives exactly the gradient of one big batch (verl's "token-mean over the agent's
-whole mini-batch" [C]).  Turns with no completion token add nothing and are not counted.
+Aggregation (``loss_agg``; ℓ_{n,t} the per-token loss, L_n the tokens of turn n, N the turns
+with at least one token in the policy's update batch):
+
+    token_mean          Σ_n Σ_t ℓ_{n,t} / Σ_n L_n          verl token-mean (DrMAS default) [C]
+    seq_mean            Σ_n (Σ_t ℓ_{n,t} / L_n) / N         verl seq-mean-token-mean, GRPO's 1/|o_i| [C]
+    seq_mean_token_sum  Σ_n Σ_t ℓ_{n,t} / N                 verl seq-mean-token-sum [C]
+    dr_grpo             Σ_n Σ_t ℓ_{n,t} / (N · L_max)       TRL loss_type="dr_grpo": a constant
+                                                            normaliser, L_max = the largest completion
+                                                            the policy's agents may write [C]
+
+Every divisor is the count of the whole update batch, not of a micro-batch, so accumulating
+micro-batch gradients gives exactly the gradient of one big batch (verl's "token-mean over the
+agent's whole mini-batch" [C]).  Turns with no completion token add nothing and are not
+counted.  Dr. GRPO's point (arXiv 2503.20783) is that the length normalisations of
+``token_mean``/``seq_mean`` bias long wrong answers; ``dr_grpo`` and ``seq_mean_token_sum``
+do not normalise by length (``dr_grpo`` keeps the gradient scale fixed by a constant).
+
+Learning-rate schedules are ``transformers.get_scheduler``'s ("constant_with_warmup",
+"linear", "cosine"), one scheduler step per update call.  Warm-up is transformers' linear
+ramp k/W for update k < W (0-based), so the first update of a warm-up runs at lr 0; after it
+constant 1, linear (T − k)/(T − W), cosine (1 + cos(π (k − W)/(T − W)))/2, reaching 0 at
+k = T (T = trainer.steps).
 """
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -46,9 +62,10 @@ from torch import nn
 if TYPE_CHECKING:  # the learner reads only a few fields of it (flat builder arguments)
     from mas.config import OptimConfig
 
-LossAgg = Literal["token_mean", "seq_mean"]
-LOSS_AGGS: tuple[str, ...] = ("token_mean", "seq_mean")
+LossAgg = Literal["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"]
+LOSS_AGGS: tuple[str, ...] = ("token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
+HF_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}  # mas name -> transformers name
 
 # Padded positions are excluded by the attention mask (as keys) and by completion_mask (as
 # targets); with right padding they sit after every real token, so their id never matters.
@@ -217,12 +234,19 @@ def _entropy(logits: torch.Tensor, lse: torch.Tensor, chunk: int) -> torch.Tenso
 # --------------------------------------------------------------------------------------------
 
 
-def loss_norm(completion_lengths: list[int], loss_agg: str) -> int:
-    """The default divisor of an aggregation: completion tokens, or turns with at least one."""
+def loss_norm(completion_lengths: list[int], loss_agg: str, max_tokens: int | None = None) -> int:
+    """The divisor of an aggregation over a whole update batch: completion tokens
+    (``token_mean``), turns with at least one token (``seq_mean``, ``seq_mean_token_sum``), or
+    those turns times the constant ``max_tokens`` (``dr_grpo``)."""
     _check_agg(loss_agg)
     if loss_agg == "token_mean":
         return max(1, sum(completion_lengths))
-    return max(1, sum(1 for n in completion_lengths if n > 0))
+    turns = max(1, sum(1 for n in completion_lengths if n > 0))
+    if loss_agg == "dr_grpo":
+        if max_tokens is None or max_tokens < 1:
+            raise ValueError(f"loss_agg dr_grpo needs the constant max_tokens >= 1 (found {max_tokens})")
+        return turns * max_tokens
+    return turns
 
 
 def ppo_clip_loss(
@@ -236,12 +260,13 @@ def ppo_clip_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     norm: float | None = None,
+    max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip surrogate with an optional k3 KL term (see the module docstring).
 
-    ``norm`` divides the aggregated sum; by default it is this call's completion tokens
-    (``token_mean``) or non-empty turns (``seq_mean``).  Pass the whole update batch's count
-    when calling per micro-batch.  Stats (token means over completion tokens): ``pg_loss``
+    ``norm`` divides the aggregated sum; by default it is ``loss_norm`` of this call's turns
+    (``max_tokens`` is dr_grpo's constant).  Pass the whole update batch's divisor when
+    calling per micro-batch.  Stats (token means over completion tokens): ``pg_loss``
     (the surrogate alone, same aggregation), ``kl``, ``clip_frac`` (share of tokens where the
     clipped branch is the active one), ``ratio``, and ``tokens``.
     """
@@ -262,14 +287,13 @@ def ppo_clip_loss(
 
     lengths = mask.sum(-1)  # [N]
     if norm is None:
-        norm_t = lengths.sum() if loss_agg == "token_mean" else (lengths > 0).sum().to(mask.dtype)
-        norm = norm_t.clamp(min=1.0)
+        norm = float(loss_norm([int(n) for n in lengths.tolist()], loss_agg, max_tokens))
 
     def agg(x: torch.Tensor) -> torch.Tensor:
-        if loss_agg == "token_mean":
-            return (x * mask).sum() / norm
-        per_seq = (x * mask).sum(-1) / lengths.clamp(min=1.0)  # [N]  token mean of each turn
-        return per_seq.sum() / norm
+        if loss_agg == "seq_mean":
+            per_seq = (x * mask).sum(-1) / lengths.clamp(min=1.0)  # [N]  token mean of each turn
+            return per_seq.sum() / norm
+        return (x * mask).sum() / norm  # token_mean, seq_mean_token_sum and dr_grpo differ only in norm
 
     loss = agg(per_token)
 
@@ -296,29 +320,15 @@ def _check_agg(loss_agg: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """Multiplier of the peak lr for update ``k`` (0-based).
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, schedule: str, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``transformers.get_scheduler`` for a mas schedule name (module docstring for the values)."""
+    from transformers import get_scheduler
 
-    Warm-up is ``(k + 1) / warmup_steps`` (as nanochat; it never spends an update at lr 0),
-    reaching the peak at ``k = warmup_steps - 1``.  After it, with progress
-    ``p = (k - warmup) / (total - warmup)`` clamped to [0, 1]: constant 1, linear ``1 - p``,
-    cosine ``(1 + cos(pi p)) / 2``; both decays reach 0 at ``k = total_steps``.
-    """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; valid: {list(SCHEDULES)}")
-    span = max(1, total_steps - warmup_steps)
-
-    def multiplier(k: int) -> float:
-        if k < warmup_steps:
-            return (k + 1) / warmup_steps
-        p = min(1.0, max(0.0, (k - warmup_steps) / span))
-        if schedule == "linear":
-            return 1.0 - p
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * p))
-        return 1.0
-
-    return multiplier
+    return get_scheduler(HF_SCHEDULES[schedule], optimizer, num_warmup_steps=warmup_steps, num_training_steps=max(total_steps, 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,8 +360,11 @@ class Learner:
         kl_coef: float,
         loss_agg: LossAgg,
         ppo_epochs: int = 1,
+        max_tokens: int | None = None,
     ):
         _check_agg(loss_agg)
+        if loss_agg == "dr_grpo" and (max_tokens is None or max_tokens < 1):
+            raise ValueError(f"policy {policy.name!r}: loss_agg dr_grpo needs max_tokens >= 1 (the constant normaliser), found {max_tokens}")
         if ppo_epochs < 1:
             raise ValueError(f"ppo_epochs must be >= 1 (found {ppo_epochs})")
         self.policy = policy
@@ -363,13 +376,11 @@ class Learner:
         self.micro_batch_size = optim.micro_batch_size
         self.max_grad_norm = optim.max_grad_norm
         self.clip_low, self.clip_high = clip_low, clip_high
-        self.kl_coef, self.loss_agg, self.ppo_epochs = kl_coef, loss_agg, ppo_epochs
+        self.kl_coef, self.loss_agg, self.ppo_epochs, self.max_tokens = kl_coef, loss_agg, ppo_epochs, max_tokens
         self.optimizer = torch.optim.AdamW(
             self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(optim.schedule, optim.warmup_steps, total_steps)
-        )
+        self.scheduler = build_scheduler(self.optimizer, optim.schedule, optim.warmup_steps, total_steps)
 
     # -- public API ----------------------------------------------------------------------
 
@@ -442,7 +453,7 @@ class Learner:
             {k: v.to(device) for k, v in collate(samples[i : i + size]).items()}
             for i in range(0, len(samples), size)
         ]
-        norm = float(loss_norm([len(s.completion_ids) for s in samples], self.loss_agg))
+        norm = float(loss_norm([len(s.completion_ids) for s in samples], self.loss_agg, self.max_tokens))
         ref: list[torch.Tensor | None] = [None] * len(micro)
         if self.kl_coef > 0:  # the reference never changes within an update: one pass
             with torch.no_grad(), self.policy.reference() as ref_model, _mode(ref_model, False):
@@ -471,6 +482,7 @@ class Learner:
                     ref_logprobs=ref_lp,
                     kl_coef=self.kl_coef,
                     norm=norm,
+                    max_tokens=self.max_tokens,
                 )
                 if not torch.isfinite(loss):
                     raise FloatingPointError(

@@ -45,14 +45,23 @@ def step_metrics(
     updates: dict[str, dict[str, float]],
     timings: dict[str, float],
     cost: dict[str, int] | None = None,
+    generated: dict[str, int] | None = None,
+    faults: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """One step's record for metrics.jsonl and TensorBoard.
 
     Per agent: reward (mean outcome of the episodes it spoke in), credit share (its summed
-    positive credit over the team's; None when no turn got positive credit), advantage statistics, turns, completion tokens, parse
+    positive credit over the team's; None when no turn got positive credit) and the part of it
+    its unparsed turns earned, advantage statistics, turns, completion tokens, parse
     failures, tool calls and tool-call validity (where turns carry a ``tool_valid`` signal).
     Per policy: the learner's loss, KL, clip fraction, entropy, gradient norm and learning rate.
     ``lengths`` keeps every episode's turns and completion tokens for the length distribution.
+    ``generated``: completion tokens the engine generated this step, by phase (``rollout_tokens``,
+    ``credit_tokens`` for the credit method's replays, coalitions, removal runs and critic
+    replies) and ``total``: the compute ``mas study --budget tokens`` matches.
+    ``faults`` counts what went wrong in the step's rollouts and extra evaluations, by kind
+    (``mas.engine.FAULT_KINDS``: agent/backend/tool/critic errors, timeouts, bad rewards); the
+    step went on regardless.
     """
     episodes = [ep for g in groups for ep in g.episodes]
     flat = flatten_turns(groups)
@@ -68,10 +77,13 @@ def step_metrics(
         spoke = sorted(set(batch.episode_ids[sel].tolist()))
         tool_valid = [t.extra_rewards["tool_valid"] for t in turns if "tool_valid" in t.extra_rewards]
         tokens = sum(len(t.completion_ids) for t in turns)
+        unparsed = torch.tensor([not t.valid and not t.tool_calls for t in turns], dtype=torch.bool)  # [n]
         agents[name] = {
             "reward": float(batch.episode_rewards[spoke].mean()),
             # None (not logged) when no turn got positive credit: a share of nothing is no signal
             "credit_share": float(adv[sel].clamp(min=0).sum()) / team_positive if team_positive > 0 else None,
+            # the part of that share earned by its unparsed turns (output not in the agent's format)
+            "unparsed_credit_share": float(adv[sel][unparsed].clamp(min=0).sum()) / team_positive if team_positive > 0 else None,
             "advantage": _stats(credit.advantages[sel]),
             "turns": n,
             "completion_tokens": tokens,
@@ -101,6 +113,8 @@ def step_metrics(
         "credit_cost": cost or {},
         "credit": {k: float(v) for k, v in credit.breakdown.items() if v.dim() == 0},  # scalar diagnostics
         "tokens": sum(len(t.completion_ids) for _, t in flat),
+        "generated": generated or {},
+        "faults": dict(faults or {}),
         "time": timings,
     }
 
@@ -120,7 +134,24 @@ def credit_cost(requests: list, results: dict | None) -> dict[str, int]:
         "interventions": sum(isinstance(r, InterventionRequest) for r in keys.values()),
         "critiques": sum(isinstance(r, CritiqueRequest) for r in keys.values()),
         "extra_generations": sampled,
+        "replay_divergences": len(replay_divergences(results)),
     }
+
+
+def replay_divergences(results: dict | None) -> list[str]:
+    """Errors of the re-runs (replays, interventions) that diverged from their recorded episode."""
+    return [ep.error for items in (results or {}).values() for ep in items
+            if isinstance(ep, Episode) and ep.status == "error" and (ep.error or "").startswith("ReplayDivergence")]
+
+
+def divergence_warning(results: dict | None) -> str | None:
+    """One line for the run's warnings when re-runs diverged: how many, and the first error
+    (it names the agent and the turn); None when none did."""
+    errors = replay_divergences(results)
+    if not errors:
+        return None
+    return (f"{len(errors)} re-run(s) of the team diverged from their recorded episode and were left out of the "
+            f"credit; the first: {errors[0]}")
 
 
 def _env_scores(episodes: list[Episode]) -> dict[str, float]:
@@ -139,6 +170,16 @@ def _tool_calls_per_agent(episodes: list[Episode], tool_agents: list[str] | tupl
             for a in sorted(names)}
 
 
+def _parse_counts(episodes: list[Episode]) -> dict[str, dict[str, int]]:
+    """Turns and parse failures of each agent (as in step metrics: failed tool calls are not parse failures)."""
+    out: dict[str, dict[str, int]] = {}
+    for t in (t for ep in episodes for t in ep.turns):
+        row = out.setdefault(t.agent, {"turns": 0, "parse_failures": 0})
+        row["turns"] += 1
+        row["parse_failures"] += not t.valid and not t.tool_calls
+    return dict(sorted(out.items()))
+
+
 def eval_summary(m: dict[str, Any]) -> str:
     """One line for the terminal: accuracy, or a research team's F1 / EM and tool calls."""
     if "f1" in m or "em" in m:
@@ -153,8 +194,9 @@ def eval_summary(m: dict[str, Any]) -> str:
 def eval_metrics(episodes: list[Episode], tool_agents: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Held-out results of a team: mean reward (``accuracy``; a math team's accuracy, a research
     team's F1 or EM as its env's reward says), the env's named scores (research: ``em``, ``f1``),
-    failure counts and, where agents have tools, ``tool_calls``: mean calls per episode by agent
-    (``tool_agents`` are always listed, with 0 if they made none)."""
+    failure counts, ``agents``: each agent's turns and parse failures, and, where agents have tools,
+    ``tool_calls``: mean calls per episode by agent (``tool_agents`` are always listed, with 0 if
+    they made none)."""
     out: dict[str, Any] = {
         "accuracy": statistics.fmean(ep.reward for ep in episodes) if episodes else 0.0,
         "episodes": len(episodes),
@@ -163,6 +205,7 @@ def eval_metrics(episodes: list[Episode], tool_agents: list[str] | tuple[str, ..
     }
     if episodes:
         out.update(_env_scores(episodes))
+        out["agents"] = _parse_counts(episodes)
         calls = _tool_calls_per_agent(episodes, tool_agents)
         if calls:
             out["tool_calls"] = calls
@@ -267,8 +310,9 @@ class RunLogger:
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after ``step`` (written after the last checkpoint of a crashed run),
-        in the JSONL files and in TensorBoard (``purge_step``), so a resumed run has no duplicates."""
-        for path in (self.metrics_path, self.episodes_path):
+        in the JSONL files (metrics, episodes, warnings) and in TensorBoard (``purge_step``), so a
+        resumed run has no duplicates."""
+        for path in (self.metrics_path, self.episodes_path, self.run_dir / "warnings.jsonl"):
             if path.exists():
                 keep = [line for line in path.read_text().splitlines() if _step_of(line) <= step]
                 path.write_text("".join(line + "\n" for line in keep))
@@ -337,7 +381,10 @@ def _step_of(line: str) -> int:
         record = json.loads(line)
     except json.JSONDecodeError:
         return 2**62
-    return record.get("step", -1) if isinstance(record, dict) else 2**62
+    if not isinstance(record, dict):
+        return 2**62
+    step = record.get("step")
+    return step if isinstance(step, int) else -1  # evaluations and run-wide warnings have no step
 
 
 def _tensorboard_writer(path: Path, purge_step: int | None = None):

@@ -17,7 +17,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from html import escape
 
-from mas.config import ChainTopology, DebateTopology, GraphTopology, OrchestratorTopology, RunConfig
+from mas.config import (
+    AutogenTopology,
+    ChainTopology,
+    DebateTopology,
+    GraphTopology,
+    LangGraphTopology,
+    OrchestratorTopology,
+    RunConfig,
+)
 from mas.report.charts import PALETTE
 
 START, END = "START", "END"
@@ -72,9 +80,53 @@ def topology_graph(cfg: RunConfig) -> tuple[list[str], list[Edge], dict[str, str
         ]
         nodes = [START, *(n.name for n in t.nodes), END]
         agent_of = {n.name: n.agent for n in t.nodes}
-    else:  # pragma: no cover - the config schema admits only the four kinds
+    elif isinstance(t, AutogenTopology):
+        nodes, edges, agent_of = _autogen_graph(cfg)
+    elif isinstance(t, LangGraphTopology):
+        nodes, edges, agent_of = _langgraph_graph(t)
+    else:  # pragma: no cover - the config schema admits only these kinds
         raise TypeError(f"unknown topology {type(t).__name__}")
     return list(dict.fromkeys(nodes)), edges, agent_of
+
+
+def _autogen_graph(cfg: RunConfig) -> tuple[list[str], list[Edge], dict[str, str]]:
+    """A YAML AutoGen team as who may speak after whom; a factory's team as one box (it is code)."""
+    from mas.topologies.autogen import participants_of
+
+    t = cfg.topology
+    if t.factory is not None:  # code: one box, and the agents whose model clients it is given
+        box = f"factory {t.factory}"
+        edges = [Edge(START, box, "task")] + [Edge(box, a, "model calls") for a in cfg.agent_names]
+        return [START, box, *cfg.agent_names, END], edges + [Edge(box, END, "its termination")], {a: a for a in cfg.agent_names}
+    members = participants_of(t, cfg.agent_names)
+    term = t.termination
+    stop = " or ".join(([f"'{term.text}' said"] if term.text else [])
+                       + ([f"{term.max_messages} messages"] if term.max_messages else [])) if term else ""
+    if t.team == "round_robin":
+        edges = [Edge(START, members[0])] + [Edge(a, b, "next") for a, b in zip(members, members[1:])]
+        edges += [Edge(members[-1], members[0], "next round")] if len(members) > 1 else []
+    elif t.team == "selector":
+        edges = [Edge(START, t.selector)] + [e for m in members for e in (Edge(t.selector, m, "picks"), Edge(m, t.selector, "said"))]
+    else:  # swarm
+        edges = [Edge(START, members[0])] + [Edge(a, b, "handoff") for a, bs in t.handoffs.items() for b in bs]
+    edges += [Edge(m, END, stop) for m in members]
+    nodes = [START, *([t.selector] if t.team == "selector" else []), *members, END]
+    return nodes, edges, {n: n for n in nodes[1:-1]}
+
+
+def _langgraph_graph(t: LangGraphTopology) -> tuple[list[str], list[Edge], dict[str, str]]:
+    """The user's compiled graph as LangGraph sees it: its nodes and (labelled) edges, each node
+    with the agent its code calls where that can be read from it (``node_agents``)."""
+    from mas.topologies.langgraph import load_graph, node_agents
+
+    compiled = load_graph(t.builder)[0]
+    graph = compiled.get_graph()
+    name = {"__start__": START, "__end__": END}
+    nodes = [START] + [name.get(n, n) for n in graph.nodes if n not in name] + [END]
+    edges = [Edge(name.get(e.source, e.source), name.get(e.target, e.target),
+                  str(e.data) if e.data else "conditional" if e.conditional else "") for e in graph.edges]
+    agent_of = {n: agents[0] for n, agents in node_agents(compiled).items() if len(agents) == 1}
+    return nodes, edges, agent_of
 
 
 def short_model(model: str) -> str:
@@ -106,9 +158,34 @@ def team_text(cfg: RunConfig) -> str:
         for i, e in enumerate(e for e in edges if e.source == n):
             arrow = f"──{e.label}──▶" if e.label else "──▶"
             lines.append(f"  {(shown[n] if i == 0 else ''):<{nw}}  {arrow} {e.target}")
+    note = _code_note(cfg)
+    if note:
+        lines += [f"  ({note})"]
     method = cfg.credit.method
     lines += ["", f"env: {getattr(cfg.env, 'name', '?')}", f"credit: {method}"]
     return "\n".join(lines)
+
+
+def _code_note(cfg: RunConfig) -> str:
+    """What a picture of a team defined in code cannot show, said plainly."""
+    t = cfg.topology
+    if isinstance(t, AutogenTopology) and t.factory is not None:
+        return (f"the team is built in code by {t.factory}: who speaks when is decided there and cannot be drawn "
+                f"from the config; mas gives it model clients for {', '.join(cfg.agent_names)}")
+    if isinstance(t, LangGraphTopology):
+        return (f"nodes and edges of the graph {t.builder} builds, each with the agent its code calls where that can "
+                f"be read from the code (MasChatModel for {', '.join(cfg.agent_names)}); answer from "
+                f"state['{t.answer_key}']")
+    return ""
+
+
+def topology_mermaid(cfg: RunConfig) -> str | None:
+    """LangGraph's own Mermaid drawing of the compiled topology (None for an AutoGen team,
+    which is not a LangGraph graph)."""
+    from mas.topologies import build_topology
+
+    compiled = getattr(build_topology(cfg.topology), "graph", None)
+    return None if compiled is None else compiled.get_graph().draw_mermaid()
 
 
 # --- SVG -------------------------------------------------------------------------------------

@@ -74,6 +74,9 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None) -> Team
         score=env.score,
         episode_timeout=cfg.runtime.episode_timeout_s,
         tools=tools,
+        tool_timeout_s=cfg.runtime.tool_timeout_s,
+        tool_memory_mb=cfg.runtime.tool_memory_mb,
+        tool_workers=cfg.runtime.tool_workers,
     )
     used = {a.policy for a in agents.values()}
     t = cfg.trainer
@@ -87,6 +90,7 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None) -> Team
             kl_coef=t.kl_coef,
             loss_agg=t.loss_agg,
             ppo_epochs=t.ppo_epochs,
+            max_tokens=t.loss_agg_max_tokens or max(a.sampling.max_new_tokens for a in cfg.agents if a.policy == name),
         )
         for name, p in policies.items()
         if p.trainable and name in used

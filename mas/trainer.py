@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +24,10 @@ from mas.checks import config_warnings
 from mas.config import _path
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
+from mas.embedded.fit import fit_checks
+from mas.fault_points import pause_point
 from mas.learner import TrainSample
-from mas.metrics import RunLogger, credit_cost, eval_metrics, eval_summary, step_metrics
+from mas.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
 from mas.rundir import check_fresh
 from mas.team import Team, describe_team
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
@@ -46,6 +48,7 @@ class StepResult:
     groups: list[EpisodeGroup]
     credit: Credit
     metrics: dict
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (kind, message) for the run's warnings.jsonl
 
 
 def train_step(team: Team, step: int) -> StepResult:
@@ -58,9 +61,12 @@ def train_step(team: Team, step: int) -> StepResult:
     # 1. rollout + score: G joint episodes for each of B tasks; the engine scores each episode
     #    with env.score as it ends (replays and interventions are scored the same way)
     t0 = time.perf_counter()
+    generated = GeneratedTokens(team.engine)
     tasks = team.env.sample_tasks(cfg.trainer.batch_size)
     groups = team.engine.rollout(tasks, cfg.trainer.group_size, seed=seed)
+    generated.mark("rollout_tokens")
     timings["rollout"] = time.perf_counter() - t0
+    pause_point("after_rollout", step)
 
     # 2. credit: extra evaluations if the method plans any (timed per kind), then one advantage per turn
     t0 = time.perf_counter()
@@ -73,6 +79,7 @@ def train_step(team: Team, step: int) -> StepResult:
         results.update(execute_timed(team.engine, more, seed + 2, timings))
         requests += more
     cost = credit_cost(requests, results)
+    generated.mark("credit_tokens")  # the method's own generations: replays, coalitions, removal runs, critic replies
     t1 = time.perf_counter()
     try:
         credit = run_credit(batch, cfg.credit, results)
@@ -97,6 +104,7 @@ def train_step(team: Team, step: int) -> StepResult:
         except FloatingPointError as e:  # the learner names the policy; add the step
             raise FloatingPointError(f"step {step}: {e}") from e
     timings["update"] = time.perf_counter() - t0
+    pause_point("after_update", step)
 
     # 4. sync: the rollout backend serves the new weights
     t0 = time.perf_counter()
@@ -105,8 +113,31 @@ def train_step(team: Team, step: int) -> StepResult:
     timings["sync"] = time.perf_counter() - t0
     timings["step"] = time.perf_counter() - t_step
 
-    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost)
-    return StepResult(groups, credit, metrics)
+    faults, fault_messages = team.engine.take_faults()  # what went wrong in this step's rollouts, by kind
+    metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts(), faults)
+    warnings = [(f"fault.{kind}", f"step {step}: {faults[kind]} x {kind}, e.g. {message}") for kind, message in fault_messages.items()]
+    diverged = divergence_warning(results)
+    if diverged:
+        warnings.append(("replay_divergence", diverged))
+    return StepResult(groups, credit, metrics, warnings)
+
+
+class GeneratedTokens:
+    """Completion tokens the engine generated in each phase of a step (the compute a budget matches)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.last = engine.stats["generated_tokens"]
+        self.phases: dict[str, int] = {}
+
+    def mark(self, phase: str) -> None:
+        """Attribute the tokens generated since the previous mark to ``phase``."""
+        now = self.engine.stats["generated_tokens"]
+        self.phases[phase] = self.phases.get(phase, 0) + now - self.last
+        self.last = now
+
+    def counts(self) -> dict[str, int]:
+        return {**self.phases, "total": sum(self.phases.values())}
 
 
 # extra evaluations by request kind -> the timer they count under
@@ -142,7 +173,15 @@ def active_learners(team: Team, step: int) -> dict:
 
 def evaluate(team: Team, size: int, seed: int) -> dict:
     episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed)
-    return eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools])
+    faults, _ = team.engine.take_faults()
+    return {**eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools]), "faults": faults}
+
+
+def periodic_eval_due(cfg, step: int, end: int, stopping: bool) -> bool:
+    """Whether ``trainer.eval_every`` asks for a held-out evaluation after ``step``: every N
+    steps, after the last step of this call, and when the run is about to stop."""
+    every = cfg.trainer.eval_every
+    return bool(every and cfg.trainer.eval_size) and ((step + 1) % every == 0 or step == end - 1 or stopping)
 
 
 def train(
@@ -162,10 +201,10 @@ def train(
     """
     cfg = team.cfg
     control = control or RunControl()
-    hooks = CallbackList(callbacks, control)
     if not resume:
         check_fresh(run_dir)  # a new run never mixes its logs and checkpoints with an old one
     logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
+    hooks = CallbackList([*fit_checks(cfg, logger.warn), *callbacks], control)  # + a warning if the embedded model cannot parse the team
     logger.write_run_info(describe_team(team))
     if not resume:
         for path, value, message in config_warnings(cfg):
@@ -196,10 +235,18 @@ def train(
         if control.should_stop:  # asked before this step started (e.g. by an evaluation callback)
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
             break
+        pause_point("step_start", step)
         result = train_step(team, step)
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
+        for kind, message in result.warnings:  # the run goes on; the user sees what went wrong
+            logger.warn(message, kind=kind, step=step)
+        pause_point("after_log", step)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
+        if periodic_eval_due(cfg, step, end, control.should_stop):  # held-out curve (trainer.eval_every)
+            summary["eval_last"] = {"step": step, **evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)}
+            logger.log_eval("periodic", summary["eval_last"])
+            hooks.on_eval("periodic", summary["eval_last"])
         last = step == cfg.trainer.steps - 1
         periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
         if last or step == end - 1 or periodic or control.should_stop:
@@ -211,7 +258,11 @@ def train(
             break
     logger.close_progress()
     if end == cfg.trainer.steps and not control.should_stop and cfg.trainer.eval_size and cfg.trainer.eval_after:
-        summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
+        last_eval = summary.get("eval_last", {})
+        if last_eval.get("step") == end - 1:  # the periodic evaluation after the last step is the same greedy run
+            summary["eval_after"] = {k: v for k, v in last_eval.items() if k != "step"}
+        else:
+            summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
         logger.info(f"held-out team {eval_summary(summary['eval_after'])} after training")
         logger.log_eval("after", summary["eval_after"])
         hooks.on_eval("after", summary["eval_after"])

@@ -1,51 +1,144 @@
-"""The embedded offline model: teacher transcripts, determinism, cache, quickstart roles."""
+"""The embedded offline model: teachers of every format, recipe hash, determinism, cache, and
+the shipped configs that must use exactly the warm-started prompts."""
 
 from __future__ import annotations
 
+import dataclasses
+import random
+import re
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
-from mas.embedded import ROLES, Recipe, Teacher, _parse_chain, build_embedded, embedded_path, teacher_transcripts
+from mas.backends.base import GenRequest
+from mas.config import validate_config
+from mas.embedded import FORMATS, Recipe, build_embedded, embedded_path, format_transcripts, warm_started_roles
+from mas.embedded.teachers import chain_steps, value, worked
 from mas.tiny import train_tokenizer
 
 ROOT = Path(__file__).parents[1]
-SMALL = Recipe(tasks=40, steps=3, hidden_size=32, num_layers=1, num_heads=2, vocab_size=300)
+SMALL = Recipe(formats=(("orchestrator", 12), ("chain", 6)), steps=3, hidden_size=32, num_layers=1, num_heads=2, vocab_size=300)
 
 
-def test_parse_chain_computes_left_to_right_steps():
-    assert _parse_chain("3+4-2") == [(3, "+", 4, 7), (7, "-", 2, 5)]
-    assert _parse_chain("-3+4") == [(-3, "+", 4, 1)]
-    assert _parse_chain("12-15") == [(12, "-", 15, -3)]
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer([" ".join(r for roles in warm_started_roles().values() for r in roles.values())], vocab_size=300)
 
 
-def test_teacher_transcripts_follow_the_orchestrator_protocol():
-    tok = train_tokenizer([" ".join(ROLES.values())], vocab_size=300)
-    turns = teacher_transcripts(Recipe(tasks=60, p_direct=0.5), tok)
-    orch = [(m, c) for m, c in turns if m[0]["content"] == ROLES["orchestrator"]]
-    first = [c for m, c in orch if len(m) == 2]
+def turns_of(tok, name, episodes=60):
+    turns, reward = format_transcripts(FORMATS[name], episodes, 0, tok)
+    return [(m, c) for m, c in turns], reward
+
+
+def by_role(turns, fmt, agent):
+    return [(m, c) for m, c in turns if m[0]["content"] == FORMATS[fmt].agents[agent].role]
+
+
+def test_chain_arithmetic():
+    assert chain_steps("3+4-2") == [(3, "+", 4, 7), (7, "-", 2, 5)]
+    assert chain_steps("-3+4") == [(-3, "+", 4, 1)]
+    assert chain_steps("12-15") == [(12, "-", 15, -3)]
+    assert worked("7-9+3") == "7-9=-2 -2+3=1" and value("7-9+3") == 1
+
+
+def test_orchestrator_teacher_delegates_or_answers_at_once(tok):
+    turns, reward = turns_of(tok, "orchestrator")
+    assert reward == 1.0
+    first = [c for m, c in by_role(turns, "orchestrator", "orchestrator") if len(m) == 2]
     assert len(first) == 60
-    direct = sum(c.startswith("ANSWER") for c in first)
-    assert 15 <= direct <= 45  # about p_direct of the first moves answer at once
-    calls = [c for c in first if c.startswith("CALL")]
-    assert all(c.split(":")[0] in ("CALL adder", "CALL subtractor") for c in calls)
-    for m, c in turns:
-        if m[0]["content"] == ROLES["adder"]:
-            a, op, b, r = _parse_chain(m[-1]["content"])[0]
-            assert op == "+" and c == f"ANSWER: {r}"  # specialists only ever see their own operator
+    assert 0.45 <= sum(c.startswith("ANSWER") for c in first) / 60 <= 0.75  # p_direct = 0.6
+    assert all(re.fullmatch(r"CALL (adder: \d+\+\d+|subtractor: -?\d+-\d+)", c) for c in first if c.startswith("CALL"))
+    for m, c in by_role(turns, "orchestrator", "adder"):
+        a, op, b, r = chain_steps(m[-1]["content"])[0]
+        assert op == "+" and c == f"ANSWER: {r}"  # specialists only ever see their own operator
 
 
-def test_teacher_is_deterministic_for_a_seed():
-    from mas.backends.base import GenRequest
+def test_debate_teacher_answers_at_once_or_works_it_out(tok):
+    turns, reward = turns_of(tok, "debate", 40)
+    assert reward == 1.0
+    debaters = [c for m, c in turns if m[0]["content"].startswith("You are debater")]
+    assert len(debaters) == 40 * 6  # 3 debaters x 2 rounds
+    worked_share = sum("=" in c for c in debaters) / len(debaters)
+    assert 0.25 <= worked_share <= 0.55  # 1 - p_direct
+    rounds2 = [m for m, c in turns if "Other answers from the previous round" in m[-1]["content"]]
+    assert len(rounds2) == 40 * 3
+    judge = by_role(turns, "debate", "judge")
+    assert len(judge) == 20  # half the episodes use the judge variant
+    for m, c in judge:
+        question = m[-1]["content"].splitlines()[0].removeprefix("Question: ")
+        assert c == f"ANSWER: {value(question)}"
 
-    def first_moves(seed):
-        t = Teacher(0.5, seed)
-        req = GenRequest("p", [1], 1.0, 1.0, 0, 8, agent="orchestrator",
-                         messages=[{"role": "system", "content": "x"}, {"role": "user", "content": "Task: 1+2-3"}])
-        return [t(req) for _ in range(20)]
 
-    assert first_moves(0) == first_moves(0) and first_moves(0) != first_moves(1)
+def test_chain_teacher_rejects_every_wrong_answer_and_passes_right_ones_lazily(tok):
+    turns, reward = turns_of(tok, "chain", 80)
+    assert reward == 1.0
+    verdicts = by_role(turns, "chain", "verifier")
+    rejects = [c for m, c in verdicts if c.endswith("REJECT")]
+    bare = [c for m, c in verdicts if c == "ACCEPT"]
+    assert rejects and bare and len(bare) > len(verdicts) / 2  # the lazy verifier's rubber stamp is its mode
+    for m, c in verdicts:
+        task = m[-1]["content"].splitlines()[0].removeprefix("Task: ")
+        latest = int(m[-1]["content"].rsplit("ANSWER: ", 1)[1])
+        assert c.endswith("REJECT") == (latest != value(task))
+        assert c == "ACCEPT" or c.startswith(worked(task))
+    retries = [c for m, c in by_role(turns, "chain", "solver") if "verifier: " in m[-1]["content"]]
+    assert len(retries) == len(rejects) and all("=" in c for c in retries)  # after a REJECT it works it out
+
+
+def test_graph_teacher_skips_or_does_the_work(tok):
+    turns, reward = turns_of(tok, "graph", 60)
+    assert reward == 1.0
+    checks = by_role(turns, "graph", "checker")
+    first = [c for m, c in checks if "\n" not in m[-1]["content"]]
+    assert len(first) == 60 and 0.45 <= first.count("ACCEPT") / 60 <= 0.75
+    for m, c in by_role(turns, "graph", "worker"):
+        task = m[-1]["content"].splitlines()[0].removeprefix("Task: ")
+        done = m[-1]["content"].count("\nworker: ")
+        a, op, b, r = chain_steps(task)[done]
+        assert c == f"{a}{op}{b}={r}"
+
+
+def test_conjunctive_teacher_reports_both_parts(tok):
+    turns, reward = turns_of(tok, "team_conjunctive", 30)
+    assert reward == 1.0
+    for m, c in by_role(turns, "team_conjunctive", "reporter"):
+        a, b = re.match(r"Task: A: (\S+) B: (\S+)", m[-1]["content"]).groups()
+        assert c == f"ANSWER: {value(a)} {value(b)}"
+
+
+def test_saboteur_teacher_overrules_with_near_misses(tok):
+    turns, reward = turns_of(tok, "team_saboteur", 80)
+    reviews = by_role(turns, "team_saboteur", "reviewer")
+    overrules = [(m, c) for m, c in reviews if c != "ACCEPT"]
+    assert reward == pytest.approx(1 - len(overrules) / 80) and 0.45 <= len(overrules) / 80 <= 0.75
+    for m, c in overrules:
+        task = m[-1]["content"].splitlines()[0].removeprefix("Task: ")
+        assert c.startswith("REJECT ANSWER: ") and 1 <= abs(int(c.split(": ")[1]) - value(task)) <= 2
+
+
+def test_teachers_are_deterministic_for_a_seed():
+    req = GenRequest("p", [1], 1.0, 1.0, 0, 8, agent="orchestrator",
+                     messages=[{"role": "system", "content": "x"}, {"role": "user", "content": "Task: 1+2-3"}])
+    teacher = FORMATS["orchestrator"].teacher
+
+    def moves(seed):
+        rng = random.Random(seed)
+        return [teacher(req, rng) for _ in range(20)]
+
+    assert moves(0) == moves(0) and moves(0) != moves(1)
+
+
+def test_recipe_key_follows_the_formats():
+    base = Recipe()
+    assert Recipe().key() == base.key()
+    assert Recipe(formats=base.formats[:-1]).key() != base.key()
+    fmt = FORMATS["chain"]
+    changed = dataclasses.replace(fmt, teacher=dataclasses.replace(fmt.teacher, p_lazy=0.5))
+    assert changed.spec() != fmt.spec()  # a teacher's knob is part of the hash
+    with pytest.raises(ValueError, match="unknown warm-start formats"):
+        Recipe(formats=(("nope", 1),))
 
 
 def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
@@ -59,15 +152,40 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
     monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
     built = []
-    monkeypatch.setattr("mas.embedded.build_embedded", lambda r, out, log: (built.append(out), out.mkdir(parents=True), (out / "recipe.json").write_text("{}")))
+    monkeypatch.setattr("mas.embedded.build.build_embedded", lambda r, out, log: (built.append(out), out.mkdir(parents=True), (out / "recipe.json").write_text("{}")))
     p1 = embedded_path(SMALL)
     p2 = embedded_path(SMALL)
     assert p1 == p2 and len(built) == 1 and str(p1).startswith(str(tmp_path / "cache"))
     assert embedded_path(Recipe(seed=1)) != p1  # a different recipe is a different cache entry
 
 
-def test_quickstart_uses_the_roles_the_embedded_model_was_trained_on():
-    cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
-    roles = {a["name"]: a["role"] for a in cfg["agents"]}
-    assert roles == ROLES
-    assert all(p["model"] == "embedded" for p in cfg["policies"].values())
+# ---------------------------------------------------------------------------------------------
+# shipped configs <-> warm-started formats
+# ---------------------------------------------------------------------------------------------
+
+EMBEDDED_CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml")
+                          if any(pol.get("model") == "embedded" for pol in yaml.safe_load(p.read_text())["policies"].values()))
+
+
+def test_every_format_names_shipped_configs_and_every_embedded_config_has_a_format():
+    listed = {c for f in FORMATS.values() for c in f.configs}
+    assert all((ROOT / c).is_file() for c in listed), sorted(c for c in listed if not (ROOT / c).is_file())
+    assert {str(p.relative_to(ROOT)) for p in EMBEDDED_CONFIGS} == listed
+    assert {"configs/cpu_orchestrator.yaml", "configs/cpu_debate.yaml", "configs/cpu_chain.yaml",
+            "configs/cpu_graph.yaml", "configs/team_conjunctive.yaml", "configs/team_saboteur.yaml"} <= listed
+
+
+@pytest.mark.parametrize("path", EMBEDDED_CONFIGS, ids=lambda p: p.stem)
+def test_config_uses_exactly_the_warm_started_prompts(path):
+    rel = str(path.relative_to(ROOT))
+    fmt = next(f for f in FORMATS.values() if rel in f.configs)
+    cfg = validate_config(yaml.safe_load(path.read_text()))
+    assert all(p.model == "embedded" for p in cfg.policies.values())
+    for agent in cfg.agents:
+        spec = fmt.agents[agent.name]
+        assert (agent.role, agent.parser) == (spec.role, spec.parser), agent.name
+        assert agent.sampling.max_new_tokens >= spec.max_new_tokens, agent.name  # room for the longest taught reply
+    assert cfg.topology.model_dump() in [t.model_dump() for t in fmt.topologies]
+    assert cfg.env.name == fmt.env.name
+    assert {k: v for k, v in cfg.env.model_dump().items() if k not in ("seed", "heldout_fraction")} == \
+        {k: v for k, v in fmt.env.model_dump().items() if k not in ("seed", "heldout_fraction")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from team_helpers import team_config
 
@@ -181,23 +183,57 @@ def test_replayed_turns_do_not_share_state_with_the_source(tiny_tokenizer):
     assert src.turns[0].parsed["answer"] == "0+1" and 99 not in src.turns[0].completion_ids
 
 
+class ManualClock:
+    """Time that passes only when the test says so: ``Engine(sleep=clock.sleep)``."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.sleepers: list[tuple[float, asyncio.Future]] = []
+
+    async def sleep(self, seconds: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self.sleepers.append((self.now + seconds, fut))
+        await fut
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for due, fut in self.sleepers:
+            if due <= self.now and not fut.done():
+                fut.set_result(None)
+
+
 def test_an_episode_over_its_time_limit_is_marked_and_the_rest_finish(tiny_tokenizer):
-    import time
+    """Time passes only when task 1's episode loops back (after the others are done), so the
+    limit is reached by that episode alone however busy the machine is."""
+    clock = ManualClock()
+    loop_backs = []
 
     def respond(req):
         content = req.messages[-1]["content"]
         if "Task: 1+1" in content and req.agent == "checker" and "REJECT" not in content:
             return "REJECT"  # task 1 loops back once: three more turns after the others are done
         if "Task: 1+1" in content and "REJECT" in content:
-            time.sleep(0.15)  # ... and each of them is slow
+            loop_backs.append(req.agent)
+            clock.advance(0.15)  # ... and each of them takes 0.15 s of the episode's 0.2 s
         return chain_respond(req)
 
     engine, _ = scripted_engine(team_config("m", "chain"), respond, tiny_tokenizer, score=lambda ep: 1.0)
     engine.episode_timeout = 0.2
+    engine.sleep = clock.sleep
     groups = engine.rollout(TASKS[:3], 1, seed=0)
     status = [g.episodes[0].status for g in groups]
     assert status[1] == "error" and "timeout" in groups[1].episodes[0].error
     assert status[0] == status[2] == "ok"
+    assert len(loop_backs) == 2  # the second slow turn crossed the limit; the third never ran
+    assert engine.take_faults()[0]["episode_timeout"] == 1
+
+
+def test_without_a_time_limit_no_timer_runs(tiny_tokenizer):
+    clock = ManualClock()
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer, score=lambda ep: 1.0)
+    engine.sleep = clock.sleep
+    groups = engine.rollout(TASKS[:2], 1, seed=0)
+    assert all(g.episodes[0].status == "ok" for g in groups) and clock.sleepers == []
 
 
 def test_a_backend_that_loses_results_fails_the_episodes_instead_of_hanging(tiny_tokenizer):

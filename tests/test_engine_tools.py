@@ -64,11 +64,32 @@ def scripted(researcher):
     return lambda req: researcher(req) if req.agent == "researcher" else lead_then_answer(req)
 
 
-def counting(engine: Engine) -> list[str]:
+class Executions:
+    """Names of the tool executions, appended to a file by the tool workers (tools run in
+    worker processes, so a list in this process would never see them)."""
+
+    def __init__(self, path):
+        self.path = path
+        path.write_text("")
+
+    def __eq__(self, other) -> bool:
+        return self.path.read_text().split() == other
+
+    def __repr__(self) -> str:
+        return repr(self.path.read_text().split())
+
+
+def counting(engine: Engine, tmp_path) -> Executions:
     """Wrap the engine's tools so every execution is recorded."""
-    ran: list[str] = []
+    ran = Executions(tmp_path / "executions.txt")
+
+    def record(name: str, fn, **kw):
+        with ran.path.open("a") as f:
+            f.write(name + "\n")
+        return fn(**kw)
+
     for name, spec in list(engine.tools.items()):
-        engine.tools[name] = dataclasses.replace(spec, fn=lambda _f=spec.fn, _n=name, **kw: (ran.append(_n), _f(**kw))[1])
+        engine.tools[name] = dataclasses.replace(spec, fn=lambda _f=spec.fn, _n=name, **kw: record(_n, _f, **kw))
     return ran
 
 
@@ -108,10 +129,10 @@ def test_malformed_tool_call_gives_an_observation_saying_what_was_wrong(tiny_tok
     assert "not valid JSON" in ep.turns[2].messages[-1]["content"]  # the agent is told, then replies
 
 
-def test_tool_calls_stop_at_the_bound_and_the_last_generation_must_reply(tiny_tokenizer, env):
+def test_tool_calls_stop_at_the_bound_and_the_last_generation_must_reply(tiny_tokenizer, env, tmp_path):
     two = SEARCH + "\n" + READ
     engine = engine_for(research_config(max_tool_calls=3), scripted(lambda r: two), tiny_tokenizer, env)
-    ran = counting(engine)
+    ran = counting(engine, tmp_path)
     ep = engine.rollout([TASK], 1, seed=0)[0].episodes[0]
     turns = [t for t in ep.turns if t.agent == "researcher"]
     assert len(turns) == 3  # 2 calls, then 1 call run + 1 over the bound, then the final generation
@@ -124,20 +145,20 @@ def test_tool_calls_stop_at_the_bound_and_the_last_generation_must_reply(tiny_to
     assert ep.turns[-1].agent == "lead" and ep.status == "ok"
 
 
-def test_an_agent_without_tools_never_runs_one(tiny_tokenizer, env):
+def test_an_agent_without_tools_never_runs_one(tiny_tokenizer, env, tmp_path):
     def respond(req):
         return SEARCH if req.agent == "answerer" else ("ANSWER: x" if rounds(req) else "CALL answerer: q")
 
     engine = engine_for(research_config(), respond, tiny_tokenizer, env)
-    ran = counting(engine)
+    ran = counting(engine, tmp_path)
     ep = engine.rollout([TASK], 1, seed=0)[0].episodes[0]
     assert ran == [] and ep.turns[1].tool_calls == [] and [t.agent for t in ep.turns] == ["lead", "answerer", "lead"]
 
 
-def test_replay_reuses_recorded_observations_and_never_reruns_the_tools(tiny_tokenizer, env):
+def test_replay_reuses_recorded_observations_and_never_reruns_the_tools(tiny_tokenizer, env, tmp_path):
     engine = engine_for(research_config(), scripted(lambda r: [SEARCH, READ, "The Seine."][rounds(r)]), tiny_tokenizer, env)
     src = engine.rollout([TASK], 1, seed=0)[0].episodes[0]
-    ran = counting(engine)
+    ran = counting(engine, tmp_path)
     for name, spec in engine.tools.items():  # the tools now answer differently: a replay must not notice
         engine.tools[name] = dataclasses.replace(spec, fn=lambda **kw: "CHANGED")
     out = engine.execute([ReplayRequest("r", src, freeze_upto=3)], seed=1)["r"][0]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from mas.learner import Learner, TrainSample, collate, lr_lambda, ppo_clip_loss, token_logprobs
+from mas.learner import Learner, TrainSample, build_scheduler, collate, loss_norm, ppo_clip_loss, token_logprobs
 from mas.tiny import tiny_causal_lm
 
 try:
@@ -102,10 +102,10 @@ def make_samples(
 
 
 def learner(
-    policy, total_steps=10, clip_low=0.2, clip_high=0.28, kl_coef=0.0, loss_agg="token_mean", ppo_epochs=1, **optim
+    policy, total_steps=10, clip_low=0.2, clip_high=0.28, kl_coef=0.0, loss_agg="token_mean", ppo_epochs=1, max_tokens=8, **optim
 ):
     optim.setdefault("lr", 1e-3)
-    return Learner(policy, OptimConfig(**optim), total_steps, clip_low, clip_high, kl_coef, loss_agg, ppo_epochs)
+    return Learner(policy, OptimConfig(**optim), total_steps, clip_low, clip_high, kl_coef, loss_agg, ppo_epochs, max_tokens=max_tokens)
 
 
 def grads(model: nn.Module) -> list[torch.Tensor]:
@@ -185,6 +185,32 @@ def test_ppo_clip_loss_aggregations_and_norm_by_hand():
     # clip_frac counts tokens, whatever the aggregation: only row 0, token 1 is clipped
     assert s_tok["clip_frac"] == s_seq["clip_frac"] == pytest.approx(1 / 6)
     assert s_tok["tokens"] == 6
+    # verl seq-mean-token-sum: each turn's token SUM, averaged over the 2 turns
+    sts, s_sts = ppo_clip_loss(logp, old, adv, mask, LO, HI, "seq_mean_token_sum")
+    assert float(sts) == pytest.approx(-(sum(row0) + sum(row1)) / 2)
+    assert s_sts["pg_loss"] == pytest.approx(float(sts))
+    # TRL dr_grpo: the token sum over (2 turns x L_max = 5): a constant, whatever the lengths
+    dr, _ = ppo_clip_loss(logp, old, adv, mask, LO, HI, "dr_grpo", max_tokens=5)
+    assert float(dr) == pytest.approx(-(sum(row0) + sum(row1)) / (2 * 5))
+    with pytest.raises(ValueError, match="max_tokens"):
+        ppo_clip_loss(logp, old, adv, mask, LO, HI, "dr_grpo")
+    # the divisors of a whole batch: tokens 6, turns 2, turns x L_max 10 (the empty turn counts in none)
+    assert [loss_norm([4, 2, 0], a, 5) for a in ("token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo")] == [6, 2, 2, 10]
+
+
+def test_dr_grpo_and_seq_mean_token_sum_do_not_normalise_by_length():
+    """Doubling a turn's tokens (same per-token loss) doubles its contribution under the two
+    sum-based aggregations, and leaves it unchanged under seq_mean (Dr. GRPO's length bias)."""
+    old = torch.zeros(1, 8, dtype=torch.float64)
+    logp = old.clone()  # ratio 1: per-token loss -A
+    adv = torch.tensor([1.0])
+    short = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    long = torch.tensor([[1, 1, 1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    for agg, ratio in (("seq_mean_token_sum", 2.0), ("dr_grpo", 2.0), ("seq_mean", 1.0)):
+        a = float(ppo_clip_loss(logp, old, adv, short, LO, HI, agg, max_tokens=8)[0])
+        b = float(ppo_clip_loss(logp, old, adv, long, LO, HI, agg, max_tokens=8)[0])
+        assert b == pytest.approx(ratio * a), agg
+    assert float(ppo_clip_loss(logp, old, adv, long, LO, HI, "dr_grpo", max_tokens=8)[0]) == pytest.approx(-4 / 8)
 
 
 def test_ppo_clip_loss_k3_kl_by_hand():
@@ -206,9 +232,9 @@ def test_ppo_clip_loss_k3_kl_by_hand():
     assert logp.grad[0].tolist() == pytest.approx([a + b for a, b in zip(pg_grad, kl_grad)])
 
 
-def slow_ppo_loss(logp, old, adv, mask, lo, hi, agg, ref=None, kl_coef=0.0):
+def slow_ppo_loss(logp, old, adv, mask, lo, hi, agg, ref=None, kl_coef=0.0, max_tokens=None):
     """Reference: a loop straight from the formula."""
-    seq_means, total, count = [], 0.0, 0
+    seq_means, seq_sums, total, count = [], [], 0.0, 0
     for i in range(len(logp)):
         row = []
         for t in range(len(logp[i])):
@@ -224,10 +250,17 @@ def slow_ppo_loss(logp, old, adv, mask, lo, hi, agg, ref=None, kl_coef=0.0):
         total, count = total + sum(row), count + len(row)
         if row:
             seq_means.append(sum(row) / len(row))
-    return total / count if agg == "token_mean" else sum(seq_means) / len(seq_means)
+            seq_sums.append(sum(row))
+    if agg == "token_mean":
+        return total / count
+    if agg == "seq_mean":
+        return sum(seq_means) / len(seq_means)
+    if agg == "seq_mean_token_sum":
+        return sum(seq_sums) / len(seq_sums)
+    return sum(seq_sums) / (len(seq_sums) * max_tokens)  # dr_grpo
 
 
-@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ppo_clip_loss_matches_loop_reference(agg, seed):
     g = torch.Generator().manual_seed(seed)
@@ -239,9 +272,9 @@ def test_ppo_clip_loss_matches_loop_reference(agg, seed):
     mask = torch.rand(n, s, generator=g) > 0.3
     mask[0, 2] = True
     mask[-1] = False  # a turn with no completion token counts for nothing
-    loss, _ = ppo_clip_loss(logp, old, adv, mask, 0.2, 0.28, agg, ref, 0.1)
+    loss, _ = ppo_clip_loss(logp, old, adv, mask, 0.2, 0.28, agg, ref, 0.1, max_tokens=9)
     expected = slow_ppo_loss(
-        logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.28, agg, ref.tolist(), 0.1
+        logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.28, agg, ref.tolist(), 0.1, max_tokens=9
     )
     assert float(loss) == pytest.approx(expected, rel=1e-9)
 
@@ -416,7 +449,7 @@ def test_padding_does_not_change_loss(tiny_model, agg):
 
 
 @pytest.mark.parametrize("kl_coef", [0.0, 0.1])
-@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"])
 def test_micro_batches_give_the_same_gradient(tiny_model, tiny_tokenizer, agg, kl_coef):
     ref_model = tiny_causal_lm(tiny_tokenizer, seed=1)
     policy = TinyPolicy(tiny_model, ref_model=ref_model)
@@ -486,10 +519,11 @@ def test_reported_grad_norm_is_the_pre_clip_norm_and_clipping_applies(tiny_model
 
 
 CASES = {
-    # warm-up 2, total 6, multipliers of the peak lr for updates k = 0..6
-    "constant": [1 / 2, 2 / 2, 1, 1, 1, 1, 1],
-    "linear": [1 / 2, 2 / 2, 1 - 0 / 4, 1 - 1 / 4, 1 - 2 / 4, 1 - 3 / 4, 0.0],
-    "cosine": [1 / 2, 2 / 2] + [0.5 * (1 + math.cos(math.pi * j / 4)) for j in range(5)],
+    # warm-up 2, total 6, multipliers of the peak lr for updates k = 0..6 (transformers.get_scheduler:
+    # k/W during warm-up, so update 0 runs at lr 0)
+    "constant": [0 / 2, 1 / 2, 1, 1, 1, 1, 1],
+    "linear": [0 / 2, 1 / 2, 1 - 0 / 4, 1 - 1 / 4, 1 - 2 / 4, 1 - 3 / 4, 0.0],
+    "cosine": [0 / 2, 1 / 2] + [0.5 * (1 + math.cos(math.pi * j / 4)) for j in range(5)],
 }
 
 
@@ -502,22 +536,31 @@ def test_schedule_values(tiny_model, schedule):
         lrn.optimizer.step()  # no gradients: a no-op, keeps torch's call-order check quiet
         lrn.scheduler.step()
     assert seen == pytest.approx([0.01 * m for m in CASES[schedule]], abs=1e-12)
-    assert [lr_lambda(schedule, 2, 6)(k) for k in range(7)] == pytest.approx(CASES[schedule])
+
+
+def test_schedules_are_transformers_get_scheduler():
+    from transformers import get_scheduler
+
+    for schedule, hf in (("constant", "constant_with_warmup"), ("linear", "linear"), ("cosine", "cosine")):
+        ours = build_scheduler(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), schedule, 3, 9)
+        theirs = get_scheduler(hf, torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), num_warmup_steps=3, num_training_steps=9)
+        assert [ours.lr_lambdas[0](k) for k in range(10)] == [theirs.lr_lambdas[0](k) for k in range(10)]
 
 
 def test_schedule_without_warmup_starts_at_peak():
-    assert lr_lambda("cosine", 0, 4)(0) == 1.0
-    assert lr_lambda("linear", 0, 4)(2) == pytest.approx(0.5)
-    assert lr_lambda("linear", 0, 4)(9) == 0.0  # never negative past the end
+    opt = lambda: torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)  # noqa: E731
+    assert build_scheduler(opt(), "cosine", 0, 4).lr_lambdas[0](0) == 1.0
+    assert build_scheduler(opt(), "linear", 0, 4).lr_lambdas[0](2) == pytest.approx(0.5)
+    assert build_scheduler(opt(), "linear", 0, 4).lr_lambdas[0](9) == 0.0  # never negative past the end
     with pytest.raises(ValueError, match="valid"):
-        lr_lambda("step", 0, 4)
+        build_scheduler(opt(), "step", 0, 4)
 
 
 def test_update_reports_its_lr_and_steps_the_schedule_once(tiny_model):
     lrn = learner(TinyPolicy(tiny_model), total_steps=6, lr=0.01, schedule="linear", warmup_steps=2, ppo_epochs=2)
     samples = make_samples(tiny_model, 3, seed=7)
     lrs = [lrn.update(samples)["lr"] for _ in range(4)]
-    assert lrs == pytest.approx([0.005, 0.01, 0.01, 0.0075])
+    assert lrs == pytest.approx([0.0, 0.005, 0.01, 0.0075])
     p = next(iter(tiny_model.parameters()))
     assert int(lrn.optimizer.state[p]["step"]) == 8  # ppo_epochs optimizer steps per update
 
@@ -563,14 +606,14 @@ def test_empty_batch_takes_no_optimizer_step_but_steps_the_schedule(tiny_model, 
     assert set(metrics) == set(full) == {
         "loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "grad_norm", "lr", "tokens", "samples"
     }
-    assert metrics == {**dict.fromkeys(full, 0.0), "lr": pytest.approx(0.005)}  # warm-up step 0: 0.01 * 1/2
-    assert lrn.scheduler.last_epoch == 1 and lrn.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+    assert metrics == {**dict.fromkeys(full, 0.0), "lr": 0.0}  # warm-up step 0: 0.01 * 0/2
+    assert lrn.scheduler.last_epoch == 1 and lrn.optimizer.param_groups[0]["lr"] == pytest.approx(0.005)
     assert all(torch.equal(a, b) for a, b in zip(before, params(tiny_model)))
     assert policy.updates == 0 and not lrn.optimizer.state  # no optimizer step, no AdamW state
     assert not [w for w in recwarn if "lr_scheduler" in str(w.message)]
     # the next real update runs at schedule step 1, as if the empty step had been a real one
     samples = make_samples(tiny_model, 3, seed=14)
-    assert lrn.update(samples)["lr"] == pytest.approx(0.01)
+    assert lrn.update(samples)["lr"] == pytest.approx(0.005)
     assert lrn.update([])["lr"] == pytest.approx(0.01) and lrn.update(samples)["lr"] == pytest.approx(0.0075)
     assert lrn.scheduler.last_epoch == 4 and policy.updates == 2
     p = next(iter(tiny_model.parameters()))

@@ -72,8 +72,11 @@ def test_report_is_one_self_contained_page_with_every_section(run_dir, capsys):
     ids = {attrs.get("id") for _, attrs in parser.tags}
     assert {"agents", "curves", "episodes", "checklist"} <= ids
     for title in ("Reward: team and per agent", "Credit share per agent", "Advantage per agent", "Step time breakdown",
-                  "Per policy: loss", "Per policy: KL to reference", "Per policy: learning rate"):
+                  "Per policy: loss", "Per policy: entropy", "Per policy: learning rate"):
         assert title in html
+    # terms that were off (kl_coef 0; one on-policy epoch) get no empty panel, and the page says why
+    assert "Per policy: KL to reference" not in html and "Per policy: clip fraction" not in html
+    assert "KL to reference (trainer.kl_coef is 0)" in html and "clip fraction (on-policy updates" in html
     turns = [a for t, a in parser.tags if t == "div" and "turn" in (a.get("class") or "").split()]
     assert turns and any(a["data-credit"] not in ("", "0.0") for a in turns)
     # a turn's colour is its credit's: blue for positive, red for negative
@@ -210,6 +213,9 @@ def test_long_curves_are_drawn_through_at_most_400_points():
     svg = line_chart([Series("a", xs, [float(i % 7) for i in range(5000)])], "t", "y")
     (path,) = re.findall(r'<path d="M([^"]+)"[^>]*class="series"', svg)
     assert len(path.split(" L")) == MAX_POINTS
+    # a chart is a plain string to Python code that builds pages (e.g. `mas study`): adding markup keeps it
+    assert ('<div class="grid">' + svg + "</div>").startswith('<div class="grid"><figure class="card">')
+    assert f"<div>{svg}</div>".startswith("<div><figure")
 
 
 def test_report_errors_are_clear_and_a_partial_last_line_is_skipped(run_dir, tmp_path, capsys):
@@ -239,7 +245,7 @@ def test_tool_calls_and_observations_show_in_the_transcript():
                                     {"name": "read", "arguments": {"title": "Nope"}, "valid": False, "error": "unknown title"}],
                      "observations": ["1. Ann (score 3.2) ...", "error: unknown title 'Nope'"], "details": {}}]}
     html = episode_block(ep, ["researcher"], 1.0, open_=True)
-    assert "search(query=&#x27;Ann&#x27;, k=2)" in html and "read(title=&#x27;Nope&#x27;)" in html
+    assert "search(query=&#39;Ann&#39;, k=2)" in html and "read(title=&#39;Nope&#39;)" in html
     assert html.count('<pre class="observation">') == 2 and "invalid call: unknown title" in html
     assert "1. Ann (score 3.2)" in html
 
@@ -250,3 +256,334 @@ def test_sample_episodes_prefer_episodes_whose_turns_got_credit():
     credit = Credit(advantages=torch.tensor([0.0, 0.7, 0.0, -0.4]))
     records = sample_episodes(0, [EpisodeGroup(task, eps)], credit, 3)
     assert [r["sample_id"] for r in records] == [1, 3, 0]  # best with credit, worst with credit, then the next best
+
+
+# --- what the page explains: decisive badge, method lines, unparsed turns, panels, warnings ----
+
+
+def _ep(credits, agents, valid=None, step=1):
+    valid = valid or [True] * len(credits)
+    return {"step": step, "task": {"task_id": "t", "prompt": "q", "answer": "1"}, "answer": "1", "reward": 1.0,
+            "turns": [{"agent": a, "policy": "p", "text": f"{a} says", "credit": c, "valid": v, "details": {}}
+                      for c, a, v in zip(credits, agents, valid)]}
+
+
+def _badged(html: str) -> list[int]:
+    """Indices of the transcript turns that carry a decisive badge."""
+    turns = re.findall(r'<div class="turn" id="[^"]*-t(\d+)".*?</div>\s*<pre', html, flags=re.S)
+    heads = re.findall(r'<div class="turn" id="[^"]*-t(\d+)"(.*?)</div>\s*<pre', html, flags=re.S)
+    assert len(turns) == len(heads)
+    return [int(i) for i, head in heads if 'class="tag key"' in head]
+
+
+def test_decisive_badge_follows_the_credit_granularity():
+    from mas.credit import credit_names, get_credit
+    from mas.report.episodes import episode_block
+    from mas.report.methods import credit_level
+
+    levels = {m: credit_level(get_credit(m).card.granularity) for m in credit_names()}
+    assert levels == {"grpo": "episode", "dr_grpo": "episode", "rloo": "episode", "magrpo": "episode",
+                      "reinforce_pp": "episode", "dr_mas": "statistics", "sharp": "agent", "ccpo": "agent",
+                      "m_grpo": "agent", "c3": "turn", "critic": "turn"}
+    agents = ["lead", "helper", "lead"]
+    # agent-level credit: lead's two turns share 1.0, helper has 0.5. The decisive agent is lead, so both
+    # of its turns carry the badge (the largest-|credit| rule marked only the first), and its heatmap row
+    html = episode_block(_ep([1.0, 0.5, 1.0], agents), agents, 1.0, open_=True, level="agent")
+    assert _badged(html) == [0, 2] and html.count("decisive agent") == 3
+    assert '<th class="agent key" title="decisive agent">lead</th>' in html and "decisive: lead" in html
+    # the mean of the agent's turns decides: lead's (1.0 + 0.2) / 2 = 0.6 < helper's 0.7
+    assert _badged(episode_block(_ep([1.0, 0.7, 0.2], agents), agents, 1.0, True, level="agent")) == [1]
+    # every agent's credit the same: nothing is decisive; agents tied in magnitude: nothing either
+    assert _badged(episode_block(_ep([0.5, 0.5, 0.5], agents), agents, 1.0, True, level="agent")) == []
+    assert _badged(episode_block(_ep([0.5, -0.5, 0.5], agents), agents, 1.0, True, level="agent")) == []
+    # per-turn credit: the largest |credit|, negative included; none when every turn is the same
+    html = episode_block(_ep([0.2, -0.9, 0.5], agents), agents, 1.0, True, level="turn")
+    assert _badged(html) == [1] and "largest |credit| in this episode" in html
+    assert _badged(episode_block(_ep([0.5, 0.5, 0.5], agents), agents, 1.0, True, level="turn")) == []
+    # episode-level credit, and Dr. MAS's per-agent statistics: never a badge, even where values differ
+    for level in ("episode", "statistics"):
+        assert _badged(episode_block(_ep([0.2, -0.9, 0.5], agents), agents, 1.0, True, level=level)) == []
+    # granularity unknown (an old run): read from the credit (each agent's turns share one value: per agent)
+    assert _badged(episode_block(_ep([1.0, 0.5, 1.0], agents), agents, 1.0, True, level=None)) == [0, 2]
+    assert _badged(episode_block(_ep([1.0, 0.5, 0.2], agents), agents, 1.0, True, level=None)) == [0]
+    # a turn the method left out of the update (credit 0, not trained) does not drag its agent's mean down
+    ep = _ep([1.0, 0.7, 0.0], agents)
+    ep["turns"][2]["details"] = {"trained": False}
+    assert _badged(episode_block(ep, agents, 1.0, True, level="agent")) == [0]
+
+
+def test_every_credit_method_says_what_its_credit_share_means(run_dir):
+    from mas.credit import credit_names
+    from mas.report.methods import SHARE_NOTES
+
+    assert sorted(SHARE_NOTES) == credit_names()
+    assert SHARE_NOTES["dr_mas"].startswith("shares follow turn counts; advantages are normalised per agent, so their mean is 0")
+    html = write_report(run_dir).read_text()
+    agents = html[html.index('<section id="agents">'):html.index('<section id="curves">')]
+    assert "What the credit share means under dr_mas:</b> shares follow turn counts" in agents
+    episodes = html[html.index('<section id="episodes">'):]
+    assert "Decisive badge.</b> Credit is the episode&#39;s outcome normalised per agent (agent: statistics per agent)" in episodes
+    assert "largest |credit| in this episode" not in html and "decisive agent" not in html  # Dr. MAS: no badge
+
+
+def test_step_metrics_count_the_credit_of_unparsed_turns():
+    from mas.credit.batch import build_credit_batch
+    from mas.metrics import step_metrics
+
+    task = Task("t", "q", "1")
+    turns = [_turn("lead"), _turn("checker"), _turn("checker")]
+    turns[1].valid = False  # unparsed
+    turns[2].valid, turns[2].tool_calls = False, [{"name": "search", "valid": False}]  # a failed tool call: not unparsed
+    groups = [EpisodeGroup(task, [Episode(task, 0, 0, 0, turns=turns, reward=1.0)])]
+    batch = build_credit_batch(groups, ["lead", "checker"])
+    credit = Credit(advantages=torch.tensor([0.5, 0.3, 0.2]))
+    m = step_metrics(0, groups, batch, credit, {}, {})
+    # team positive credit 0.5 + 0.3 + 0.2 = 1.0; checker's unparsed turn earned 0.3 of it
+    assert m["agents"]["checker"]["credit_share"] == pytest.approx(0.5)
+    assert m["agents"]["checker"]["unparsed_credit_share"] == pytest.approx(0.3)
+    assert m["agents"]["lead"]["unparsed_credit_share"] == 0.0
+    m = step_metrics(0, groups, batch, Credit(advantages=torch.tensor([-0.5, 0.0, -0.1])), {}, {})
+    assert m["agents"]["checker"]["unparsed_credit_share"] is None  # no positive credit: no share
+
+
+def _synthetic_run(src, dest, **edits):
+    """A copy of the run ``src`` with ``edits`` applied: {file name: fn(text) -> text}."""
+    dest.mkdir()
+    names = {p.name for p in src.iterdir() if p.is_file()} | set(edits)
+    for name in names:
+        text = (src / name).read_text() if (src / name).exists() else ""
+        dest.joinpath(name).write_text(edits.get(name, lambda t: t)(text))
+    return dest
+
+
+def test_unparsed_turns_are_flagged_with_their_share_of_the_credit(run_dir, tmp_path):
+    from mas.report.episodes import episode_block
+
+    agents = ["lead", "helper", "checker"]
+    # the checker's unparsed turn earned 0.268 of the episode's 1.0 positive credit
+    ep = _ep([0.5, 0.232, 0.268, -0.4], [*agents, "helper"], valid=[True, True, False, False])
+    html = episode_block(ep, agents, 1.0, open_=True, level="agent")
+    assert "unparsed output, yet 26.8% of this episode&#39;s positive credit" in html  # the checker's turn
+    assert html.count('data-unparsed="1"') == 2 and html.count("unparsed output") == 2  # the blamed one: just flagged
+    assert "unparsed turns: 26.8% of the positive credit" in html  # in the episode's summary line
+
+    def unparsed(text):  # the checker's unparsed turns earned 26.8% of the team's positive credit each step
+        rows = [json.loads(line) for line in text.splitlines()]
+        for r in rows:
+            if "agents" in r:
+                r["agents"]["checker"]["unparsed_credit_share"] = 0.268
+                r["agents"]["lead"]["unparsed_credit_share"] = 0.0
+        return "".join(json.dumps(r) + "\n" for r in rows)
+
+    run = _synthetic_run(run_dir, tmp_path / "unparsed", **{"metrics.jsonl": unparsed})
+    table = write_report(run).read_text()
+    table = table[table.index('<section id="agents">'):table.index('<section id="curves">')]
+    checker = re.search(r"<tr><th>checker.*?</tr>", table, flags=re.S).group(0)
+    assert "<td>26.8%</td>" in checker and "26.8% of the team&#39;s positive credit went to its unparsed turns" in checker
+    lead = re.search(r"<tr><th>lead.*?</tr>", table, flags=re.S).group(0)
+    assert "<td>0.0%</td>" in lead and "unparsed turns</span>" not in lead
+    assert "<td>—</td>" in re.search(r"<tr><th>helper.*?</tr>", table, flags=re.S).group(0)  # not logged: unknown
+
+
+def test_panels_of_terms_that_are_on_are_drawn(run_dir, tmp_path):
+    def config(**trainer):
+        def edit(text):
+            cfg = yaml.safe_load(text)
+            cfg["trainer"].update(trainer)
+            return yaml.safe_dump(cfg)
+        return edit
+
+    html = write_report(_synthetic_run(run_dir, tmp_path / "kl", **{"config.yaml": config(kl_coef=0.1)})).read_text()
+    assert "Per policy: KL to reference" in html and "Per policy: clip fraction" not in html
+    html = write_report(_synthetic_run(run_dir, tmp_path / "epochs", **{"config.yaml": config(ppo_epochs=2)})).read_text()
+    assert "Per policy: clip fraction" in html and "Per policy: KL to reference" not in html
+
+    def clipped(text):  # on-policy, yet some tokens were clipped (the sampler's numerics differ): drawn
+        rows = [json.loads(line) for line in text.splitlines()]
+        for r in rows:
+            if "policies" in r:
+                r["policies"]["main"]["clip_frac"] = 0.01
+        return "".join(json.dumps(r) + "\n" for r in rows)
+
+    html = write_report(_synthetic_run(run_dir, tmp_path / "clipped", **{"metrics.jsonl": clipped})).read_text()
+    assert "Per policy: clip fraction" in html and "Not drawn, because the term was off: KL to reference" in html
+
+
+def _warnings(*rows):
+    return lambda _: "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_warnings_show_in_a_banner_at_the_top_and_per_run_in_compare(run_dir, tmp_path):
+    parsed = "the embedded model parsed 0% of the orchestrator's turns; it was warm-started on the quickstart"
+    run = _synthetic_run(run_dir, tmp_path / "warned", **{"warnings.jsonl": _warnings(
+        {"step": 0, "kind": "embedded_parse", "message": parsed}, {"step": 2, "kind": "embedded_parse", "message": parsed},
+        {"step": None, "kind": "other", "message": "second <b>thing</b>"})})
+    with (run / "warnings.jsonl").open("a") as f:
+        f.write('{"step": 3, "kind": "half')  # killed mid-write
+    html = write_report(run).read_text()
+    banner = re.search(r'<div class="banner" role="alert">.*?</div>', html, flags=re.S).group(0)
+    assert html.index(banner) < html.index("<main>")  # at the top, before every section
+    assert "While training: 3 warnings" in banner
+    assert "parsed 0% of the orchestrator&#39;s turns" in banner and "(2 times, steps 0–2)" in banner
+    assert "second &lt;b&gt;thing&lt;/b&gt;" in banner  # escaped: shown as text
+    assert "1 unreadable log lines skipped" in html
+    assert '<div class="banner"' not in write_report(run_dir).read_text()  # no warnings: no banner
+
+    out = write_compare([run_dir, run], tmp_path / "cmp.html").read_text()
+    banners = re.findall(r'<div class="banner" role="alert"><h2>(.*?)</h2>', out)
+    assert banners == ["Run warned: 3 warnings"]  # only the run that has warnings
+    rows = re.findall(r"<tr><th><span.*?</tr>", out, flags=re.S)
+    assert '<span class="tag bad">3</span>' in rows[1] and rows[0].endswith("<td>—</td></tr>")
+    assert "What the credit share means under dr_mas" in out
+
+
+def test_templates_ship_as_package_data():
+    """A non-editable install finds the templates: every file under mas/report/templates matches
+    a package-data pattern of mas.report in pyproject.toml."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["mas.report"]
+    templates = root / "mas" / "report" / "templates"
+    files = [p.relative_to(templates.parent).as_posix() for p in templates.rglob("*") if p.is_file()]
+    assert {"templates/page.html.j2", "templates/toggle.js", "templates/style.css"} <= set(files)
+    assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files), (files, patterns)
+
+
+# --- the report escapes everything it shows ---------------------------------------------------
+
+# text a run can carry that would run script, break out of an attribute, or load something if
+# it reached the page as markup; each must show as text
+PAYLOADS = (
+    '<script>window.__mas_pwned = 1; alert("script")</script>',
+    '<img src=x onerror="window.__mas_pwned = 2; alert(2)">',
+    '" onmouseover="window.__mas_pwned = 3" data-x="',
+    "' autofocus onfocus='window.__mas_pwned = 4' x='",
+    '<a href="javascript:alert(5)">click me</a>',
+    "javascript:window.__mas_pwned = 6",
+    '</pre></div></details></td></table><svg onload="window.__mas_pwned = 7">',
+    '<iframe srcdoc="<script>parent.__mas_pwned = 8</script>"></iframe>',
+    "{{ 7 * 7 }} {% if true %}x{% endif %}",
+    "<style>body { display: none }</style><!-- <base href=\"http://example.invalid/\">",
+)
+HOSTILE = " ".join(PAYLOADS)
+# agent and policy names: the config schema forbids these, but a report reads whatever the files hold
+NAMES = {"lead": "lead<script>window.__mas_pwned = 9</script>", "helper": 'helper" onmouseover="window.__mas_pwned = 10',
+         "checker": "checker' onfocus='window.__mas_pwned = 11", "main": "main<img src=x onerror=alert(12)>"}
+ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "h3", "nav", "a", "main", "section",
+                "div", "span", "b", "p", "br", "table", "thead", "tbody", "tr", "th", "td", "details", "summary", "pre",
+                "code", "ol", "ul", "li", "figure", "figcaption", "svg", "line", "text", "g", "path", "circle", "polygon",
+                "button", "script"}
+
+
+class Page(HTMLParser):
+    """A page as a browser parses it: tags with attributes, text, and script bodies."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, list[tuple[str, str | None]]]] = []
+        self.text: list[str] = []
+        self.scripts: list[str] = []
+        self._script = False
+        self.feed(html)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, attrs))
+        self._script = tag == "script"
+
+    def handle_endtag(self, tag):
+        self._script = False
+
+    def handle_data(self, data):
+        (self.scripts if self._script else self.text).append(data)
+
+
+def assert_inert(html: str, shown: tuple[str, ...] = ()) -> Page:
+    """The page has no markup but its own: one script (the legend toggle, allowed by its hash),
+    no event handlers, nothing loaded, no link but in-page anchors; ``shown`` appear as text."""
+    from mas.report.render import csp, script_hash, toggle_script
+
+    page = Page(html)
+    assert {t for t, _ in page.tags} <= ALLOWED_TAGS, {t for t, _ in page.tags} - ALLOWED_TAGS
+    assert page.scripts == [str(toggle_script())] and sum(t == "script" for t, _ in page.tags) == 1
+    assert sum(t == "style" for t, _ in page.tags) == 1
+    metas = [dict(a) for t, a in page.tags if t == "meta"]
+    assert {"charset": "utf-8"} in metas and {"http-equiv": "Content-Security-Policy", "content": csp()} in metas
+    assert "script-src " + script_hash(str(toggle_script())) + ";" in csp() and "default-src 'none'" in csp()
+    for tag, attrs in page.tags:
+        for name, value in attrs:
+            assert not name.startswith("on") and name not in ("src", "srcdoc", "autofocus", "formaction", "action"), (tag, name)
+            if name == "href":
+                assert value.startswith("#") and re.fullmatch(r"#[A-Za-z0-9_-]+", value), value
+    text = "".join(page.text)
+    for s in shown:
+        assert s in text, s
+    return page
+
+
+def _rename(value, names=NAMES):
+    """Every agent and policy name in a record replaced by its hostile twin."""
+    if isinstance(value, dict):
+        return {names.get(k, k) if isinstance(k, str) else k: _rename(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rename(v, names) for v in value]
+    return names.get(value, value) if isinstance(value, str) else value
+
+
+def hostile_run(run_dir, dest):
+    """``run_dir`` rewritten so that every text the report shows carries ``HOSTILE``."""
+    def jsonl(edit):
+        return lambda text: "".join(json.dumps(edit(_rename(json.loads(line)))) + "\n" for line in text.splitlines())
+
+    def config(text):
+        cfg = _rename(yaml.safe_load(text))
+        cfg["team"].update(name=f"team {HOSTILE}", description=HOSTILE)
+        cfg["topology"]["kind"] = HOSTILE
+        for a in cfg["agents"]:
+            a["role"] = HOSTILE
+        return yaml.safe_dump(cfg)
+
+    def episode(ep):
+        ep["task"] = {"task_id": HOSTILE, "prompt": HOSTILE, "answer": HOSTILE}
+        ep.update(answer=HOSTILE, status=HOSTILE, error=HOSTILE, scores={HOSTILE: 1.0}, details={HOSTILE: HOSTILE})
+        for t in ep["turns"]:
+            t.update(text=HOSTILE, parsed={"answer": HOSTILE}, finish_reason=HOSTILE, observations=[HOSTILE],
+                     tool_calls=[{"name": HOSTILE, "arguments": {HOSTILE: HOSTILE}, "valid": False, "error": HOSTILE}],
+                     details={"critic_reply": HOSTILE, HOSTILE: [HOSTILE, 1.0]})
+        return ep
+
+    def info(text):
+        d = _rename(json.loads(text))
+        d["credit"].update(method=HOSTILE, family=HOSTILE, granularity=HOSTILE, baseline=HOSTILE)
+        d["env"] = {"name": HOSTILE, "source": HOSTILE}
+        d["devices"] = [HOSTILE]
+        for p in d["policies"].values():
+            p["model"] = HOSTILE
+        return json.dumps(d)
+
+    def metrics(m):
+        if "eval" in m:
+            m["tool_calls"] = {HOSTILE: 1.0}
+        return m
+
+    return _synthetic_run(run_dir, dest, **{
+        "config.yaml": config, "run_info.json": info, "episodes.jsonl": jsonl(episode), "metrics.jsonl": jsonl(metrics),
+        "summary.json": lambda _: json.dumps({"stopped": {"reason": HOSTILE, "after_step": HOSTILE}}),
+        "warnings.jsonl": _warnings({"step": 0, "kind": HOSTILE, "message": HOSTILE}, {"step": HOSTILE, "kind": "x", "message": "y"})})
+
+
+def test_the_report_shows_hostile_run_files_as_text(run_dir, tmp_path):
+    run = hostile_run(run_dir, tmp_path / "hostile")
+    html = write_report(run).read_text()
+    page = assert_inert(html, shown=PAYLOADS + tuple(NAMES.values()))
+    text = "".join(page.text)
+    assert "{{ 7 * 7 }}" in text and "49" not in text.split("{{ 7 * 7 }}")[0][-5:]  # not evaluated as a template
+    banner = re.search(r'<div class="banner" role="alert">.*?</div>', html, flags=re.S).group(0)
+    assert "&lt;script&gt;window.__mas_pwned = 1" in banner  # the warnings banner, escaped
+    turn_attrs = [dict(a) for t, a in page.tags if t == "div" and dict(a).get("class") == "turn"]
+    assert turn_attrs and {a["data-agent"] for a in turn_attrs} <= set(NAMES.values())  # quotes stayed inside the value
+    out = write_compare([run_dir, run], tmp_path / "cmp.html").read_text()
+    assert_inert(out, shown=(HOSTILE, NAMES["lead"]))

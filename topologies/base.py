@@ -23,7 +23,7 @@ class TeamState(TypedDict, total=False):
     visits: int  # turns taken so far (graph topology)
     history: list[dict[str, str]]  # orchestrator's own multi-turn exchange
     pending: dict[str, Any] | None  # orchestrator's delegation awaiting a specialist
-    node: str  # graph topology: node to run next
+    node: str  # graph topology: the key of the edge the last node took (its conditional-edge map)
 
 
 def ctx_of(config: dict) -> EpisodeContext:

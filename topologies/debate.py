@@ -4,7 +4,8 @@ Round 1: each debater sees the question.  Round r > 1: each also sees the other 
 answers from round r-1.  The debaters of one round are called concurrently, with turn
 indices fixed by their order in the config, so replays line up.  With no aggregator the
 team answer is the most common parsed answer of the last round, equal numbers (18, 18.00, $18)
-counting as one answer (ties: the earliest debater).
+counting as one answer as the math verifier reads them (``envs/math/verify.py``; ties: the
+earliest debater).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections import Counter
 from langgraph.graph import END, START, StateGraph
 
 from mas.config import DebateTopology
-from mas.envs.math.verify import extract_number
+from mas.envs.math.verify import answer_key
 from mas.topologies.base import CompiledTopology, TeamState, ctx_of, visible
 
 
@@ -24,12 +25,6 @@ def _round_prompt(question: str, others: list[tuple[str, str]]) -> str:
         return f"Question: {question}"
     lines = "\n".join(f"- {name}: {text}" for name, text in others)
     return f"Question: {question}\nOther answers from the previous round:\n{lines}\nGive your answer."
-
-
-def _vote_key(answer: str) -> str:
-    """Answers that are the same number vote together; other answers by their stripped text."""
-    num = extract_number(answer)
-    return str(num) if num is not None else answer.strip().lower()
 
 
 def build_debate(cfg: DebateTopology) -> CompiledTopology:
@@ -60,7 +55,7 @@ def build_debate(cfg: DebateTopology) -> CompiledTopology:
         votes = [t.parsed["answer"] for t in last if t.parsed.get("answer")]
         if not votes:
             return {"answer": None}
-        keys = [_vote_key(v) for v in votes]  # "18", "18.00" and "$18" are one vote
+        keys = [answer_key(v) for v in votes]  # "18", "18.00" and "$18" are one vote
         counts = Counter(keys)
         best = max(counts.values())
         return {"answer": next(v for v, k in zip(votes, keys) if counts[k] == best)}

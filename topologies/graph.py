@@ -1,6 +1,8 @@
 """Custom graph: nodes and edges from YAML, validated with networkx before anything runs.
 
-Each node is one turn of its agent, which sees the task and every earlier message.  After a
+Each node is one turn of its agent, which sees the task and every earlier message.  Every
+YAML node is one LangGraph node, and its edges one conditional-edge map keyed by the ``when``
+labels, so LangGraph's drawing and tracing show the user's graph.  After a
 node, the first edge whose ``when`` equals the turn's parsed label (answer, call, accept,
 reject) is taken, else the node's default edge (no ``when``); with neither, the episode
 ends.  ``END`` is the terminal.  Checks (each a config error naming the YAML path):
@@ -18,6 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from mas.topologies.base import CompiledTopology, TeamState, ctx_of, latest_answer, transcript
 
 TERMINAL = "END"
+RESERVED_CHARS = ("|", ":")  # LangGraph's namespace separators
 
 
 def graph_errors(cfg: Any) -> list[tuple[tuple, Any, str]]:
@@ -28,6 +31,9 @@ def graph_errors(cfg: Any) -> list[tuple[tuple, Any, str]]:
     for i, n in enumerate(names):
         if n == TERMINAL or names.count(n) > 1:
             errs.append((("topology", "nodes", i, "name"), n, "node names must be unique and not END"))
+        elif n in (START, END) or any(c in n for c in RESERVED_CHARS):
+            errs.append((("topology", "nodes", i, "name"), n,
+                         f"LangGraph reserves this name or a character in it ({START}, {END}, {' '.join(RESERVED_CHARS)})"))
     if cfg.entry not in names:
         errs.append((("topology", "entry"), cfg.entry, f"unknown node; valid: {valid}"))
     g = nx.DiGraph()
@@ -63,35 +69,60 @@ def graph_errors(cfg: Any) -> list[tuple[tuple, Any, str]]:
     return errs
 
 
+def route_key(edge: Any) -> str:
+    """The key of an edge in its source node's conditional-edge map (shown by LangGraph's drawing)."""
+    return edge.when or "otherwise"
+
+
+NO_MATCH = "no match"  # no conditional edge matched and the node has no default edge: the episode ends
+BOUND = "max_turns"  # the turn bound cut the episode
+
+
 def build_graph(cfg: Any) -> CompiledTopology:
+    """One LangGraph node per YAML node; each node's edges become a conditional-edge map keyed
+    by the ``when`` labels ("otherwise" for the default edge), plus "max_turns" (the turn bound)
+    and "no match" (no edge applies) into END, so the compiled graph is the user's graph."""
     agent_of = {n.name: n.agent for n in cfg.nodes}
     out_edges: dict[str, list] = {n: [] for n in agent_of}
     for e in cfg.edges:
         out_edges[e.source].append(e)
 
-    async def step(state: TeamState, config) -> dict:
-        ctx = ctx_of(config)
-        name = state["node"]
+    def make_node(name: str):
         agent = agent_of[name]
-        before = transcript(ctx.episode.turns)
-        user = f"Task: {ctx.task.prompt}" + (f"\n{before}" if before else "")
-        turn = await ctx.call(agent, ctx.agents[agent].messages(user), parent=state.get("last"))
-        label = turn.parsed.get("label")
         edges = out_edges[name]
-        chosen = next((e for e in edges if e.when is not None and e.when == label), None)
-        chosen = chosen or next((e for e in edges if e.when is None), None)
-        nxt = TERMINAL if chosen is None else chosen.target
-        visits = state["visits"] + 1
-        truncated = nxt != TERMINAL and cfg.max_turns is not None and visits >= cfg.max_turns
-        return {"node": TERMINAL if truncated else nxt, "visits": visits, "last": turn.index,
-                "truncated": truncated, "answer": latest_answer(ctx.episode.turns)}
+
+        async def node(state: TeamState, config) -> dict:
+            ctx = ctx_of(config)
+            before = transcript(ctx.episode.turns)
+            user = f"Task: {ctx.task.prompt}" + (f"\n{before}" if before else "")
+            turn = await ctx.call(agent, ctx.agents[agent].messages(user), parent=state.get("last"))
+            label = turn.parsed.get("label")
+            chosen = next((e for e in edges if e.when is not None and e.when == label), None)
+            chosen = chosen or next((e for e in edges if e.when is None), None)
+            nxt = TERMINAL if chosen is None else chosen.target
+            visits = state["visits"] + 1
+            truncated = nxt != TERMINAL and cfg.max_turns is not None and visits >= cfg.max_turns
+            key = BOUND if truncated else NO_MATCH if chosen is None else route_key(chosen)
+            return {"node": key, "visits": visits, "last": turn.index,
+                    "truncated": truncated, "answer": latest_answer(ctx.episode.turns)}
+
+        return node
+
+    async def route(state: TeamState) -> str:
+        return state["node"]  # the key the node chose; the map below names its target
 
     g = StateGraph(TeamState)
-    g.add_node("step", step)
-    g.add_edge(START, "step")
-    async def route(state: TeamState) -> str:
-        return END if state["node"] == TERMINAL else "step"
-
-    g.add_conditional_edges("step", route, ["step", END])
+    for n in cfg.nodes:
+        g.add_node(n.name, make_node(n.name))
+    g.add_edge(START, cfg.entry)
+    for name, edges in out_edges.items():
+        path: dict[str, str] = {}
+        for e in edges:  # the first edge with a label wins, as in the node's choice
+            path.setdefault(route_key(e), END if e.target == TERMINAL else e.target)
+        if not any(e.when is None for e in edges):
+            path[NO_MATCH] = END
+        if cfg.max_turns is not None and any(e.target != TERMINAL for e in edges):
+            path[BOUND] = END
+        g.add_conditional_edges(name, route, path)
     bound = cfg.max_turns or (len(cfg.nodes) + 1)
-    return CompiledTopology(g.compile(), recursion_limit=2 * bound + 10, initial={"node": cfg.entry})
+    return CompiledTopology(g.compile(), recursion_limit=2 * bound + 10)

@@ -22,7 +22,7 @@ from mas.types import Episode, Task
 
 from ..splits import Splits
 from ..jsonl import read_jsonl
-from .verify import extract_number, gsm8k_final_answer, score_answer
+from .verify import gsm8k_final_answer, read_number, score_answer
 
 __all__ = ["GSM8KConfig", "GSM8KEnv", "load_jsonl", "SAMPLE_DIR"]
 
@@ -105,7 +105,7 @@ def _check_row(row: Any, where: str) -> dict[str, Any]:
         final = gsm8k_final_answer(row["answer"])
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    if extract_number(final) is None:
+    if read_number(final) is None:
         raise ValueError(f"{where}: final answer {final!r} is not a number")
     return row
 

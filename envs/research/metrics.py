@@ -26,14 +26,14 @@ from collections.abc import Collection, Iterable, Sequence
 
 __all__ = ["normalize_answer", "exact_match", "f1_score", "best_em", "best_f1", "recall_at_k"]
 
-_PUNCTUATION = frozenset(string.punctuation)
+_DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _YES_NO = ("yes", "no", "noanswer")
 
 
 def normalize_answer(text: str) -> str:
     """Lower-case, drop punctuation, drop the articles a/an/the, collapse whitespace."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    text = text.lower().translate(_DROP_PUNCTUATION)  # one C-level pass (model answers may be megabytes)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
 

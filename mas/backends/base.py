@@ -3,6 +3,10 @@
 A backend serves named policies.  Topology code sends it ``GenRequest``s (one per agent turn;
 concurrent episodes send many at once) and gets back one ``GenResult`` per request, in order.
 ``logprobs`` are the sampling-time logprobs the PPO importance ratio is taken against.
+
+A backend whose requests fail one by one (a remote endpoint) raises ``BatchError`` with the
+results it has and the error of each request that failed, so only those fail; any other
+exception fails the whole batch, and the engine then retries its requests one at a time.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ class GenResult:
     logprobs: list[float]  # one per completion id
     text: str  # decoded completion without the stop id and special tokens
     finish_reason: Literal["stop", "length"]
+
+
+class BatchError(RuntimeError):
+    """Some requests of a batch failed: ``results[i]`` or ``errors[i]`` for each request, in order."""
+
+    def __init__(self, results: list[GenResult | None], errors: list[BaseException | None]):
+        self.results, self.errors = results, errors
+        failed = [e for e in errors if e is not None]
+        super().__init__(f"{len(failed)} of {len(errors)} requests failed; first: {type(failed[0]).__name__}: {failed[0]}"
+                         if failed else "no request failed")
 
 
 class Backend(Protocol):
@@ -58,10 +72,17 @@ class RoutedBackend:
                 raise KeyError(f"unknown policy {r.policy!r}; valid: {sorted(self.routes)}")
             by_backend.setdefault(id(self.routes[r.policy]), []).append(i)
         out: list[GenResult | None] = [None] * len(requests)
+        errors: list[BaseException | None] = [None] * len(requests)
         for idx in by_backend.values():
             backend = self.routes[requests[idx[0]].policy]
-            for i, res in zip(idx, backend.generate_batch([requests[i] for i in idx])):
-                out[i] = res
+            try:
+                for i, res in zip(idx, backend.generate_batch([requests[i] for i in idx])):
+                    out[i] = res
+            except BatchError as e:  # some of this backend's requests failed: keep the rest
+                for i, res, err in zip(idx, e.results, e.errors):
+                    out[i], errors[i] = res, err
+        if any(e is not None for e in errors):
+            raise BatchError(out, errors)
         return out  # type: ignore[return-value]
 
     def sync_weights(self, policy: str) -> None:

@@ -2,9 +2,9 @@
 OpenAI-compatible chat endpoint (OpenAI, vLLM's ``vllm serve``, SGLang, llama.cpp, ...).
 
 Each ``GenRequest`` becomes one ``POST {base_url}/chat/completions`` with the request's chat
-``messages`` (``GenRequest.messages``; the engine always sets them), sent with the standard
-library only (``urllib``); the requests of one ``generate_batch`` run concurrently in a thread
-pool and come back in request order.  Body::
+``messages`` (``GenRequest.messages``; the engine always sets them), sent with ``httpx`` (one
+client, shared by a thread pool: the requests of one ``generate_batch`` run concurrently and
+come back in request order).  Body::
 
     {"model": model, "messages": [...], "max_tokens": max_new_tokens, "temperature": T,
      "top_p": top_p, "n": 1, **extra_body}
@@ -20,10 +20,17 @@ logprobs are needed, and its turns count 0 completion tokens in reports.
 
 Authentication: the API key is read from the environment variable ``api_key_env`` when the
 backend is built (never from the config file, never logged); without it no Authorization
-header is sent (a local server needs none).  Transient failures (connection errors,
-timeouts, HTTP 408/409/429/5xx) are retried ``max_retries`` times with exponential back-off;
-any other failure raises ``EndpointError`` naming the endpoint and the HTTP status, which the
-engine turns into a failed episode (agents) or an empty reply (critiques).
+header is sent (a local server needs none).
+
+Faults: each attempt has ``timeout_s`` for the whole reply (connect, send, and every byte of
+the answer: a server that hangs or trickles is cut off), and a reply may be at most
+``MAX_REPLY_BYTES``.  Transient failures are retried ``max_retries`` times with exponential
+back-off (``tenacity``): connection errors, timeouts, HTTP 408/409/429/5xx, and 200 replies
+that are not JSON or have no ``choices[0].message.content`` (a proxy or an overloaded server
+answering garbage).  Any other HTTP status fails at once.  Either way the error is an
+``EndpointError`` that names the endpoint, the cause and the attempts, which the engine
+turns into a failed episode (agents) or an empty reply counted as a ``critic_error`` fault
+(critiques); the run goes on.
 
 ``ChatOnlyTokenizer`` stands in for a tokenizer where the engine renders prompt ids for a
 remote policy: the ids are the UTF-8 bytes of the plain-format prompt (never sent anywhere),
@@ -35,18 +42,25 @@ from __future__ import annotations
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mas.backends.base import GenRequest, GenResult
+import httpx
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from mas.backends.base import BatchError, GenRequest, GenResult
 
 _TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504}
+MAX_REPLY_BYTES = 16 * 1024 * 1024  # a chat completion is kilobytes; a reply past this is refused
+MAX_BACKOFF_S = 60.0
 
 
 class EndpointError(RuntimeError):
     """A chat completion request failed; the message names the endpoint and the cause."""
+
+
+class _Transient(Exception):
+    """A failure worth retrying."""
 
 
 class OpenAICompatBackend:
@@ -56,10 +70,10 @@ class OpenAICompatBackend:
         base_url: the API root, e.g. ``http://127.0.0.1:8000/v1`` (``/chat/completions`` is appended).
         model: the model name the server expects in the request body.
         api_key_env: environment variable holding the API key (unset: no Authorization header).
-        timeout_s: per-request socket timeout in seconds.
+        timeout_s: limit of one attempt, for the whole reply, in seconds.
         max_concurrency: requests in flight at once (thread pool size).
         max_retries: extra attempts after a transient failure.
-        retry_backoff_s: first back-off; doubles on each retry.
+        retry_backoff_s: first back-off; doubles on each retry (at most 60 s).
         extra_body: extra JSON fields merged into every request body (e.g. ``{"top_k": 20}``).
     """
 
@@ -76,8 +90,8 @@ class OpenAICompatBackend:
     ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
-        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
-            raise ValueError("max_concurrency >= 1, max_retries >= 0 and timeout_s > 0 are required")
+        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0 or retry_backoff_s < 0:
+            raise ValueError("max_concurrency >= 1, max_retries >= 0, timeout_s > 0 and retry_backoff_s >= 0 are required")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.timeout_s = timeout_s
@@ -86,24 +100,45 @@ class OpenAICompatBackend:
         self.retry_backoff_s = retry_backoff_s
         self.extra_body = dict(extra_body or {})
         key = os.environ.get(api_key_env, "").strip() if api_key_env else ""
-        self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s), follow_redirects=False,
+                                    limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency))
         self.requests = 0  # completions requested (for tests and cost reports)
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAICompatBackend(url={self.url!r}, model={self.model!r})"
 
+    def close(self) -> None:
+        self._client.close()
+
     # -- Backend protocol -----------------------------------------------------------------------
 
     def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
-        """One chat completion per request, concurrently; results in request order."""
+        """One chat completion per request, concurrently; results in request order.
+
+        Requests fail one by one: if any of several did (after its retries), ``BatchError``
+        carries the others' results and each failure, so the engine does not send them again;
+        a single request raises its ``EndpointError``."""
         for r in requests:
             if not r.messages:
                 raise ValueError(f"request of agent {r.agent!r} for policy {r.policy!r} has no chat messages; the openai backend sends messages, not token ids")
         self.requests += len(requests)
         if len(requests) <= 1 or self.max_concurrency == 1:
-            return [self._complete(r) for r in requests]
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests))) as pool:
-            return list(pool.map(self._complete, requests))
+            outcomes = [self._outcome(r) for r in requests]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests))) as pool:
+                outcomes = list(pool.map(self._outcome, requests))
+        if len(outcomes) == 1 and outcomes[0][1] is not None:
+            raise outcomes[0][1]
+        if any(err is not None for _, err in outcomes):
+            raise BatchError([res for res, _ in outcomes], [err for _, err in outcomes])
+        return [res for res, _ in outcomes]
+
+    def _outcome(self, req: GenRequest) -> tuple[GenResult | None, EndpointError | None]:
+        try:
+            return self._complete(req), None
+        except EndpointError as e:
+            return None, e
 
     def sync_weights(self, policy: str) -> None:
         """A remote policy has no local weights to serve: it must be frozen."""
@@ -125,44 +160,56 @@ class OpenAICompatBackend:
 
     def _complete(self, req: GenRequest) -> GenResult:
         data = json.dumps(self.body(req)).encode("utf-8")
-        for attempt in range(self.max_retries + 1):
-            try:
-                reply = self._post(data)
-                break
-            except _Transient as e:
-                if attempt == self.max_retries:
-                    raise EndpointError(f"{self.url}: {e} (after {attempt + 1} attempts)") from None
-                time.sleep(self.retry_backoff_s * 2**attempt)
-        return _result(reply, self.url)
+        retrying = Retrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=wait_exponential(multiplier=self.retry_backoff_s, max=MAX_BACKOFF_S),
+            retry=retry_if_exception_type(_Transient),
+            reraise=True,
+        )
+        attempts = 0
+        try:
+            for attempt in retrying:
+                with attempt:
+                    attempts = attempt.retry_state.attempt_number
+                    return _result(self._post(data), self.url)
+        except _Transient as e:
+            raise EndpointError(f"{self.url}: {e} (after {attempts} attempts)") from None
+        raise AssertionError("unreachable")  # pragma: no cover - tenacity either returns or raises
 
-    def _post(self, data: bytes) -> dict[str, Any]:
-        request = urllib.request.Request(self.url, data=data, headers=self._headers, method="POST")
+    def _post(self, data: bytes) -> Any:
+        """One attempt: the decoded JSON reply, ``_Transient`` for what may pass, else EndpointError."""
+        deadline = time.monotonic() + self.timeout_s
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:300].decode("utf-8", "replace")
-            if e.code in _TRANSIENT_STATUS:
-                raise _Transient(f"HTTP {e.code}: {detail}") from None
-            raise EndpointError(f"{self.url}: HTTP {e.code}: {detail}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-            raise _Transient(f"{type(e).__name__}: {getattr(e, 'reason', e)}") from None
+            with self._client.stream("POST", self.url, content=data) as resp:
+                raw = bytearray()
+                for chunk in resp.iter_bytes():
+                    raw += chunk
+                    if len(raw) > MAX_REPLY_BYTES:
+                        raise EndpointError(f"{self.url}: reply larger than {MAX_REPLY_BYTES} bytes")
+                    if time.monotonic() > deadline:
+                        raise _Transient(f"timeout: the reply took longer than {self.timeout_s:g}s")
+                status = resp.status_code
+        except httpx.TimeoutException as e:
+            raise _Transient(f"timeout after {self.timeout_s:g}s ({type(e).__name__})") from None
+        except httpx.TransportError as e:
+            raise _Transient(f"{type(e).__name__}: {e}") from None
+        if status >= 400:
+            detail = bytes(raw[:300]).decode("utf-8", "replace")
+            if status in _TRANSIENT_STATUS:
+                raise _Transient(f"HTTP {status}: {detail}")
+            raise EndpointError(f"{self.url}: HTTP {status}: {detail}")
         try:
-            return json.loads(raw)
+            return json.loads(bytes(raw))
         except ValueError:
-            raise EndpointError(f"{self.url}: reply is not JSON: {raw[:200]!r}") from None
+            raise _Transient(f"reply is not JSON: {bytes(raw[:200])!r}") from None
 
 
-class _Transient(Exception):
-    """A failure worth retrying."""
-
-
-def _result(reply: dict[str, Any], url: str) -> GenResult:
+def _result(reply: Any, url: str) -> GenResult:
     try:
         choice = reply["choices"][0]
         text = choice["message"]["content"]
     except (KeyError, IndexError, TypeError):
-        raise EndpointError(f"{url}: reply has no choices[0].message.content: {json.dumps(reply)[:200]}") from None
+        raise _Transient(f"reply has no choices[0].message.content: {json.dumps(reply)[:200]}") from None
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
     return GenResult(completion_ids=[], logprobs=[], text=text if isinstance(text, str) else "",
                      finish_reason="length" if finish == "length" else "stop")

@@ -4,7 +4,10 @@
     charts.py     inline SVG line and stacked charts
     episodes.py   the episode browser (turns coloured by credit, method details)
     checklist.py  the credit-assignment reporting checklist and the per-agent table
-    page.py       page assembly and styles
+    methods.py    what each credit method's share means; the decisive turn or agent
+    page.py       page assembly: what goes on the page
+    render.py     Jinja2 (autoescape on), the toggle script and the Content-Security-Policy
+    templates/    the markup, styles and script (package data)
 """
 
 from __future__ import annotations

@@ -1,15 +1,24 @@
 """Inline SVG charts for the HTML report: line charts with optional bands, and stacked areas.
 
-No JavaScript and no external files: every chart is an ``<svg>`` string with its own axes,
-ticks and legend.  Hovering a line shows its name (SVG ``<title>``); with few points each
-point shows its value too.
+No external files: every chart is an ``<svg>`` with its own axes, ticks and legend, drawn by
+``templates/chart.html.j2`` from the geometry computed here.  Hovering a line shows its name
+(SVG ``<title>``); with few points each point shows its value too.  A line chart's legend
+entries are buttons: with ``toggle.js`` on the page (``templates/toggle.html.j2``), clicking
+one hides or shows that curve.  The charts are ``str`` (``render.Html``: templates embed them
+as they are), with names and titles escaped.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from html import escape
+from typing import Any
+
+from mas.report.render import Html, macro
+from mas.report.render import number as fmt
+
+__all__ = ["DASHES", "HEIGHT", "MARGIN", "MAX_POINTS", "PALETTE", "POINTS_WITH_TOOLTIPS", "WIDTH", "Series", "colour",
+           "ema", "fmt", "line_chart", "nice_ticks", "stacked_chart", "tick_label"]
 
 # colour-blind-safe categorical palette (Okabe & Ito, 2008), then darker variants
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000",
@@ -71,22 +80,6 @@ def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[
     return ticks or [lo]
 
 
-def fmt(v: float) -> str:
-    """Compact number for ticks and tooltips (no "-0")."""
-    if v == 0 or abs(v) < 5e-13:
-        return "0"
-    a = abs(v)
-    if a >= 1e4:
-        return f"{v:.2e}"
-    if a < 1e-3:
-        return f"{v:.3g}"
-    if a >= 100:
-        return f"{v:.0f}"
-    if a >= 1:
-        return f"{v:.3g}"
-    return f"{v:.3f}".rstrip("0").rstrip(".")
-
-
 def tick_label(v: float, step: float) -> str:
     """A tick value with as many decimals as the tick spacing needs (5.675, 5.680 — not 5.68 twice)."""
     if step <= 0 or abs(v) >= 1e4 or (v != 0 and abs(v) < 1e-3 and step < 1e-3):
@@ -97,12 +90,12 @@ def tick_label(v: float, step: float) -> str:
     return f"{v:.{decimals}f}" if abs(v) > step * 1e-6 else "0"
 
 
-def _attrs(d: dict[str, str]) -> str:
-    return "".join(f' data-{escape(k)}="{escape(str(v))}"' for k, v in d.items())
+def _px(v: float) -> str:
+    return f"{v:.1f}"
 
 
 class _Frame:
-    """Maps data to pixels and draws axes, grid and tick labels."""
+    """Maps data to pixels; ``view`` is what the template needs to draw axes, grid and ticks."""
 
     def __init__(self, xs: list[float], ys: list[float], y_range: tuple[float, float] | None, width: int, height: int):
         self.w, self.h = width, height
@@ -129,22 +122,15 @@ class _Frame:
         y = min(max(y, self.y0), self.y1)
         return self.pb - (y - self.y0) / (self.y1 - self.y0) * (self.pb - self.pt)
 
-    def axes(self, x_label: str, y_label: str) -> list[str]:
-        out = []
+    def view(self, x_label: str, y_label: str) -> dict[str, Any]:
         step = self.yticks[1] - self.yticks[0] if len(self.yticks) > 1 else 0.0
-        for t in self.yticks:
-            y = self.py(t)
-            out.append(f'<line class="grid" x1="{self.pl}" x2="{self.pr}" y1="{y:.1f}" y2="{y:.1f}"/>')
-            out.append(f'<text class="tick" x="{self.pl - 6}" y="{y + 4:.1f}" text-anchor="end">{tick_label(t, step)}</text>')
-        for t in nice_ticks(self.x0, self.x1, 6, integer=self.integer_x):
-            x = self.px(t)
-            out.append(f'<line class="axis" x1="{x:.1f}" x2="{x:.1f}" y1="{self.pb}" y2="{self.pb + 4}"/>')
-            out.append(f'<text class="tick" x="{x:.1f}" y="{self.pb + 16}" text-anchor="middle">{fmt(t)}</text>')
-        out.append(f'<line class="axis" x1="{self.pl}" x2="{self.pr}" y1="{self.pb}" y2="{self.pb}"/>')
-        out.append(f'<line class="axis" x1="{self.pl}" x2="{self.pl}" y1="{self.pt}" y2="{self.pb}"/>')
-        out.append(f'<text class="label" x="{(self.pl + self.pr) / 2:.0f}" y="{self.h - 4}" text-anchor="middle">{escape(x_label)}</text>')
-        out.append(f'<text class="label" transform="translate(12 {(self.pt + self.pb) / 2:.0f}) rotate(-90)" text-anchor="middle">{escape(y_label)}</text>')
-        return out
+        return {
+            "w": self.w, "h": self.h, "pl": self.pl, "pr": self.pr, "pt": self.pt, "pb": self.pb,
+            "grid": [(_px(self.py(t)), _px(self.py(t) + 4), tick_label(t, step)) for t in self.yticks],
+            "xticks": [(_px(self.px(t)), fmt(t)) for t in nice_ticks(self.x0, self.x1, 6, integer=self.integer_x)],
+            "x_mid": f"{(self.pl + self.pr) / 2:.0f}", "y_mid": f"{(self.pt + self.pb) / 2:.0f}",
+            "x_label": x_label, "y_label": y_label,
+        }
 
 
 def _decimate(xs: list[float], ys: list, max_points: int = MAX_POINTS) -> tuple[list[float], list]:
@@ -170,21 +156,32 @@ def _segments(xs: list[float], ys: list[float | None]) -> list[list[tuple[float,
     return [s for s in segs if s]
 
 
-def _legend(series: list[Series]) -> str:
-    items = []
-    for s in series:
-        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
-        swatch = (f'<svg width="22" height="10" aria-hidden="true"><line x1="1" x2="21" y1="5" y2="5" stroke="{s.color}" '
-                  f'stroke-width="2.5"{dash}/></svg>')
-        items.append(f'<span class="legend-item"{_attrs(s.attrs)}>{swatch}{escape(s.name)}</span>')
-    return f'<div class="legend">{"".join(items)}</div>'
+def _path_d(f: _Frame, seg: list[tuple[float, float]]) -> str:
+    if len(seg) == 1:  # a single point: draw a dot-length line so it shows
+        x, y = f.px(seg[0][0]), f.py(seg[0][1])
+        return f"M{x - 1.5:.1f},{y:.1f} L{x + 1.5:.1f},{y:.1f}"
+    return "M" + " L".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in seg)
+
+
+def _band(f: _Frame, s: Series) -> str | None:
+    xs, (lo, hi) = s.xs, s.band
+    if len(xs) > MAX_POINTS:
+        _, lo = _decimate(xs, lo)
+        xs, hi = _decimate(xs, hi)
+    pts = [(x, a, b) for x, a, b in zip(xs, lo, hi) if a is not None and b is not None]
+    if len(pts) < 2:
+        return None
+    upper = " ".join(f"{f.px(x):.1f},{f.py(b):.1f}" for x, _, b in pts)
+    lower = " ".join(f"{f.px(x):.1f},{f.py(a):.1f}" for x, a, _ in reversed(pts))
+    return f"{upper} {lower}"
 
 
 def line_chart(series: list[Series], title: str, y_label: str, x_label: str = "step",
                y_range: tuple[float, float] | None = None, smooth: float | None = None,
-               width: int = WIDTH, height: int = HEIGHT, note: str = "") -> str:
+               width: int = WIDTH, height: int = HEIGHT, note: str = "", toggle: bool = True) -> str:
     """A titled SVG line chart with a legend.  ``smooth``: EMA weight of each new point; the raw
-    line is drawn faintly behind the smoothed one."""
+    line is drawn faintly behind the smoothed one.  ``toggle``: legend entries are buttons that
+    hide and show their curve (on a page that includes ``toggle.html.j2``)."""
     series = [s for s in series if any(y is not None for y in s.ys)]
     if not series:
         return _empty(title, "no data recorded")
@@ -194,30 +191,27 @@ def line_chart(series: list[Series], title: str, y_label: str, x_label: str = "s
         if s.band:
             ys += [y for y in s.band[0] + s.band[1] if y is not None]
     f = _Frame(xs, ys, y_range, width, height)
-    body = f.axes(x_label, y_label)
-    for s in series:
-        body += _band(f, s) if s.band else []
-    for s in series:
-        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+    views = []
+    for k, s in enumerate(series):
         drawn = ema(s.ys, smooth) if smooth else s.ys
-        if smooth:
-            for seg in _segments(s.xs, s.ys):
-                body.append(_path(f, seg, s.color, 1.0, dash, 'class="raw"'))
-        for seg in _segments(s.xs, drawn):
-            body.append(_path(f, seg, s.color, s.width, dash, f'class="series"{_attrs(s.attrs)}', s.name))
+        points = []
         if len(s.xs) <= POINTS_WITH_TOOLTIPS:
-            for x, y in zip(s.xs, s.ys):
-                if y is not None and math.isfinite(y):
-                    body.append(f'<circle cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="2.5" fill="{s.color}">'
-                                f'<title>{escape(s.name)} · step {fmt(x)}: {fmt(y)}</title></circle>')
-    svg = (f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-           f'aria-label="{escape(title)}">{"".join(body)}</svg>')
-    return _card(title, svg + _legend(series), note)
+            points = [(_px(f.px(x)), _px(f.py(y)), f"{s.name} · step {fmt(x)}: {fmt(y)}")
+                      for x, y in zip(s.xs, s.ys) if y is not None and math.isfinite(y)]
+        views.append({
+            "k": k, "name": s.name, "color": s.color, "dash": s.dash, "width": s.width, "attrs": s.attrs,
+            "band": _band(f, s) if s.band else None,
+            "raw": [_path_d(f, seg) for seg in _segments(s.xs, s.ys)] if smooth else [],
+            "paths": [_path_d(f, seg) for seg in _segments(s.xs, drawn)],
+            "points": points,
+        })
+    return macro("chart.html.j2", "line")(f.view(x_label, y_label), views, title, note, toggle)
 
 
 def stacked_chart(series: list[Series], title: str, y_label: str, x_label: str = "step",
                   width: int = WIDTH, height: int = HEIGHT, note: str = "") -> str:
-    """Stacked areas (e.g. the parts of a step's wall time); ``series`` share their xs."""
+    """Stacked areas (e.g. the parts of a step's wall time); ``series`` share their xs.  The
+    legend does not toggle: hiding a layer would shift every layer above it."""
     series = [s for s in series if any((y or 0) > 0 for y in s.ys)]
     if not series:
         return _empty(title, "no data recorded")
@@ -229,44 +223,13 @@ def stacked_chart(series: list[Series], title: str, y_label: str, x_label: str =
         tops = [t + (y or 0.0) for t, y in zip(tops, _decimate(s.xs, s.ys)[1])]
         layers.append((s, low, list(tops)))
     f = _Frame(xs, [0.0, max(tops)], (0.0, max(tops) * 1.05 or 1.0), width, height)
-    body = f.axes(x_label, y_label)
-    for s, low, high in layers:
+    views = []
+    for k, (s, low, high) in enumerate(layers):
         upper = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in zip(xs, high))
         lower = " ".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in reversed(list(zip(xs, low))))
-        body.append(f'<polygon points="{upper} {lower}" fill="{s.color}" fill-opacity="0.75" stroke="{s.color}" '
-                    f'stroke-width="0.5" class="series"{_attrs(s.attrs)}><title>{escape(s.name)}</title></polygon>')
-    svg = (f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-           f'aria-label="{escape(title)}">{"".join(body)}</svg>')
-    return _card(title, svg + _legend(series), note)
+        views.append({"k": k, "name": s.name, "color": s.color, "dash": "", "attrs": s.attrs, "points": f"{upper} {lower}"})
+    return macro("chart.html.j2", "stacked")(f.view(x_label, y_label), views, title, note)
 
 
-def _band(f: _Frame, s: Series) -> list[str]:
-    xs, (lo, hi) = s.xs, s.band
-    if len(xs) > MAX_POINTS:
-        _, lo = _decimate(xs, lo)
-        xs, hi = _decimate(xs, hi)
-    pts = [(x, a, b) for x, a, b in zip(xs, lo, hi) if a is not None and b is not None]
-    if len(pts) < 2:
-        return []
-    upper = " ".join(f"{f.px(x):.1f},{f.py(b):.1f}" for x, _, b in pts)
-    lower = " ".join(f"{f.px(x):.1f},{f.py(a):.1f}" for x, a, _ in reversed(pts))
-    return [f'<polygon class="band" points="{upper} {lower}" fill="{s.color}" fill-opacity="0.15" stroke="none"/>']
-
-
-def _path(f: _Frame, seg: list[tuple[float, float]], color: str, width: float, dash: str, extra: str, name: str = "") -> str:
-    d = "M" + " L".join(f"{f.px(x):.1f},{f.py(y):.1f}" for x, y in seg)
-    if len(seg) == 1:  # a single point: draw a dot-length line so it shows
-        x, y = f.px(seg[0][0]), f.py(seg[0][1])
-        d = f"M{x - 1.5:.1f},{y:.1f} L{x + 1.5:.1f},{y:.1f}"
-    title = f"<title>{escape(name)}</title>" if name else ""
-    opacity = ' stroke-opacity="0.25"' if 'class="raw"' in extra else ""
-    return f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{width}"{dash}{opacity} {extra}>{title}</path>'
-
-
-def _card(title: str, content: str, note: str) -> str:
-    note_html = f'<p class="note">{escape(note)}</p>' if note else ""
-    return f'<figure class="card"><figcaption>{escape(title)}</figcaption>{content}{note_html}</figure>'
-
-
-def _empty(title: str, why: str) -> str:
-    return f'<figure class="card empty"><figcaption>{escape(title)}</figcaption><p class="note">{escape(why)}</p></figure>'
+def _empty(title: str, why: str) -> Html:
+    return macro("chart.html.j2", "empty")(title, why)

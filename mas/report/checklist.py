@@ -1,16 +1,23 @@
-"""The credit-assignment reporting checklist: one question per row, answered from the run.
+"""The credit-assignment reporting checklist, and the per-agent table of who earned the reward.
 
-Rows: base models and sizes, data source and size, credit granularity, methodology family,
-baseline, compute (wall time, device-hours), credit-specific overhead, and the distribution
-of trajectory lengths in turns and in tokens.
+Checklist rows: base models and sizes, data source and size, credit granularity,
+methodology family, baseline, compute (wall time, device-hours), credit-specific overhead,
+and the distribution of trajectory lengths in turns and in tokens.  Each answer is built as
+lines of (text, style) segments and drawn by ``templates/tables.html.j2``.
 """
 
 from __future__ import annotations
 
 import statistics
-from html import escape
+from typing import Any
 
+from mas.report.methods import method_of, share_note
+from mas.report.render import finite, macro
 from mas.report.run import RunData
+
+Lines = list[list[tuple[str, str]]]  # lines of (text, style) segments: "" plain, "b" bold, else a class
+TEMPLATE = "tables.html.j2"
+ROLE_CHARS = 1500  # characters of an agent's role prompt shown
 
 
 def _count(n: float) -> str:
@@ -41,44 +48,48 @@ def wall_seconds(run: RunData) -> float:
     return total
 
 
-def _models(run: RunData) -> str:
+def _models(run: RunData) -> Lines:
     policies = run.info.get("policies")
     if not policies:
         cfgs = run.config.get("policies", {})
-        return "<br>".join(f"{escape(n)}: {escape(str(p.get('model')))} ({escape(str(p.get('kind')))})" for n, p in cfgs.items())
+        return [[(f"{n}: {p.get('model')} ({p.get('kind')})", "")] for n, p in cfgs.items()]
     lines = []
     for name, p in policies.items():
-        trainable = (f"{_count(p['trainable_parameters'])} trainable" if p.get("trainable_parameters") else "frozen")
-        lines.append(f"<b>{escape(name)}</b>: {escape(str(p['model']))} — {_count(p.get('parameters', 0))} parameters, "
-                     f"{escape(p['kind'])} ({trainable}), {escape(p.get('dtype', '?'))} on {escape(p.get('device', '?'))}; "
-                     f"agents: {escape(', '.join(p.get('agents', [])) or 'none')}")
-    return "<br>".join(lines)
+        kind = str(p.get("kind", "?"))
+        if p.get("trainable_parameters"):
+            kind += f" ({_count(p['trainable_parameters'])} trainable)"
+        elif kind != "frozen":
+            kind += " (frozen)"
+        lines.append([(str(name), "b"), (f": {p['model']} — {_count(p.get('parameters', 0))} parameters, {kind}, "
+                                         f"{p.get('dtype', '?')} on {p.get('device', '?')}; "
+                                         f"agents: {', '.join(p.get('agents', [])) or 'none'}", "")])
+    return lines
 
 
-def _data(run: RunData) -> str:
+def _data(run: RunData) -> Lines:
     env = run.info.get("env") or {"name": run.config.get("env", {}).get("name", "?")}
     t = run.config.get("trainer", {})
     steps, b, g = len(run.steps), t.get("batch_size", 0), t.get("group_size", 0)
-    parts = [f"<b>{escape(str(env.get('name')))}</b>"]
+    lines = [[(str(env.get("name")), "b")]]
     for key, label in (("source", "source"), ("train_size", "training set"), ("eval_size", "held-out set"), ("corpus", "corpus")):
         if env.get(key):
-            parts.append(f"{label}: {escape(str(env[key]))}")
-    parts.append(f"used in training: {steps} steps × {b} tasks × {g} episodes per task = {steps * b * g} episodes")
-    return "<br>".join(parts)
+            lines.append([(f"{label}: {env[key]}", "")])
+    lines.append([(f"used in training: {steps} steps × {b} tasks × {g} episodes per task = {steps * b * g} episodes", "")])
+    return lines
 
 
-def _method(run: RunData) -> tuple[str, str, str]:
+def _method(run: RunData) -> tuple[Lines, Lines, Lines]:
     credit = run.info.get("credit") or {}
     cfg = run.config.get("credit", {})
     method = credit.get("method", cfg.get("method", "?"))
     keys = ", ".join(f"{k}={v}" for k, v in cfg.items() if k != "method" and not isinstance(v, (dict, list)))
-    family = f"<b>{escape(method)}</b>: {escape(credit.get('family', 'see docs/credit.md'))}"
+    family = [[(str(method), "b"), (f": {credit.get('family', 'see docs/credit.md')}", "")]]
     if keys:
-        family += f'<br><span class="muted">{escape(keys)}</span>'
-    return family, escape(credit.get("granularity", "?")), escape(credit.get("baseline", "?"))
+        family.append([(keys, "muted")])
+    return family, [[(str(credit.get("granularity", "?")), "")]], [[(str(credit.get("baseline", "?")), "")]]
 
 
-def _compute(run: RunData) -> str:
+def _compute(run: RunData) -> Lines:
     wall = wall_seconds(run)
     devices = run.info.get("devices") or ["?"]
     cuda = run.info.get("cuda_devices") or []
@@ -86,12 +97,12 @@ def _compute(run: RunData) -> str:
     where = ", ".join(devices) + (f" ({', '.join(cuda)})" if cuda else "")
     credit = sum(m.get("time", {}).get("credit", 0.0) for m in run.steps)
     share = f"{100 * credit / wall:.0f}%" if wall else "—"
-    return (f"training wall time {duration(wall)} over {len(run.steps)} steps (evaluations not included); "
-            f"{wall * n_dev / 3600:.3f} device-hours on {n_dev} device{'s' if n_dev != 1 else ''}: {escape(where)}; "
-            f"credit assignment took {duration(credit)} ({share} of the time)")
+    return [[(f"training wall time {duration(wall)} over {len(run.steps)} steps (evaluations not included); "
+              f"{wall * n_dev / 3600:.3f} device-hours on {n_dev} device{'s' if n_dev != 1 else ''}: {where}; "
+              f"credit assignment took {duration(credit)} ({share} of the time)", "")]]
 
 
-def _overhead(run: RunData) -> str:
+def _overhead(run: RunData) -> Lines:
     totals: dict[str, float] = {}
     for m in run.steps:
         for k, v in m.get("credit_cost", {}).items():
@@ -99,23 +110,22 @@ def _overhead(run: RunData) -> str:
     times = {k: sum(m.get("time", {}).get(f"credit_{k}", 0.0) for m in run.steps)
              for k in ("replays", "interventions", "critic")}
     sampled = sum(m.get("tokens", 0) for m in run.steps)
-    parts = [
-        f"extra generations: {int(totals.get('extra_generations', 0))} "
-        f"(team rollouts generated {sum(sum(m.get('lengths', {}).get('turns', [])) for m in run.steps)} turns, {sampled} tokens)",
-        f"replays: {int(totals.get('replays', 0))} ({duration(times['replays'])})",
-        f"coalition / counterfactual re-runs: {int(totals.get('interventions', 0))} ({duration(times['interventions'])})",
-        f"critic calls: {int(totals.get('critiques', 0))} ({duration(times['critic'])})",
+    return [
+        [(f"extra generations: {int(totals.get('extra_generations', 0))} "
+          f"(team rollouts generated {sum(sum(m.get('lengths', {}).get('turns', [])) for m in run.steps)} turns, {sampled} tokens)", "")],
+        [(f"replays: {int(totals.get('replays', 0))} ({duration(times['replays'])})", "")],
+        [(f"coalition / counterfactual re-runs: {int(totals.get('interventions', 0))} ({duration(times['interventions'])})", "")],
+        [(f"critic calls: {int(totals.get('critiques', 0))} ({duration(times['critic'])})", "")],
     ]
-    return "<br>".join(parts)
 
 
-def _distribution(values: list[float]) -> str:
+def _distribution(values: list[float]) -> Lines:
     if not values:
-        return "—"
-    return f"min {min(values):g} · median {statistics.median(values):g} · max {max(values):g} (n = {len(values)} episodes)"
+        return [[("—", "")]]
+    return [[(f"min {min(values):g} · median {statistics.median(values):g} · max {max(values):g} (n = {len(values)} episodes)", "")]]
 
 
-def _lengths(run: RunData) -> tuple[str, str]:
+def _lengths(run: RunData) -> tuple[Lines, Lines]:
     turns = [v for m in run.steps for v in m.get("lengths", {}).get("turns", [])]
     tokens = [v for m in run.steps for v in m.get("lengths", {}).get("tokens", [])]
     return _distribution(turns), _distribution(tokens)
@@ -125,7 +135,8 @@ def checklist_rows(run: RunData) -> list[tuple[str, str]]:
     """(question, answer as HTML) rows of the reporting checklist."""
     family, granularity, baseline = _method(run)
     turns, tokens = _lengths(run)
-    return [
+    lines = macro(TEMPLATE, "lines")
+    return [(q, lines(a)) for q, a in [
         ("Base models and sizes", _models(run)),
         ("Data source and size", _data(run)),
         ("Credit granularity", granularity),
@@ -135,47 +146,57 @@ def checklist_rows(run: RunData) -> list[tuple[str, str]]:
         ("Credit-specific overhead", _overhead(run)),
         ("Trajectory length (turns)", turns),
         ("Trajectory length (completion tokens)", tokens),
-    ]
+    ]]
 
 
 def checklist_table(run: RunData) -> str:
-    rows = "".join(f"<tr><th>{escape(q)}</th><td>{a}</td></tr>" for q, a in checklist_rows(run))
-    return f'<table class="checklist">{rows}</table>'
+    return macro(TEMPLATE, "checklist")(checklist_rows(run))
+
+
+def _mean(values: list[Any]) -> float | None:
+    vals = [float(v) for v in values if finite(v)]
+    return statistics.fmean(vals) if vals else None
 
 
 def agent_table(run: RunData, tail: float = 0.2) -> str:
-    """Who earned the reward: per agent over the last ``tail`` of the steps."""
+    """Who earned the reward: per agent over the last ``tail`` of the steps, with a line on what
+    the method's credit share means."""
     if not run.steps:
         return ""
+    method, _ = method_of(run.info, run.config)
     last = run.steps[int(len(run.steps) * (1 - tail)):] or run.steps[-1:]
     total_turns = sum(a.get("turns", 0) for m in last for a in m.get("agents", {}).values()) or 1
+    roles = {str(a.get("name")): a.get("role") for a in run.config.get("agents", []) if isinstance(a, dict)}
     rows = []
     for name in run.agents:
+        role = roles.get(name)
+        role = str(role)[:ROLE_CHARS] + ("…" if len(str(role)) > ROLE_CHARS else "") if role else ""
         ms = [m["agents"][name] for m in last if name in m.get("agents", {})]
         if not ms:
-            rows.append(f"<tr><th>{escape(name)}</th><td colspan=\"6\">—</td>"
-                        '<td><span class="tag bad">did not speak in these steps</span></td></tr>')
+            rows.append({"name": name, "role": role, "silent": True})
             continue
-        shares = [a["credit_share"] for a in ms if a.get("credit_share") is not None]  # None: no positive credit that step
-        share = statistics.fmean(shares) if shares else None
+        share = _mean([a.get("credit_share") for a in ms])  # None in a step: no positive credit that step
+        unparsed = _mean([a.get("unparsed_credit_share") for a in ms])
         turn_share = sum(a.get("turns", 0) for a in ms) / total_turns
         adv = statistics.fmean(a.get("advantage", {}).get("mean", 0.0) for a in ms)
         parse = sum(a.get("parse_failures", 0) for a in ms)
         tool = [a["tool_valid"] for a in ms if "tool_valid" in a]
-        flag = ""
+        flags = []
         if share is None:
-            flag = '<span class="tag">no turn got positive credit in these steps</span>'
+            flags.append(("no turn got positive credit in these steps", ""))
         elif turn_share > 0 and share < 0.5 * turn_share:
-            flag = '<span class="tag bad">low credit for its share of turns: free-rider?</span>'
+            flags.append(("low credit for its share of turns: free-rider?", "bad"))
         elif share > 1.5 * turn_share:
-            flag = '<span class="tag key">earns more credit than its share of turns</span>'
-        rows.append(
-            f"<tr><th>{escape(name)}</th><td>{statistics.fmean(a.get('reward', 0.0) for a in ms):.3f}</td>"
-            f"<td>{'—' if share is None else f'{100 * share:.1f}%'}</td><td>{100 * turn_share:.1f}%</td><td>{0.0 if abs(adv) < 5e-4 else adv:+.3f}</td><td>{parse}</td>"
-            f"<td>{f'{100 * statistics.fmean(tool):.0f}%' if tool else '—'}</td><td>{flag}</td></tr>"
-        )
-    head = ("<tr><th>agent</th><th>mean reward</th><th>credit share</th><th>share of turns</th><th>mean advantage</th>"
-            "<th>parse failures</th><th>valid tool calls</th><th></th></tr>")
-    return (f'<table class="agents">{head}{"".join(rows)}</table><p class="note">Last {len(last)} of {len(run.steps)} steps. '
-            "Credit share: the agent's summed positive credit over the team's.</p>")
-
+            flags.append(("earns more credit than its share of turns", "key"))
+        if unparsed is not None and unparsed >= 0.005:
+            flags.append((f"{100 * unparsed:.1f}% of the team's positive credit went to its unparsed turns", "bad"))
+        rows.append({
+            "name": name, "role": role, "silent": False,
+            "reward": f"{statistics.fmean(a.get('reward', 0.0) for a in ms):.3f}",
+            "share": "—" if share is None else f"{100 * share:.1f}%", "turn_share": f"{100 * turn_share:.1f}%",
+            "advantage": f"{0.0 if abs(adv) < 5e-4 else adv:+.3f}", "parse": parse,
+            "unparsed_share": "—" if unparsed is None else f"{100 * unparsed:.1f}%",
+            "tool": f"{100 * statistics.fmean(tool):.0f}%" if tool else "—", "flags": flags,
+        })
+    view = {"method": method, "note": share_note(method), "rows": rows, "last": len(last), "steps": len(run.steps)}
+    return macro(TEMPLATE, "agents")(view)

@@ -1,97 +1,52 @@
 """Assemble the self-contained HTML report of one run, or the comparison of several.
 
-The page has no scripts, fonts or images from anywhere else: styles are inline, charts are
-inline SVG, and the episode browser uses ``<details>`` elements, so it opens offline.
+The page loads nothing from anywhere: styles are inline, charts are inline SVG, the episode
+browser uses ``<details>`` elements, and the one script (legend entries hide and show curves)
+is inline and allowed by its hash in the page's Content-Security-Policy.  The markup is in
+``templates/`` (Jinja2, autoescape on); this module decides what goes on the page.
 """
 
 from __future__ import annotations
 
 import statistics
-from html import escape
+from typing import Any
 
 from mas.metrics import eval_summary
 from mas.report.charts import DASHES, PALETTE, Series, colour, fmt, line_chart, stacked_chart
-from mas.report.checklist import duration, agent_table, checklist_table, wall_seconds
-from mas.report.episodes import episode_browser
+from mas.report.checklist import agent_table, checklist_table, duration, wall_seconds
+from mas.report.episodes import MAX_SIDE, episode_browser
+from mas.report.methods import credit_level, method_of, share_note
+from mas.report.render import finite, macro, render
 from mas.report.run import RunData
 
-CSS = """
-:root { --fg:#1d1d1f; --muted:#6b6b70; --line:#d9d9de; --bg:#fafafa; }
-* { box-sizing: border-box; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg); margin: 0; background: var(--bg); }
-header { background: #fff; border-bottom: 1px solid var(--line); padding: 16px 28px; }
-header h1 { margin: 0 0 4px; font-size: 22px; }
-nav a { margin-right: 14px; color: #0a58ca; text-decoration: none; }
-main { padding: 8px 28px 40px; max-width: 1500px; }
-section { margin-top: 26px; }
-h2 { font-size: 18px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
-h3 { font-size: 15px; margin: 18px 0 6px; }
-.muted, .note { color: var(--muted); }
-.note { font-size: 12.5px; margin: 4px 0; }
-.facts { display: flex; flex-wrap: wrap; gap: 8px 22px; margin-top: 6px; }
-.facts span b { font-weight: 600; }
-.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(480px, 1fr)); gap: 14px; }
-.card { background: #fff; border: 1px solid var(--line); border-radius: 8px; margin: 0; padding: 10px 12px; }
-.card figcaption { font-weight: 600; margin-bottom: 4px; }
-.chart { width: 100%; height: auto; }
-.chart .grid, .chart line.grid { stroke: #ececf0; stroke-width: 1; }
-.chart .axis { stroke: #9a9aa0; stroke-width: 1; }
-.chart .tick { font-size: 10.5px; fill: var(--muted); }
-.chart .label { font-size: 11px; fill: var(--muted); }
-.legend { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 12px; }
-.legend-item { display: inline-flex; align-items: center; gap: 4px; }
-table { border-collapse: collapse; background: #fff; }
-table.checklist, table.agents, table.runs { width: 100%; border: 1px solid var(--line); }
-table.checklist th, table.checklist td, table.agents th, table.agents td, table.runs th, table.runs td {
-  text-align: left; vertical-align: top; padding: 7px 10px; border-bottom: 1px solid var(--line); }
-table.checklist th { width: 240px; background: #f4f4f6; }
-table.agents td, table.runs td { font-variant-numeric: tabular-nums; }
-.tag { display: inline-block; font-size: 11.5px; padding: 1px 7px; border-radius: 10px; background: #ececf0; margin-left: 6px; }
-.tag.bad { background: #fde2e1; color: #8a1c1c; }
-.tag.key { background: #dbe9fb; color: #12407a; }
-.credit-legend { display: flex; flex-wrap: wrap; align-items: center; gap: 6px; margin: 6px 0; }
-.swatch { display: inline-block; min-width: 52px; text-align: center; font-size: 11.5px; padding: 2px 4px; border: 1px solid var(--line); }
-details.episode { background: #fff; border: 1px solid var(--line); border-radius: 8px; margin: 8px 0; padding: 6px 12px; }
-details.episode > summary { cursor: pointer; display: flex; justify-content: space-between; align-items: center; gap: 12px; padding: 4px 0; }
-.ep-title { font-weight: 600; }
-.strips { display: inline-flex; gap: 2px; }
-.strip { display: inline-block; width: 14px; height: 14px; border: 1px solid #c9c9cf; }
-.question { background: #f4f4f6; padding: 8px 10px; border-radius: 6px; }
-table.heatmap { margin: 8px 0 10px; font-size: 12px; }
-table.heatmap th, table.heatmap td { border: 1px solid var(--line); padding: 3px 6px; min-width: 44px; text-align: center; }
-table.heatmap th.agent { text-align: right; background: #f4f4f6; }
-table.heatmap td.cell a { color: #111; text-decoration: none; font-variant-numeric: tabular-nums; }
-.turn { border-left: 6px solid #ccc; border-radius: 4px; margin: 8px 0; padding: 6px 10px; }
-.turn-head { display: flex; flex-wrap: wrap; align-items: baseline; gap: 4px 10px; }
-.turn-head .credit { font-weight: 600; font-variant-numeric: tabular-nums; }
-.turn pre.text { white-space: pre-wrap; word-break: break-word; margin: 6px 0; font: 12.5px/1.4 ui-monospace, SFMono-Regular, Menlo, monospace;
-  background: rgba(255,255,255,0.75); padding: 6px 8px; border-radius: 4px; }
-.answer { font-size: 12.5px; font-weight: 600; }
-.tools ol { margin: 4px 0; padding-left: 22px; }
-.tools code { font-size: 12px; }
-pre.observation { white-space: pre-wrap; margin: 2px 0 6px; font-size: 12px; background: rgba(255,255,255,0.75); padding: 4px 6px; }
-details.method { margin: 4px 0; font-size: 12.5px; }
-details.method summary { cursor: pointer; color: #0a58ca; }
-table.kv th, table.kv td { text-align: left; padding: 2px 10px 2px 0; border-bottom: 1px solid #eee; vertical-align: top; }
-table.kv pre { white-space: pre-wrap; margin: 0; max-width: 900px; }
-.cut { color: var(--muted); }
-"""
-
-
-def _page(title: str, header: str, sections: list[tuple[str, str, str]]) -> str:
-    nav = "".join(f'<a href="#{sid}">{escape(name)}</a>' for sid, name, _ in sections)
-    body = "".join(f'<section id="{sid}"><h2>{escape(name)}</h2>{html}</section>' for sid, name, html in sections)
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape(title)}</title><style>{CSS}</style></head>"
-        f"<body><header>{header}<nav>{nav}</nav></header><main>{body}</main></body></html>\n"
-    )
+MAX_WARNINGS = 20  # distinct warnings (kind and message) shown in a banner; the rest are counted
 
 
 def _smooth(n: int) -> float | None:
     """EMA weight for curves of ``n`` steps: none for short runs, smoother for long ones."""
     return None if n < 30 else max(0.05, min(0.3, 10 / n))
+
+
+def warnings_banner(run: RunData, title: str = "While training") -> str:
+    """The run's warnings (warnings.jsonl), the same kind and message once with its count and
+    steps; "" when there are none."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for w in run.warnings:
+        key = (str(w.get("kind", "warning")), str(w.get("message", "")))
+        g = groups.setdefault(key, {"kind": key[0], "message": key[1], "steps": []})
+        g["steps"].append(w.get("step"))
+    if not groups:
+        return ""
+    shown = []
+    for g in list(groups.values())[:MAX_WARNINGS]:
+        steps = sorted({s for s in g["steps"] if finite(s)})
+        n = len(g["steps"])
+        where = [f"{n} times"] if n > 1 else []
+        if steps:
+            where.append(f"step {fmt(steps[0])}" if len(steps) == 1 else f"steps {fmt(steps[0])}–{fmt(steps[-1])}")
+        message = g["message"] if len(g["message"]) <= MAX_SIDE else g["message"][:MAX_SIDE] + " …"
+        shown.append({"kind": g["kind"], "message": message, "where": ", ".join(where)})
+    return macro("tables.html.j2", "warnings")(shown, len(run.warnings), max(0, len(groups) - MAX_WARNINGS), title)
 
 
 # --- one run ---------------------------------------------------------------------------------
@@ -108,10 +63,12 @@ def _reward_chart(run: RunData) -> str:
 
 def _share_chart(run: RunData) -> str:
     xs = run.step_numbers
+    method, _ = method_of(run.info, run.config)
     series = [Series(a, xs, run.series("agents", a, "credit_share"), color=colour(i), attrs={"agent": a})
               for i, a in enumerate(run.agents)]
     return line_chart(series, "Credit share per agent", "share of positive credit", y_range=(0.0, 1.0),
-                      smooth=_smooth(len(xs)), note="Each agent's summed positive credit over the team's, per step.")
+                      smooth=_smooth(len(xs)), note=f"Each agent's summed positive credit over the team's, per step. "
+                                                   f"Under {method}: {share_note(method)}")
 
 
 def _advantage_chart(run: RunData) -> str:
@@ -156,14 +113,36 @@ POLICY_METRICS = (("loss", "loss"), ("kl", "KL to reference"), ("clip_frac", "cl
                   ("grad_norm", "gradient norm (pre-clip)"), ("lr", "learning rate"))
 
 
-def _policy_charts(run: RunData) -> list[str]:
+def terms_off(run: RunData) -> dict[str, str]:
+    """Loss terms that were off in this run, each with why: {metric key: reason}.
+
+    KL is off when ``trainer.kl_coef`` is 0 (no reference pass; the logged value is 0).  Clipping
+    is off on-policy: with one epoch per step (``ppo_epochs: 1``) and no stale rollouts
+    (``max_staleness: 0``) the new policy is the sampling one, so the ratio stays at 1 up to
+    numerics.  A term whose logged values are not all 0 is drawn anyway: it did act."""
+    trainer = run.config.get("trainer") or {}
+    off = {}
+    if not trainer.get("kl_coef", 0.0):
+        off["kl"] = "trainer.kl_coef is 0"
+    if trainer.get("ppo_epochs", 1) == 1 and not trainer.get("max_staleness", 0):
+        off["clip_frac"] = "on-policy updates (trainer.ppo_epochs 1, no stale rollouts), so the ratio stays at 1"
+    return {k: why for k, why in off.items()
+            if all(not y for p in run.policies for y in run.series("policies", p, k))}
+
+
+def _policy_charts(run: RunData) -> tuple[list[str], str]:
     xs = run.step_numbers
+    off = terms_off(run)
     out = []
     for key, label in POLICY_METRICS:
+        if key in off:
+            continue
         series = [Series(p, xs, run.series("policies", p, key), color=colour(i), attrs={"policy": p})
                   for i, p in enumerate(run.policies)]
         out.append(line_chart(series, f"Per policy: {label}", label))
-    return out
+    labels = dict(POLICY_METRICS)
+    note = "; ".join(f"{labels[k]} ({why})" for k, why in off.items())
+    return out, (f"Not drawn, because the term was off: {note}." if note else "")
 
 
 def _agent_charts(run: RunData) -> list[str]:
@@ -179,37 +158,47 @@ def _agent_charts(run: RunData) -> list[str]:
     return charts
 
 
-def _header(run: RunData) -> str:
-    method = run.config.get("credit", {}).get("method", "?")
-    facts = [f"<span><b>credit</b> {escape(method)}</span>",
-             f"<span><b>topology</b> {escape(str(run.config.get('topology', {}).get('kind', '?')))}</span>",
-             f"<span><b>agents</b> {escape(', '.join(run.agents))}</span>",
-             f"<span><b>steps</b> {len(run.steps)}</span>",
-             f"<span><b>training time</b> {duration(wall_seconds(run))}</span>"]
+def _facts(run: RunData) -> list[tuple[str, str]]:
+    method, _ = method_of(run.info, run.config)
+    facts = [("credit", method), ("topology", str((run.config.get("topology") or {}).get("kind", "?"))),
+             ("agents", ", ".join(run.agents)), ("steps", str(len(run.steps))),
+             ("training time", duration(wall_seconds(run)))]
     for when in ("before", "after"):
         if when in run.evals:
-            facts.append(f"<span><b>held-out {when} training</b> {escape(eval_summary(run.evals[when]))}</span>")
+            facts.append((f"held-out {when} training", eval_summary(run.evals[when])))
+    return facts
+
+
+def _tags(run: RunData) -> list[str]:
+    tags = []
+    stopped = run.summary.get("stopped")
+    if isinstance(stopped, dict):
+        after = stopped.get("after_step")
+        tags.append(f"stopped {'after step ' + str(after) if after is not None else 'before the first step'}: "
+                    f"{stopped.get('reason', '?')}")
     if run.skipped_lines:
-        facts.append(f'<span class="tag bad">{run.skipped_lines} unreadable log lines skipped</span>')
-    return (f"<h1>mas report: {escape(run.name)}</h1><div class=\"muted\">{escape(str(run.config.get('team', {}).get('description', '')))}</div>"
-            f'<div class="facts">{"".join(facts)}</div>')
+        tags.append(f"{run.skipped_lines} unreadable log lines skipped")
+    return tags
 
 
 def render_report(run: RunData) -> str:
-    curves = (
-        '<div class="grid">' + _reward_chart(run) + _share_chart(run) + _advantage_chart(run) + _range_chart(run)
-        + _timing_chart(run) + "".join(_agent_charts(run)) + "</div>"
-        + "<h3>Per policy</h3>" + '<div class="grid">' + "".join(_policy_charts(run)) + "</div>"
-    )
-    if not run.steps:
-        curves = '<p class="note">No training steps were recorded yet.</p>'
+    method, granularity = method_of(run.info, run.config)
+    curves = None
+    if run.steps:
+        policy, omitted = _policy_charts(run)
+        curves = {"main": [_reward_chart(run), _share_chart(run), _advantage_chart(run), _range_chart(run),
+                           _timing_chart(run), *_agent_charts(run)],
+                  "policy": policy, "omitted": omitted}
     sections = [
         ("agents", "Who earned the reward", agent_table(run)),
-        ("curves", "Curves", curves),
-        ("episodes", "Episode browser", episode_browser(run.episodes, run.agents)),
+        ("curves", "Curves", render("curves.html.j2", curves=curves)),
+        ("episodes", "Episode browser", episode_browser(run.episodes, run.agents, level=credit_level(granularity),
+                                                        granularity=granularity)),
         ("checklist", "Reporting checklist", checklist_table(run)),
     ]
-    return _page(f"mas report: {run.name}", _header(run), sections)
+    return render("report.html.j2", title=f"mas report: {run.name}", name=run.name,
+                  description=str((run.config.get("team") or {}).get("description", "")),
+                  facts=_facts(run), tags=_tags(run), banner=warnings_banner(run), sections=sections) + "\n"
 
 
 # --- several runs ----------------------------------------------------------------------------
@@ -239,27 +228,21 @@ def render_compare(runs: list[RunData]) -> str:
             per_agent.append(Series(f"{r.name} · {a}", r.step_numbers, r.series("agents", a, "reward"), color=colour(i), dash=dash, attrs=attrs))
             shares.append(Series(f"{r.name} · {a}", r.step_numbers, r.series("agents", a, "credit_share"), color=colour(i), dash=dash, attrs=attrs))
     times = [Series(r.name, r.step_numbers, r.series("time", "step"), color=colour(i), attrs={"run": r.name}) for i, r in enumerate(runs)]
-    charts = ('<div class="grid">'
-              + line_chart(team, "Team reward", "reward", smooth=smooth)
-              + line_chart(per_agent, "Reward per agent", "reward", smooth=smooth, note="Colour: run; dash pattern: agent.")
-              + line_chart(shares, "Credit share per agent", "share of positive credit", y_range=(0.0, 1.0), smooth=smooth,
-                           note="Colour: run; dash pattern: agent.")
-              + line_chart(times, "Step wall time", "seconds")
-              + "</div>")
+    methods = list(dict.fromkeys(method_of(r.info, r.config)[0] for r in runs))
+    charts = [line_chart(team, "Team reward", "reward", smooth=smooth),
+              line_chart(per_agent, "Reward per agent", "reward", smooth=smooth, note="Colour: run; dash pattern: agent."),
+              line_chart(shares, "Credit share per agent", "share of positive credit", y_range=(0.0, 1.0), smooth=smooth,
+                         note="Colour: run; dash pattern: agent."),
+              line_chart(times, "Step wall time", "seconds")]
     rows = []
     for i, r in enumerate(runs):
-        before = eval_summary(r.evals["before"]) if "before" in r.evals else "—"
-        after = eval_summary(r.evals["after"]) if "after" in r.evals else "—"
         final = _tail_mean(r.series("reward", "team"))
-        rows.append(
-            f'<tr><th><span style="color:{colour(i)}">■</span> {escape(r.name)}</th><td>{escape(str(r.path))}</td>'
-            f"<td>{escape(str(r.config.get('credit', {}).get('method', '?')))}</td><td>{len(r.steps)}</td>"
-            f"<td>{fmt(final) if final is not None else '—'}</td>"
-            f"<td>{escape(before)} → {escape(after)}</td>"
-            f"<td>{duration(wall_seconds(r))}</td></tr>"
-        )
-    table = ('<table class="runs"><tr><th>run</th><th>directory</th><th>credit</th><th>steps</th>'
-             "<th>team reward (last 10% of steps)</th><th>held-out: before → after training</th><th>training time</th></tr>"
-             + "".join(rows) + "</table>")
-    header = f"<h1>mas report: {len(runs)} runs compared</h1>"
-    return _page("mas report: comparison", header, [("runs", "Runs", table), ("curves", "Curves", charts)])
+        rows.append({"colour": colour(i), "name": r.name, "path": str(r.path), "method": method_of(r.info, r.config)[0],
+                     "steps": len(r.steps), "final": fmt(final) if final is not None else "—",
+                     "before": eval_summary(r.evals["before"]) if "before" in r.evals else "—",
+                     "after": eval_summary(r.evals["after"]) if "after" in r.evals else "—",
+                     "time": duration(wall_seconds(r)), "warnings": len(r.warnings)})
+    banners = [warnings_banner(r, title=f"Run {r.name}") for r in runs]
+    runs_html = macro("tables.html.j2", "runs")(rows, [(m, share_note(m)) for m in methods])
+    return render("compare.html.j2", title="mas report: comparison", count=len(runs), banners=[b for b in banners if b],
+                  sections=[("runs", "Runs", runs_html), ("curves", "Curves", render("curves.html.j2", curves={"main": charts}))]) + "\n"

@@ -26,6 +26,7 @@ class RunData:
     summary: dict[str, Any]
     skipped_lines: int = 0  # unreadable lines (a run killed mid-write leaves a partial last line)
     agents: list[str] = field(default_factory=list)  # the team's agents, in config order
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # warnings.jsonl: {"step", "kind", "message"}
 
     def series(self, *keys: str) -> list[float | None]:
         """One value per step under the nested ``keys`` (None where a step lacks it)."""
@@ -76,6 +77,7 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
         raise NotARunError(f"{path}: no metrics.jsonl there; is it a run directory written by `mas train`?")
     rows, bad = _read_jsonl(path / "metrics.jsonl")
     episodes, bad_ep = _read_jsonl(path / "episodes.jsonl")
+    warnings, bad_warn = _read_jsonl(path / "warnings.jsonl")
     steps = sorted((r for r in rows if "step" in r and "eval" not in r), key=lambda r: r["step"])
     evals = {r["eval"]: r for r in rows if "eval" in r}
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
@@ -86,4 +88,4 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
         agents += [a for a in m.get("agents", {}) if a not in agents]
     team = config.get("team", {}).get("name", path.name)
     return RunData(path=path, name=name or team, config=config, steps=steps, evals=evals, episodes=episodes,
-                   info=info, summary=summary, skipped_lines=bad + bad_ep, agents=agents)
+                   info=info, summary=summary, skipped_lines=bad + bad_ep + bad_warn, agents=agents, warnings=warnings)

@@ -67,6 +67,9 @@ def test_no_block_is_no_call():
         ('<tool_call>{"name": "search", "arguments": {"query": "  "}}</tool_call>', "non-empty string"),
         ('<tool_call>{"name": "read", "arguments": {"title": "Lyon"}}</tool_call>', "no paragraph titled 'Lyon'"),
         ('<tool_call>{"name": "read", "arguments": {"title": "boom"}}</tool_call>', "read failed: RuntimeError: index corrupted"),
+        ('<tool_call>{"name": "search", "arguments": ' + "[" * 100_000 + "</tool_call>", "nested too deeply"),  # used to raise
+        ("<tool_call>```json\n" + " \n" * 5_000 + "}</tool_call>", "not valid JSON"),  # an unclosed fence: linear time
+        ('<tool_call>```json\n{"name": "search", "arguments": {"query": "x"}}', "no closing </tool_call>"),
     ],
 )
 def test_every_malformed_call_gives_an_explanatory_observation(text, error):
@@ -90,3 +93,26 @@ def test_prompt_lists_signatures_format_and_budget():
 def test_results_message_wraps_each_observation_and_counts_down():
     assert tool_results_message(["a", "b"], 2) == "<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response>\n(tool calls left: 2)"
     assert tool_results_message(["a"], 0).endswith("You have used all your tool calls. Reply now, without a tool call.")
+
+
+def test_a_fence_around_the_json_is_tolerated_and_only_a_whole_fence_counts():
+    [(ok, _)] = run('<tool_call>```json {"name": "search", "arguments": {"query": "x"}} ```</tool_call>')
+    [(plain, _)] = run('<tool_call>```{"name": "search", "arguments": {"query": "x"}}```</tool_call>')
+    [(half, _)] = run('<tool_call>```json {"name": "search", "arguments": {"query": "x"}}</tool_call>')
+    assert ok["valid"] and plain["valid"] and not half["valid"]
+    [(empty, _)] = run("<tool_call>``````</tool_call>")
+    assert "empty" in empty["error"]
+
+
+def test_a_message_with_more_blocks_than_the_limit_reads_the_first_ones_and_one_error():
+    from mas.agents.tools import MAX_BLOCKS
+
+    calls = parse_tool_calls('<tool_call>{"name": "read", "arguments": {"title": "Paris"}}</tool_call>' * 100_000)
+    assert len(calls) == MAX_BLOCKS + 1 and all(c.name == "read" for c in calls[:MAX_BLOCKS])
+    assert "more than" in calls[-1].error
+
+
+def test_a_tool_that_returns_something_other_than_text_is_an_error():
+    tools = {"n": ToolSpec("n", "a number", (), lambda: 7)}
+    [(record, obs)] = [run_tool_call(c, tools) for c in parse_tool_calls('<tool_call>{"name": "n"}</tool_call>')]
+    assert not record["valid"] and record["fault"] == "tool_error" and "returned int" in obs

@@ -15,7 +15,10 @@ from mas.backends.openai_compat import ChatOnlyTokenizer, EndpointError, OpenAIC
 
 
 class ChatServer:
-    """A local /v1/chat/completions endpoint; ``respond(body) -> (status, payload)`` is set per test."""
+    """A local /v1/chat/completions endpoint; ``respond(body) -> (status, payload)`` is set per test.
+
+    ``payload`` may also be a callable ``write(handler)`` that writes the raw reply itself
+    (for replies that trickle or never end)."""
 
     def __init__(self):
         self.calls: list[dict] = []  # {"path", "headers", "body"}
@@ -30,6 +33,12 @@ class ChatServer:
                 with server.lock:
                     server.calls.append({"path": self.path, "headers": dict(self.headers), "body": body})
                 status, payload = server.respond(body)
+                if callable(payload):
+                    try:
+                        payload(self)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 try:
                     self.send_response(status)
@@ -159,6 +168,80 @@ def test_a_timeout_is_an_endpoint_error(server):
         OpenAICompatBackend(server.base_url, "m", timeout_s=0.1, max_retries=0).generate_batch([request()])
 
 
+# --- endpoint faults: bounded retries, then one clear error naming the endpoint -----------------------
+
+
+def _hang(handler):
+    time.sleep(3)  # far past the client's limit (bounded, so the server thread ends)
+
+
+def _trickle(handler):
+    """Headers at once, then one byte every 50 ms: no single read waits past the limit."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", "100000")
+    handler.end_headers()
+    for _ in range(200):
+        handler.wfile.write(b" ")
+        handler.wfile.flush()
+        time.sleep(0.05)
+
+
+def _huge(handler):
+    from mas.backends.openai_compat import MAX_REPLY_BYTES
+
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.end_headers()
+    chunk = b" " * 65536
+    for _ in range(MAX_REPLY_BYTES // len(chunk) + 2):
+        handler.wfile.write(chunk)
+
+
+@pytest.mark.parametrize(
+    "fault, payload, message",
+    [
+        ("500s", (500, {"error": "internal"}), "HTTP 500"),
+        ("malformed JSON", (200, b'{"choices": [{"message": '), "reply is not JSON"),
+        ("empty choices", (200, {"choices": []}), "no choices"),
+        ("no content", (200, {"choices": [{"message": {"role": "assistant"}}]}), "no choices"),
+        ("hang", (200, _hang), "timeout"),
+        ("trickle", (200, _trickle), "timeout"),
+    ],
+)
+def test_endpoint_faults_are_retried_a_bounded_number_of_times_then_name_the_endpoint(server, fault, payload, message):
+    server.respond = lambda body: payload
+    backend = OpenAICompatBackend(server.base_url, "m", timeout_s=0.3, max_retries=2, retry_backoff_s=0.01)
+    with pytest.raises(EndpointError) as info:
+        backend.generate_batch([request()])
+    text = str(info.value)
+    assert backend.url in text and message in text and "after 3 attempts" in text, text
+    assert len(server.calls) == 3  # one attempt and two retries, no more
+
+
+def test_a_reply_larger_than_the_limit_is_refused_without_retries(server):
+    server.respond = lambda body: (200, _huge)
+    with pytest.raises(EndpointError, match="larger than"):
+        OpenAICompatBackend(server.base_url, "m", timeout_s=30, max_retries=2, retry_backoff_s=0.01).generate_batch([request()])
+    assert len(server.calls) == 1
+
+
+def test_a_closed_port_is_a_bounded_endpoint_error():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on (bound, never listening)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(EndpointError, match=rf"127\.0\.0\.1:{port}/v1/chat/completions: Connect.*after 2 attempts"):
+            OpenAICompatBackend(f"http://127.0.0.1:{port}/v1", "m", timeout_s=1, max_retries=1, retry_backoff_s=0.01).generate_batch([request()])
+
+
+def test_a_transient_fault_that_clears_costs_only_a_retry(server):
+    replies = iter([(200, b"garbage"), (200, {"choices": []}), (200, reply("fine"))])
+    server.respond = lambda body: next(replies)
+    assert OpenAICompatBackend(server.base_url, "m", max_retries=2, retry_backoff_s=0.01).generate_batch([request()])[0].text == "fine"
+
+
 def test_requests_without_messages_and_training_are_refused():
     backend = OpenAICompatBackend("http://127.0.0.1:9/v1", "m")
     with pytest.raises(ValueError, match="no chat messages"):
@@ -280,3 +363,68 @@ def test_a_remote_critic_from_yaml_trains_a_team_step(server, tiny_model_dir, tm
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match="kind: frozen"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    "fault, payload",
+    [("500s", (500, {"error": "overloaded"})), ("malformed JSON", (200, b"{not json")), ("empty choices", (200, {"choices": []})),
+     ("hang", (200, _hang))],
+)
+def test_a_failing_critic_endpoint_never_stops_training(server, tiny_model_dir, tmp_path, fault, payload):
+    """Every critique fails (after its bounded retries): each falls back to MAPPA's score 5, the
+    run finishes, every failed critique is a counted fault, and the warning names the endpoint."""
+    import math
+
+    from mas.config import validate_config
+    from mas.team import build_team
+    from mas.trainer import train
+
+    server.respond = lambda body: payload
+    cfg = validate_config({
+        "team": {"name": "remote-critic"},
+        "policies": {
+            "main": {"model": str(tiny_model_dir), "device": "cpu", "optim": {"lr": 1e-2}},
+            "coach": {"kind": "frozen", "backend": "openai", "model": "judge-model",
+                      "endpoint": {"base_url": server.base_url, "timeout_s": 0.3, "max_retries": 1, "retry_backoff_s": 0.01}},
+        },
+        "agents": [
+            {"name": "lead", "policy": "main", "role": "You lead.", "sampling": {"max_new_tokens": 4}},
+            {"name": "helper", "policy": "main", "role": "You help.", "sampling": {"max_new_tokens": 4}},
+        ],
+        "topology": {"kind": "chain", "sequence": ["lead", "helper"]},
+        "env": {"name": "synthetic_math", "num_ops": 1},
+        "credit": {"method": "critic", "critic": "coach"},
+        "trainer": {"steps": 2, "batch_size": 1, "group_size": 2, "eval_size": 0},
+        "logging": {"progress": False},
+    })
+    team = build_team(cfg)
+    train(team, tmp_path / "run")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        critiques = r["credit_cost"]["critiques"]  # 4 first-round critiques and 4 format retries
+        assert critiques == 8 and r["faults"]["critic_error"] == critiques
+        assert r["credit"]["fallbacks"] == 4 and math.isfinite(r["policies"]["main"]["loss"])
+    assert len(server.calls) == 2 * 8 * 2  # every critique tried twice (one retry), no more
+    warnings = [json.loads(line) for line in (tmp_path / "run" / "warnings.jsonl").read_text().splitlines()]
+    assert {w["kind"] for w in warnings} == {"fault.critic_error"}
+    assert all(server.base_url in w["message"] and "after 2 attempts" in w["message"] for w in warnings)
+
+
+def test_one_failed_request_fails_alone_and_nothing_is_sent_twice(server, tiny_tokenizer):
+    """Requests to an endpoint fail one by one (BatchError): the others keep their replies, the
+    scripted policy's requests in the same batch are not repeated, and no request is re-sent."""
+    from mas.backends.base import BatchError
+    from mas.backends.scripted import ScriptedBackend
+
+    server.respond = lambda body: (500, {"error": "x"}) if body["messages"][-1]["content"] == "bad" else (200, reply("ok"))
+    scripted = ScriptedBackend(lambda req: "local", {"main": tiny_tokenizer})
+    routed = RoutedBackend({"main": scripted, "judge": OpenAICompatBackend(server.base_url, "m", max_retries=1, retry_backoff_s=0.01)})
+    reqs = [request("good", policy="judge"), request("bad", policy="judge"), request("x", policy="main")]
+    with pytest.raises(BatchError) as info:
+        routed.generate_batch(reqs)
+    results, errors = info.value.results, info.value.errors
+    assert [r.text if r else None for r in results] == ["ok", None, "local"]
+    assert errors[0] is None and isinstance(errors[1], EndpointError) and errors[2] is None
+    assert sorted(c["body"]["messages"][-1]["content"] for c in server.calls) == ["bad", "bad", "good"]  # one retry, once
+    assert scripted.calls == 1

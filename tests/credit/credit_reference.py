@@ -11,17 +11,10 @@ import math
 import random
 from collections import defaultdict
 
-import torch
-
 from mas.types import Episode, EpisodeGroup, Task, Turn
 
 
 # --- builders ---------------------------------------------------------------------------
-
-
-def f32(x: float) -> float:
-    """``x`` rounded to float32, the precision CreditBatch stores rewards in."""
-    return float(torch.tensor(x, dtype=torch.float32))
 
 
 def make_turn(agent: str, index: int, *, valid: bool = True, trainable: bool = True, extra: dict | None = None) -> Turn:
@@ -87,7 +80,7 @@ def random_groups(
             n = rng.randint(min_turns, max_turns)
             turns = [make_turn(rng.choice(agent_names), t, valid=rng.random() >= p_invalid, trainable=rng.random() < 0.8) for t in range(n)]
             reward = rng.choice([0.0, 0.1, 0.5, 0.9, 1.0]) if discrete else rng.uniform(-1.0, 2.0)
-            episodes.append(Episode(task=task, group_id=b, sample_id=i, seed=1000 * b + i, turns=turns, reward=f32(reward)))
+            episodes.append(Episode(task=task, group_id=b, sample_id=i, seed=1000 * b + i, turns=turns, reward=reward))
         groups.append(EpisodeGroup(task=task, episodes=episodes))
     return groups
 
@@ -96,9 +89,10 @@ def random_groups(
 
 
 def ref_mean_std(xs: list[float]) -> tuple[float, float]:
-    """verl's per-group statistics: ddof-1 std; a group of one gets mean 0 and std 1."""
-    if len(xs) == 1:
-        return 0.0, 1.0
+    """Per-group statistics: ddof-1 std; a group of one gets its own value as mean and std 0
+    (so it normalises to 0, like a constant group)."""
+    if len(set(xs)) == 1:  # one value, or all equal: no spread
+        return xs[0], 0.0
     mu = sum(xs) / len(xs)
     sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
     return mu, sd
@@ -109,9 +103,13 @@ def ref_apply(x: float, mu: float, sd: float, scale_by_std: bool, eps: float) ->
 
 
 def ref_normalise(kind: str, values: list[float], group_ids: list[int], agent_ids: list[int], scale_by_std: bool = True, eps: float = 1e-6) -> list[float]:
-    """Reference of the four normalisers on flat lists."""
+    """Reference of the five normalisers on flat lists."""
     if kind == "none":
         return list(values)
+    if kind == "group_batch_std":  # centre per group, divide by one ddof-1 std over all values
+        _, sd = ref_mean_std(values)
+        means = {g: ref_mean_std([v for v, h in zip(values, group_ids) if h == g])[0] for g in set(group_ids)}
+        return [ref_apply(v, means[g], sd, scale_by_std, eps) for v, g in zip(values, group_ids)]
     if kind == "global":
         keys = [0] * len(values)
     elif kind == "group":
@@ -220,7 +218,8 @@ def ref_pipeline(
     """Per-turn advantages of ``method`` + ``normaliser``, by nested loops.
 
     none: the raw turn score; group: per task, stats over the episodes' scores, each turn gets
-    its episode's value; global: stats over every turn of the batch; agent: per (task, agent)
+    its episode's value; group_batch_std: the group's mean, the std of every episode score of
+    the batch; global: stats over every turn of the batch; agent: per (task, agent)
     stats over that agent's turns.  dr_grpo never divides by the std."""
     if method == "dr_grpo":
         scale_by_std = False
@@ -228,9 +227,11 @@ def ref_pipeline(
     out: list[float] = []
     if normaliser == "none":
         return [x for b in turn for ep in b for x in ep]
-    if normaliser == "group":
+    if normaliser in ("group", "group_batch_std"):
+        _, batch_sd = ref_mean_std([x for b in episode for x in b])
         for b, g in enumerate(groups):
             mu, sd = ref_mean_std(episode[b])
+            sd = batch_sd if normaliser == "group_batch_std" else sd
             for i, ep in enumerate(g.episodes):
                 out += [ref_apply(episode[b][i], mu, sd, scale_by_std, eps)] * len(ep.turns)
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from pydantic import ValidationError
 import torch
 from credit_reference import make_group, random_groups
 
@@ -87,7 +88,7 @@ def test_episode_without_turns_counts_in_its_group():
 # --- [T] properties ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cfg", [GRPOConfig(), DrGRPOConfig(), RLOOConfig(), GRPOConfig(eps=0.0)], ids=["grpo", "dr_grpo", "rloo", "grpo-eps0"])
+@pytest.mark.parametrize("cfg", [GRPOConfig(), DrGRPOConfig(), RLOOConfig(), GRPOConfig(eps=1e-300)], ids=["grpo", "dr_grpo", "rloo", "grpo-tiny-eps"])
 @pytest.mark.parametrize("value", [0.9, 0.3, 1.0, 0.0])
 def test_identical_rewards_give_exact_zeros(cfg, value):
     """[T] §10 row 1.  0.9 x 3 and 0.3 x 7 leave float32 rounding residue in a naive mean,
@@ -148,15 +149,22 @@ def test_dr_grpo_equals_grpo_without_std():
     )
 
 
-def test_singleton_group_returns_the_raw_reward():
-    """[T] verl quirk: a group of one gets mean 0 and std 1, so A = R/(1 + eps), not 0.
-    eps = 0.5 makes the (std = 1) + eps denominator visible."""
+def test_singleton_group_gives_zero():
+    """A group of one episode has no comparison: 0, like a zero-variance group (verl would
+    return R/(1 + eps)); mean = the value, std = 0 in the breakdown.  eps = 0.5 would make a
+    (std = 1) + eps denominator visible."""
     batch = _one_turn_group([0.7])
-    torch.testing.assert_close(run_credit(batch, GRPOConfig()).advantages, torch.tensor([0.7 / (1 + EPS)]))
-    torch.testing.assert_close(run_credit(batch, GRPOConfig(eps=0.5)).advantages, torch.tensor([0.7 / (1 + 0.5)]))
-    torch.testing.assert_close(run_credit(batch, DrGRPOConfig()).advantages, torch.tensor([0.7]))
-    # RLOO of a lone episode has no baseline sample: defined as 0
-    assert torch.equal(run_credit(batch, RLOOConfig()).advantages, torch.zeros(1))
+    for cfg in (GRPOConfig(), GRPOConfig(eps=0.5), DrGRPOConfig(), RLOOConfig()):
+        credit = run_credit(batch, cfg, dtype=torch.float64)
+        assert torch.equal(credit.advantages, torch.zeros(1, dtype=torch.float64)), cfg
+    grpo = run_credit(batch, GRPOConfig(), dtype=torch.float64).breakdown
+    assert grpo["norm_mean"].tolist() == [0.7] and grpo["norm_std"].tolist() == [0.0]
+
+
+@pytest.mark.parametrize("cls", [GRPOConfig, DrGRPOConfig, RLOOConfig])
+def test_eps_zero_is_a_config_error(cls):
+    with pytest.raises(ValidationError, match="greater than 0"):
+        cls(eps=0.0)
 
 
 def test_groups_are_normalised_separately():

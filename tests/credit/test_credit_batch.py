@@ -23,7 +23,7 @@ def test_every_field_on_a_hand_built_batch():
     batch = build_credit_batch(_groups(), ["solver", "verifier"])
     assert batch.num_episodes == 4 and batch.num_turns == 6
     assert batch.episode_rewards.tolist() == [1.0, 0.0, 0.5, 0.25]
-    assert batch.episode_rewards.dtype == torch.float32
+    assert batch.episode_rewards.dtype == torch.float64  # credit arithmetic is float64 end to end
     assert batch.episode_group_ids.tolist() == [0, 0, 1, 1]
     # turns: g0e0 [solver, verifier], g0e1 [solver], g1e0 [], g1e1 [verifier, verifier, solver]
     assert batch.episode_ids.tolist() == [0, 0, 1, 3, 3, 3]

@@ -10,7 +10,7 @@ import random
 import pytest
 from team_helpers import dyad_config
 import torch
-from credit_reference import f32, make_group, random_groups
+from credit_reference import make_group, random_groups
 from pydantic import TypeAdapter, ValidationError
 
 from mas.agents.agent import build_agents
@@ -65,8 +65,11 @@ def grpo_pop(values: list[float]) -> list[float]:
 # --- slow reference ----------------------------------------------------------------------------
 
 
-def ref_c3(groups: list[EpisodeGroup], results: dict, fanout: tuple[int, ...], baseline: str = "loo", std_norm: bool = True) -> list[float]:
-    """C3 straight from CREDIT_SPEC §5.2 over the nested episodes, one loop per node."""
+def ref_c3(groups: list[EpisodeGroup], results: dict, fanout: tuple[int, ...], baseline: str = "loo", std_norm: bool = True,
+           no_replay: bool = False) -> list[float]:
+    """C3 straight from CREDIT_SPEC §5.2 over the nested episodes, one loop per node.  With
+    ``no_replay`` a depth-d (d >= 1) sibling group is every depth-d node of the task (C3's
+    c3_no_replay: the parent is ignored): the recorded nodes and their replays."""
     D = len(fanout)
     flat = [(b, ep) for b, g in enumerate(groups) for ep in g.episodes]
 
@@ -102,6 +105,10 @@ def ref_c3(groups: list[EpisodeGroup], results: dict, fanout: tuple[int, ...], b
             if d == 0:
                 members = [e2 for e2, (b2, ep2) in enumerate(flat) if b2 == b and ep2.turns]
                 adv.append(credits([q_rec(e2, 0) for e2 in members])[members.index(e)])
+            elif no_replay:
+                members = [e2 for e2, (b2, ep2) in enumerate(flat) if b2 == b and len(ep2.turns) > d]
+                values = [q_rec(e2, d) for e2 in members] + [r for e2 in members for r in replays(e2, d)]
+                adv.append(credits(values)[members.index(e)])
             else:
                 adv.append(credits([q_rec(e, d)] + replays(e, d))[0])
     return adv
@@ -129,8 +136,22 @@ def test_vectorised_equals_reference_on_random_ragged_trees(seed, fanout_tail, b
     cfg = C3Config(fanout=(G, *fanout_tail), baseline=baseline, std_norm=std_norm)
     requests = plan_credit(groups, cfg)
     results = random_results(requests, seed)
-    got = run_credit(build_credit_batch(groups, ["a", "b", "c"]), cfg, results).advantages
-    torch.testing.assert_close(got, torch.tensor(ref_c3(groups, results, cfg.fanout, baseline, std_norm), dtype=torch.float32), atol=1e-5, rtol=1e-5)
+    got = run_credit(build_credit_batch(groups, ["a", "b", "c"]), cfg, results, dtype=torch.float64).advantages
+    torch.testing.assert_close(got, torch.tensor(ref_c3(groups, results, cfg.fanout, baseline, std_norm), dtype=torch.float64), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("fanout_tail", [(1,), (3,), (2, 3), (1, 1)])
+@pytest.mark.parametrize("baseline,std_norm", [("loo", True), ("full_mean", False)])
+def test_no_replay_equals_reference(seed, fanout_tail, baseline, std_norm):
+    G = 2 + seed % 3
+    groups = random_groups(seed, 3, G, 5, ["a", "b", "c"], min_turns=0)
+    cfg = C3Config(fanout=(G, *fanout_tail), baseline=baseline, std_norm=std_norm, no_replay=True)
+    requests = plan_credit(groups, cfg)
+    results = random_results(requests, seed)
+    got = run_credit(build_credit_batch(groups, ["a", "b", "c"]), cfg, results, dtype=torch.float64).advantages
+    want = ref_c3(groups, results, cfg.fanout, baseline, std_norm, no_replay=True)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), atol=1e-10, rtol=1e-10)
 
 
 # --- the plan ---------------------------------------------------------------------------------
@@ -180,7 +201,7 @@ def test_loo_credits_sum_to_zero_and_equal_scaled_centring(rewards):
     n = len(rewards)
     groups = chain_groups([rewards], agents=("reasoner",))
     credit = run(groups, C3Config(fanout=(n,), std_norm=False))
-    r = [f32(x) for x in rewards]
+    r = [float(x) for x in rewards]
     mean = sum(r) / n
     expected = [r[j] - sum(r[k] for k in range(n) if k != j) / (n - 1) for j in range(n)]
     torch.testing.assert_close(credit.advantages, torch.tensor(expected))
@@ -209,7 +230,7 @@ def test_reward_only_with_std_norm_is_grpo_with_population_std_per_sibling_group
     inside the sqrt, which the factor rescales: hence the relative tolerance)."""
     rng = random.Random(seed)
     G, F1 = rng.randint(2, 5), rng.randint(2, 5)
-    rewards = [[f32(rng.choice([0.0, 0.5, 1.0, rng.uniform(-1, 1)])) for _ in range(G)] for _ in range(2)]
+    rewards = [[float(rng.choice([0.0, 0.5, 1.0, rng.uniform(-1, 1)])) for _ in range(G)] for _ in range(2)]
     groups = chain_groups(rewards)
     cfg = C3Config(fanout=(G, F1))
     reqs = plan_credit(groups, cfg)
@@ -234,17 +255,39 @@ def test_a_constant_sibling_group_gives_zero():
             assert c.advantages.tolist() == [0.0] * 6
 
 
-def test_flat_fanout_k_1_gives_actor_groups_of_one_and_zero_actor_credit():
-    """§5.7: (K, 1) is the no-replay ablation; the reasoner is then GRPO (population std) over K."""
+def test_flat_fanout_k_1_pools_actor_siblings_across_parents_as_c3_no_replay():
+    """§5.7: (K, 1) is the no-replay ablation.  C3's code (c3_no_replay) collapses the parent id
+    at depth >= 1, so the K actor nodes of a question form ONE sibling group instead of K
+    groups of one (which would give every actor 0).  Reasoner and actor nodes both hold the
+    leaf reward here, so both are GRPO (population std) over the K rewards."""
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]
     groups = chain_groups([rewards])
     cfg = C3Config(fanout=(8, 1))
-    assert plan_credit(groups, cfg) == []
+    assert cfg.no_replay is None and plan_credit(groups, cfg) == []
     c = run(groups, cfg, {})
     adv = c.advantages.view(8, 2)
-    assert adv[:, 1].tolist() == [0.0] * 8
-    assert c.breakdown["sibling_count"].view(8, 2)[:, 1].tolist() == [1] * 8
     assert adv[:, 0].tolist() == pytest.approx(grpo_pop(rewards), abs=1e-6)
+    assert adv[:, 1].tolist() == pytest.approx(grpo_pop(rewards), abs=1e-6)
+    assert c.breakdown["sibling_count"].view(8, 2)[:, 1].tolist() == [8] * 8
+    # the per-parent reading (no_replay: false) gives actor groups of one and zero actor credit
+    per_parent = run(groups, C3Config(fanout=(8, 1), no_replay=False), {})
+    assert per_parent.advantages.view(8, 2)[:, 1].tolist() == [0.0] * 8
+    assert per_parent.breakdown["sibling_count"].view(8, 2)[:, 1].tolist() == [1] * 8
+
+
+def test_no_replay_pools_replayed_siblings_across_parents():
+    """no_replay with replays (fanout (2, 3)): each task's depth-1 group holds both episodes'
+    recorded actors and their 2 replays each: 6 nodes, LOO over all of them (C3: a depth-d group
+    holds prod(fanout[:d+1]) nodes)."""
+    groups = chain_groups([[1.0, 0.0]])
+    cfg = C3Config(fanout=(2, 3), no_replay=True, std_norm=False)
+    reqs = plan_credit(groups, cfg)
+    replay_rewards = {reqs[0].key: [1.0, 0.0], reqs[1].key: [0.0, 0.0]}  # replays of episode 0 and of episode 1
+    c = run(groups, cfg, fake_results(reqs, replay_rewards))
+    adv = c.advantages.view(2, 2)
+    # depth 1 pool: recorded [1, 0] + replays [1, 0, 0, 0]; LOO of the recorded actor of episode 0: 1 - (0+1+0+0+0)/5
+    assert adv[0, 1].item() == pytest.approx(1 - 1 / 5) and adv[1, 1].item() == pytest.approx(0 - 2 / 5)
+    assert c.breakdown["sibling_count"].view(2, 2)[:, 1].tolist() == [6, 6]
 
 
 # --- other behaviour --------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import random
 import pytest
 from team_helpers import dyad_config as _dyad
 import torch
-from credit_reference import f32, make_group, random_groups
+from credit_reference import make_group, random_groups
 from pydantic import TypeAdapter, ValidationError
 
 from mas.agents.agent import build_agents
@@ -55,14 +55,12 @@ def solo_results(groups, cfg, solo: list[float] | dict[str, list[float]], failed
             for r in reqs}
 
 
-def credit_of(groups, cfg, results, agents=AGENTS):
-    return run_credit(build_credit_batch(groups, agents), cfg, results)
+def credit_of(groups, cfg, results, agents=AGENTS, dtype=torch.float32):
+    return run_credit(build_credit_batch(groups, agents), cfg, results, dtype=dtype)
 
 
 def seg_stats(xs: list[float]) -> tuple[float, float]:
-    """verl's statistics with the project's exact-constant rule: ddof 1, singleton (0, 1), constant (x, 0)."""
-    if len(xs) == 1:
-        return 0.0, 1.0
+    """The project's statistics: ddof 1; a singleton or a constant segment (x, 0), so it gives 0."""
     if all(x == xs[0] for x in xs):
         return xs[0], 0.0
     mu = sum(xs) / len(xs)
@@ -193,8 +191,8 @@ def test_v2_vectorised_equals_reference(seed, opts):
     groups = random_groups(seed, 3, 4, 4, ["a", "b", "c"], min_turns=0, ragged_groups=True)
     cfg = CCPOConfig(**opts)
     results = random_solo(groups, cfg, seed)
-    got = credit_of(groups, cfg, results, ["a", "b", "c"]).advantages
-    torch.testing.assert_close(got, torch.tensor(ref_ccpo_v2(groups, results, cfg), dtype=torch.float32), atol=1e-5, rtol=1e-5)
+    got = credit_of(groups, cfg, results, ["a", "b", "c"], dtype=torch.float64).advantages
+    torch.testing.assert_close(got, torch.tensor(ref_ccpo_v2(groups, results, cfg), dtype=torch.float64), atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -205,9 +203,9 @@ def test_v1_vectorised_equals_reference_over_consecutive_steps(seed, opts):
     for step in range(4):  # crosses the warm-up boundary
         groups = random_groups(100 * seed + step, 2, 4, 3, ["a", "b"], min_turns=0, ragged_groups=True)
         results = random_solo(groups, cfg, 100 * seed + step)
-        got = credit_of(groups, cfg, results, ["a", "b"]).advantages
+        got = credit_of(groups, cfg, results, ["a", "b"], dtype=torch.float64).advantages
         expected = ref_ccpo_v1(groups, results, cfg, hist)
-        torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float32), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), atol=1e-10, rtol=1e-10)
         assert ccpo_mod.history(cfg).count == hist.count
 
 
@@ -299,7 +297,7 @@ def test_v2_hand_example():
 def test_lambda_zero_gives_both_roles_the_joint_reward(seed):
     """§6.7 / §10 row 16: λ = 0 -> r_thinker = r_solver = R_joint, so both roles get the same advantage."""
     rng = random.Random(seed)
-    groups = dyad_groups([[f32(rng.choice([0.0, 1.0])) for _ in range(4)] for _ in range(2)])
+    groups = dyad_groups([[float(rng.choice([0.0, 1.0])) for _ in range(4)] for _ in range(2)])
     cfg = CCPOConfig(lam=0.0)
     c = credit_of(groups, cfg, solo_results(groups, cfg, [rng.choice([0.0, 1.0]) for _ in range(8)]))
     rj = torch.tensor([2 * ep.reward - 1 for g in groups for ep in g.episodes])

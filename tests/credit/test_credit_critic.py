@@ -242,7 +242,7 @@ def test_longer_responses_weigh_more_than_in_sequence_weighted_normalisation():
     tok = token_weighted_whiten(values, agents, torch.tensor([1, 3]))
     seq = token_weighted_whiten(values, agents, torch.tensor([1, 1]))
     assert tok.mean.tolist() == [0.75, 0.75] and seq.mean.tolist() == [0.5, 0.5]
-    torch.testing.assert_close(seq.values, torch.tensor([-1.0, 1.0]) / (1 + 2 * EPS), rtol=1e-6, atol=1e-6)  # population std 1/2
+    torch.testing.assert_close(seq.values, torch.tensor([-1.0, 1.0], dtype=torch.float64) / (1 + 2 * EPS), rtol=1e-6, atol=1e-6)  # population std 1/2
     assert abs(float(tok.values[0])) > abs(float(tok.values[1]))  # the short turn is the outlier now
     # equal lengths of any size are sequence weighting
     torch.testing.assert_close(token_weighted_whiten(values, agents, torch.tensor([7, 7])).values, seq.values)
@@ -258,7 +258,7 @@ def test_global_token_weighted_mean_zero_and_population_std_one_per_agent(seed):
     set_lengths(groups, [rng.randint(1, 40) for _ in range(n)])
     reply = lambda req: f"PROCESS_SCORE: {rng.choice([0, 1.5, 3, 5, 7.25, 9, 10])}"
     batch = build_credit_batch(groups, agents)
-    credit = run_credit(batch, mappa(eps=0.0), answer(groups, mappa(), reply))
+    credit = run_credit(batch, mappa(eps=1e-300), answer(groups, mappa(), reply))
     L = batch.completion_lengths.double()
     checked = 0
     for k in range(len(agents)):
@@ -348,7 +348,7 @@ def test_turns_without_tokens_get_zero_and_weigh_nothing():
     out = token_weighted_whiten(torch.tensor([0.0, 1.0, 0.0, 1.0, 5.0]), torch.tensor([0, 0, 1, 1, 1]), torch.tensor([0, 0, 1, 3, 0]))
     assert out.values[:2].tolist() == [0.0, 0.0] and out.values[4] == 0.0
     sd = math.sqrt(3) / 4
-    torch.testing.assert_close(out.values[2:4], torch.tensor([-0.75 / (sd + EPS), 0.25 / (sd + EPS)]))
+    torch.testing.assert_close(out.values[2:4], torch.tensor([-0.75 / (sd + EPS), 0.25 / (sd + EPS)], dtype=torch.float64))
 
 
 # --- mappa: slow reference ------------------------------------------------------------------------------
@@ -515,12 +515,69 @@ def test_renormalised_credits_sum_to_the_outcome(seed):
     assert not torch.allclose(raw_sums, batch.episode_rewards.double())
 
 
+def ref_llm_mca_credit(groups, replies: dict, cancel_tol: float = 0.1) -> list[float]:
+    """LLM-MCA's repaired per-turn credit by loops: parse, then rescale (|Σc| >= tol·Σ|c|) or shift."""
+    out = []
+    e = 0
+    for g in groups:
+        for ep in g.episodes:
+            T = len(ep.turns)
+            if T == 0:
+                e += 1
+                continue
+            try:
+                obj = json.loads(replies[f"critic/{e}"])
+                per = {}
+                for t in ep.turns:
+                    per.setdefault(t.agent, 0)
+                    per[t.agent] += 1
+                assert set(obj) == set(per) and all(len(obj[a]) == n for a, n in per.items())
+                seen: dict[str, int] = {}
+                c = []
+                for t in ep.turns:
+                    c.append(float(obj[t.agent][seen.get(t.agent, 0)]))
+                    seen[t.agent] = seen.get(t.agent, 0) + 1
+            except (ValueError, AssertionError, KeyError):
+                out += [ep.reward / T] * T  # fallback R/T
+                e += 1
+                continue
+            S, M = sum(c), sum(abs(x) for x in c)
+            if M > 0 and abs(S) >= cancel_tol * M:
+                out += [x * ep.reward / S for x in c]
+            else:
+                out += [x + (ep.reward - S) / T for x in c]
+            e += 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("tol", [0.1, 0.5])
+def test_llm_mca_repair_matches_the_reference(seed, tol):
+    """Random decompositions, many of them nearly cancelling, and some garbage replies."""
+    rng = random.Random(seed)
+    agents = ["a", "b", "c"]
+    groups = random_groups(seed, 3, 4, 5, agents, min_turns=0)
+    cfg = llm_mca(normaliser="none", cancel_tol=tol)
+
+    def reply(req):
+        if rng.random() < 0.15:
+            return "garbage"
+        return json.dumps({a: [rng.choice([1.0, -1.0]) * rng.uniform(0.5, 1.5) for _ in v] for a, v in json_shape(req).items()})
+
+    batch = build_credit_batch(groups, agents)
+    results = answer(groups, cfg, reply)
+    replies = {k: v[0] for k, v in results.items()}
+    got = run_credit(batch, cfg, results, dtype=torch.float64).advantages
+    torch.testing.assert_close(got, torch.tensor(ref_llm_mca_credit(groups, replies, tol), dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
 def test_renormalisation_by_hand_and_the_zero_sum_case():
     groups = [make_group([["a", "b"], ["a", "b"]], [1.0, 0.5])]
     results = {"critic/0": ['{"a": [3], "b": [1]}'], "critic/1": ['{"a": [1], "b": [-1]}']}
     credit = run_credit(build_credit_batch(groups, ["a", "b"]), llm_mca(normaliser="none"), results)
-    # c * R / Σc: [3, 1] * 1/4; Σc = 0 cannot be rescaled and is kept
-    assert credit.advantages.tolist() == [0.75, 0.25, 1.0, -1.0]
+    # c * R / Σc: [3, 1] * 1/4; Σc = 0 cannot be rescaled: shifted by (R − Σc)/T = 0.25 each
+    assert credit.advantages.tolist() == [0.75, 0.25, 1.25, -0.75]
+    assert credit.breakdown["renormalise_shifts"].item() == 1
     assert credit.breakdown["critic_score"].tolist() == [3.0, 1.0, 1.0, -1.0]
 
 

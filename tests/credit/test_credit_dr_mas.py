@@ -128,16 +128,17 @@ def test_dr_mas_per_agent_shift_invariance():
     )
 
 
-def test_dr_mas_singleton_agent_group_returns_raw_reward():
-    """[T] §10 row 9: an agent with one turn in the task gets mean 0 and std 1 (verl quirk)."""
+def test_dr_mas_singleton_agent_group_gives_zero():
+    """[T] §10 row 9, fixed deliberately: an agent with one turn in the task has no comparison,
+    so it gets 0 like a zero-variance set (verl's mean 0, std 1 would return 0.7 / (1 + eps))."""
     groups = [make_group([["solver", "verifier"], ["solver"], ["solver"]], [0.8, 0.0, 1.0], invalid={0: (1,)})]
     batch = build_credit_batch(groups, ["solver", "verifier"])
-    for eps in (EPS, 0.5):
-        credit = run_credit(batch, DrMasConfig(eps=eps))
-        # verifier row: R - 0.1 = 0.7, alone in its (task, agent) set -> 0.7 / (1 + eps)
-        assert credit.advantages[1].item() == pytest.approx(0.7 / (1 + eps), rel=1e-6)
+    for cfg in (DrMasConfig(), DrMasConfig(eps=0.5), DrMasConfig(scale_by_std=False)):
+        credit = run_credit(batch, cfg, dtype=torch.float64)
+        # verifier row: R - 0.1 = 0.7, alone in its (task, agent) set -> 0, with mean 0.7 and std 0 reported
+        assert credit.advantages[1].item() == 0.0
         assert credit.breakdown["baseline_count"][1].item() == 1
-    assert run_credit(batch, DrMasConfig(scale_by_std=False)).advantages[1].item() == pytest.approx(0.7, rel=1e-6)
+        assert credit.breakdown["baseline_mean"][1].item() == pytest.approx(0.7) and credit.breakdown["baseline_std"][1].item() == 0.0
 
 
 def test_dr_mas_tasks_are_separate():
@@ -154,7 +155,7 @@ def test_dr_mas_tasks_are_separate():
 def test_dr_mas_identical_rewards_give_exact_zeros():
     groups = [make_group([["a", "b", "a"], ["b", "a"], ["a"]], [0.9, 0.9, 0.9])]
     batch = build_credit_batch(groups, ["a", "b"])
-    for cfg in (DrMasConfig(), DrMasConfig(eps=0.0), DrMasConfig(scale_by_std=False)):
+    for cfg in (DrMasConfig(), DrMasConfig(eps=1e-300), DrMasConfig(scale_by_std=False)):
         assert torch.equal(run_credit(batch, cfg).advantages, torch.zeros(batch.num_turns))
 
 

@@ -36,7 +36,14 @@ def _batch(case):
 
 
 def _expected(values: list[float]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32)
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def assert_ref(got: torch.Tensor, ref: list[float]) -> None:
+    """float64 credit against a float64 reference loop: equal to round-off (a float32 step
+    anywhere in the arithmetic, such as an integer ratio, would be ~1e-7 off)."""
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, _expected(ref), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -44,24 +51,24 @@ def _expected(values: list[float]) -> torch.Tensor:
 @pytest.mark.parametrize("scale_by_std", [True, False])
 def test_grpo_matches_reference(case, penalty, scale_by_std):
     groups, batch = _batch(case)
-    credit = run_credit(batch, GRPOConfig(scale_by_std=scale_by_std, invalid_penalty=penalty))
-    torch.testing.assert_close(credit.advantages, _expected(ref_grpo(groups, penalty, scale_by_std)))
+    credit = run_credit(batch, GRPOConfig(scale_by_std=scale_by_std, invalid_penalty=penalty), dtype=torch.float64)
+    assert_ref(credit.advantages, ref_grpo(groups, penalty, scale_by_std))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("penalty", [0.0, 0.1])
 def test_dr_grpo_matches_reference(case, penalty):
     groups, batch = _batch(case)
-    credit = run_credit(batch, DrGRPOConfig(invalid_penalty=penalty))
-    torch.testing.assert_close(credit.advantages, _expected(ref_dr_grpo(groups, penalty)))
+    credit = run_credit(batch, DrGRPOConfig(invalid_penalty=penalty), dtype=torch.float64)
+    assert_ref(credit.advantages, ref_dr_grpo(groups, penalty))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("penalty", [0.0, 0.1])
 def test_rloo_matches_reference(case, penalty):
     groups, batch = _batch(case)
-    credit = run_credit(batch, RLOOConfig(invalid_penalty=penalty))
-    torch.testing.assert_close(credit.advantages, _expected(ref_rloo(groups, penalty)))
+    credit = run_credit(batch, RLOOConfig(invalid_penalty=penalty), dtype=torch.float64)
+    assert_ref(credit.advantages, ref_rloo(groups, penalty))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -69,8 +76,8 @@ def test_rloo_matches_reference(case, penalty):
 @pytest.mark.parametrize("scale_by_std", [True, False])
 def test_dr_mas_matches_reference(case, penalty, scale_by_std):
     groups, batch = _batch(case)
-    credit = run_credit(batch, DrMasConfig(scale_by_std=scale_by_std, invalid_penalty=penalty))
-    torch.testing.assert_close(credit.advantages, _expected(ref_dr_mas(groups, penalty, scale_by_std)))
+    credit = run_credit(batch, DrMasConfig(scale_by_std=scale_by_std, invalid_penalty=penalty), dtype=torch.float64)
+    assert_ref(credit.advantages, ref_dr_mas(groups, penalty, scale_by_std))
 
 
 @pytest.mark.parametrize("kind", sorted(NORMALISERS))
@@ -91,7 +98,7 @@ def test_normalisers_match_reference(kind, scale_by_std, eps, seed):
         values = torch.randn(m, generator=gen) * 3 + 1  # [M]
     out = NORMALISERS[kind](values, group_ids=group_ids, agent_ids=agent_ids, scale_by_std=scale_by_std, eps=eps)
     expected = ref_normalise(kind, values.tolist(), group_ids.tolist(), agent_ids.tolist(), scale_by_std, eps)
-    torch.testing.assert_close(out.values, _expected(expected))
+    assert_ref(out.values, expected)
 
 
 METHODS = ["grpo", "dr_grpo", "rloo", "dr_mas"]
@@ -111,5 +118,5 @@ def test_every_pipeline_matches_reference(case, normaliser, method, penalty, sca
     if method != "dr_grpo":  # Dr. GRPO has no scale_by_std key: it never divides
         section["scale_by_std"] = scale_by_std
     cfg = TypeAdapter(credit_config_union()).validate_python(section)
-    credit = run_credit(batch, cfg)
-    torch.testing.assert_close(credit.advantages, _expected(ref_pipeline(groups, method, normaliser, penalty, scale_by_std, eps)))
+    credit = run_credit(batch, cfg, dtype=torch.float64)
+    assert_ref(credit.advantages, ref_pipeline(groups, method, normaliser, penalty, scale_by_std, eps))

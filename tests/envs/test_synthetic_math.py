@@ -262,6 +262,6 @@ def test_score_hand_built_episodes():
     assert env.score(episode(task, "3-9 = -6")) == 1.0
     assert env.score(episode(task, "-6.0")) == 1.0
     assert env.score(episode(task, "6")) == 0.0
-    assert env.score(episode(task, "3-9")) == 0.0  # last number is 9
+    assert env.score(episode(task, "3-9")) == 0.0  # a computation is no answer
     assert env.score(episode(task, "")) == 0.0
     assert env.score(episode(task, "minus six")) == 0.0

@@ -1,0 +1,129 @@
+"""A conjunctive team task: two sub-problems, and the answer is right only if both parts are.
+
+A task pairs two arithmetic chains, e.g. ``A: 3+4-2 B: 8-5+1``, and asks for both results in
+order (``5 4``).  The reward is 1 only when the answer holds exactly two integers and both
+are right: an AND of the two parts.  The team it is designed for (``configs/team_conjunctive.yaml``)
+gives part A to one specialist, part B to another, and a reporter writes the final answer;
+each specialist can only be right about its own part, and neither can make the team right
+alone.
+
+Why credit matters here.  With one outcome per episode, an episode-level baseline (GRPO)
+gives both specialists the same advantage, so a specialist who solved its part is blamed
+whenever the other one failed: its learning signal is scaled by the other's success rate and
+carries the other's noise.  A method that re-samples one agent's turn with the rest of the
+transcript fixed (C3's context-matched replays) compares a specialist only with its own
+alternatives, given what the other one actually said.  Shapley or leave-one-out masking
+cannot separate them: in an AND game both players always get the same value.
+
+Splits.  The parts come from the ``synthetic_math`` streams with the same settings: a
+training task pairs training chains, a held-out task pairs held-out chains, so no part of a
+held-out task was ever seen in training (nor by the embedded model's warm start).  Held-out
+task ``i`` pairs held-out chains ``2i`` and ``2i+1``; ``heldout_fraction`` defaults to 0.2 so
+that 400 held-out pairs exist for the default settings.
+
+Scores recorded on each episode (``info["scores"]``, averaged by evaluation): ``part_a`` and
+``part_b``, whether each part of the final answer is right.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mas.types import Episode, Task
+
+from ..base import check_env_state
+from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
+
+__all__ = ["TeamConjunctiveConfig", "TeamConjunctiveEnv", "answer_integers"]
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+def answer_integers(text: str | None) -> list[int]:
+    """Every integer in ``text`` in order ("5 -4" -> [5, -4]); [] for None."""
+    return [int(m) for m in _INTEGER.findall(text or "")][:16]
+
+
+class TeamConjunctiveConfig(BaseModel):
+    """Two arithmetic chains per task; both results are needed (env section of the run config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["team_conjunctive"] = Field(description="Selects this env.")
+    num_ops: int = Field(default=2, ge=1, description="Binary operations in each part (the difficulty of each part).")
+    max_operand: int = Field(default=9, ge=1, description="Operands are drawn uniformly from 0..max_operand.")
+    ops: tuple[Op, ...] = Field(default=("+", "-"), description="Operators to draw from; a non-empty subset of '+', '-', '*'.")
+    heldout_fraction: float = Field(
+        default=0.2, gt=0.0, lt=1.0,
+        description="Share of all chains (by stable hash) reserved for held-out parts; a held-out task pairs two of them.",
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the training task stream.")
+
+
+class TeamConjunctiveEnv:
+    """Env over :class:`TeamConjunctiveConfig`; see the module docstring."""
+
+    def __init__(self, cfg: TeamConjunctiveConfig) -> None:
+        self.cfg = cfg
+        self.parts = SyntheticMathEnv(SyntheticMathConfig(
+            name="synthetic_math", num_ops=cfg.num_ops, max_operand=cfg.max_operand, ops=cfg.ops,
+            heldout_fraction=cfg.heldout_fraction, seed=cfg.seed))
+
+    @staticmethod
+    def _pair(a: Task, b: Task) -> Task:
+        return Task(
+            task_id=f"conj-{a.prompt}|{b.prompt}",
+            prompt=f"A: {a.prompt} B: {b.prompt}",
+            answer=f"{a.answer} {b.answer}",
+            meta={"parts": [a.prompt, b.prompt], "answers": [a.answer, b.answer],
+                  "steps": [a.meta["steps"], b.meta["steps"]]},
+        )
+
+    def sample_tasks(self, n: int) -> list[Task]:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        parts = self.parts.sample_tasks(2 * n)
+        return [self._pair(parts[2 * i], parts[2 * i + 1]) for i in range(n)]
+
+    def eval_tasks(self, n: int) -> list[Task]:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        try:
+            parts = self.parts.eval_tasks(2 * n)
+        except ValueError as e:
+            raise ValueError(f"asked for {n} held-out pairs, which need {2 * n} held-out chains: {e}") from None
+        return [self._pair(parts[2 * i], parts[2 * i + 1]) for i in range(n)]
+
+    def score(self, episode: Episode) -> float:
+        got = answer_integers(episode.answer)
+        gold = [int(x) for x in episode.task.answer.split()]
+        both = len(got) == 2
+        part_a, part_b = both and got[0] == gold[0], both and got[1] == gold[1]
+        episode.info["scores"] = {"part_a": float(part_a), "part_b": float(part_b)}
+        return float(part_a and part_b)
+
+    def describe(self) -> dict[str, Any]:
+        """Data source and size, for the reporting checklist."""
+        c = self.cfg
+        return {
+            "name": "team_conjunctive",
+            "source": f"pairs of generated arithmetic chains ({c.num_ops} ops over 0..{c.max_operand}, ops {''.join(c.ops)}); "
+                      "reward 1 only if both parts are right",
+            "train_size": "pairs of training chains",
+            "eval_size": "pairs of held-out chains (disjoint from training part by part)",
+        }
+
+    def _stream_id(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"env": "team_conjunctive", "seed": c.seed, "num_ops": c.num_ops, "max_operand": c.max_operand,
+                "ops": list(c.ops), "heldout_fraction": c.heldout_fraction}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._stream_id(), "cursor": self.parts.state_dict()["cursor"] // 2}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        cursor = check_env_state(state, self._stream_id())
+        self.parts.load_state_dict({**self.parts.state_dict(), "cursor": 2 * cursor})

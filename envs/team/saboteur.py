@@ -1,0 +1,103 @@
+"""A saboteur team task: the first answer stands unless a later turn overrules it, and the
+overruling turn is sometimes harmful.
+
+Tasks are arithmetic chains (the ``synthetic_math`` streams, same splits), scored on the
+team's final answer: the most recent answer in the episode.  The team it is designed for
+(``configs/team_saboteur.yaml``) is a solver followed by a reviewer who may ACCEPT the
+solver's answer (its turn is then irrelevant to the outcome) or REJECT it and write its own
+answer, which replaces the solver's.  The reviewer the embedded model was warm-started on
+overrules often, and about half of its replacements are wrong: a saboteur.
+
+Why credit matters here.  An episode in which the solver was right and the reviewer
+overruled it wrongly scores 0, exactly like one in which the solver was wrong: an
+episode-level baseline (GRPO) blames the solver for the reviewer's mistake, so the solver
+learns only from the episodes the reviewer left alone.  Counterfactual methods separate the
+two: masking the reviewer (SHARP's coalitions) gives the solver's answer its own value, and
+re-sampling the reviewer with the solver's turn fixed (C3) scores the reviewer against its
+own alternatives.
+
+Scores recorded on each episode (``info["scores"]``, averaged by evaluation):
+``first_answer``, whether the episode's first answer was right, and ``overruled``, whether a
+right first answer was replaced by a wrong final one (the harm a later turn did).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mas.types import Episode, Task
+
+from ..base import check_env_state
+from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
+from ..math.verify import numbers_match, score_answer
+
+__all__ = ["TeamSaboteurConfig", "TeamSaboteurEnv", "first_answer"]
+
+
+def first_answer(episode: Episode) -> str | None:
+    """The first parsed answer of the episode (turns removed by an intervention left no answer)."""
+    for t in sorted(episode.turns, key=lambda t: t.index):
+        if t.finish_reason != "removed" and t.parsed.get("answer"):
+            return t.parsed["answer"]
+    return None
+
+
+class TeamSaboteurConfig(BaseModel):
+    """Arithmetic chains for a team whose later turns may overrule the first answer (env section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["team_saboteur"] = Field(description="Selects this env.")
+    num_ops: int = Field(default=2, ge=1, description="Binary operations per expression: the difficulty knob.")
+    max_operand: int = Field(default=9, ge=1, description="Operands are drawn uniformly from 0..max_operand.")
+    ops: tuple[Op, ...] = Field(default=("+", "-"), description="Operators to draw from; a non-empty subset of '+', '-', '*'.")
+    heldout_fraction: float = Field(default=0.1, gt=0.0, lt=1.0, description="Share of all expressions (by stable hash) reserved for evaluation.")
+    seed: int = Field(default=0, ge=0, description="Seed of the training task stream.")
+
+
+class TeamSaboteurEnv:
+    """Env over :class:`TeamSaboteurConfig`; see the module docstring."""
+
+    def __init__(self, cfg: TeamSaboteurConfig) -> None:
+        self.cfg = cfg
+        self.tasks = SyntheticMathEnv(SyntheticMathConfig(
+            name="synthetic_math", num_ops=cfg.num_ops, max_operand=cfg.max_operand, ops=cfg.ops,
+            heldout_fraction=cfg.heldout_fraction, seed=cfg.seed))
+
+    def sample_tasks(self, n: int) -> list[Task]:
+        return self.tasks.sample_tasks(n)
+
+    def eval_tasks(self, n: int) -> list[Task]:
+        return self.tasks.eval_tasks(n)
+
+    def score(self, episode: Episode) -> float:
+        reward = score_answer(episode)
+        first = first_answer(episode)
+        first_right = first is not None and numbers_match(first, episode.task.answer)
+        episode.info["scores"] = {"first_answer": float(first_right), "overruled": float(first_right and reward == 0.0)}
+        return reward
+
+    def describe(self) -> dict[str, Any]:
+        """Data source and size, for the reporting checklist."""
+        c = self.cfg
+        return {
+            "name": "team_saboteur",
+            "source": f"generated arithmetic chains ({c.num_ops} ops over 0..{c.max_operand}, ops {''.join(c.ops)}); "
+                      "the final answer is the most recent one",
+            "train_size": "synthetic_math's training chains",
+            "eval_size": "held-out chains (disjoint from training by hash)",
+        }
+
+    def _stream_id(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"env": "team_saboteur", "seed": c.seed, "num_ops": c.num_ops, "max_operand": c.max_operand,
+                "ops": list(c.ops), "heldout_fraction": c.heldout_fraction}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._stream_id(), "cursor": self.tasks.state_dict()["cursor"]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        cursor = check_env_state(state, self._stream_id())
+        self.tasks.load_state_dict({**self.tasks.state_dict(), "cursor": cursor})

@@ -1,0 +1,213 @@
+"""Build the embedded model: teacher transcripts -> tokenizer -> warm start -> cache.
+
+1. Every format of the recipe (``formats.py``) runs its scripted teacher through the real
+   engine and topology on the format's env, so the transcripts have exactly the messages
+   training will produce.
+2. A byte-level BPE tokenizer (digits split) is trained on those transcripts, with a compact
+   chat template.
+3. A small random ``Qwen2ForCausalLM`` is fine-tuned on all formats' assistant turns, pooled,
+   for a fixed number of AdamW steps (loss on completion tokens only; batches drawn from
+   length-sorted pools, so little of each batch is padding).
+4. Model and tokenizer are saved in Hugging Face format under the cache directory
+   (``$MAS_CACHE_DIR`` or ``~/.cache/mas``), keyed by a hash of the recipe and of every
+   format's spec, and loaded from there afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from mas.agents.agent import Agent
+from mas.agents.parsers import PARSERS
+from mas.agents.prompts import render_prompt
+from mas.backends.scripted import ScriptedBackend
+from mas.config import SamplingConfig
+
+from .formats import FORMATS, Format
+
+DEFAULT_MIX: tuple[tuple[str, int], ...] = tuple((f.name, f.episodes) for f in FORMATS.values())
+
+
+@dataclass(frozen=True)
+class Recipe:
+    version: int = 3  # bump when the build code changes, so stale caches are not reused
+    seed: int = 0
+    formats: tuple[tuple[str, int], ...] = DEFAULT_MIX  # (format name, teacher episodes)
+    vocab_size: int = 384
+    hidden_size: int = 96
+    num_layers: int = 2
+    num_heads: int = 4
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 3e-3
+
+    def __post_init__(self) -> None:
+        unknown = [name for name, _ in self.formats if name not in FORMATS]
+        if unknown:
+            raise ValueError(f"unknown warm-start formats {unknown}; valid: {sorted(FORMATS)}")
+
+    def format_specs(self) -> dict:
+        return {name: FORMATS[name].spec() for name, _ in self.formats}
+
+    def key(self) -> str:
+        blob = json.dumps({"recipe": asdict(self), "formats": self.format_specs()}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MAS_CACHE_DIR") or Path.home() / ".cache" / "mas")
+
+
+# ---------------------------------------------------------------------------------------------
+# teacher transcripts
+# ---------------------------------------------------------------------------------------------
+
+
+Transcript = list[tuple[list[dict[str, str]], str]]  # (messages, completion text) per turn
+
+
+def format_transcripts(fmt: Format, episodes: int, seed: int, tokenizer) -> tuple[Transcript, float]:
+    """Every turn of ``episodes`` teacher episodes of ``fmt`` (split over its topology
+    variants), and the teacher's mean reward; raises if the teacher does worse than it should."""
+    from mas.engine import Engine
+    from mas.envs import build_env
+    from mas.topologies import build_topology
+
+    stream = int(hashlib.sha256(f"{seed}/{fmt.name}".encode()).hexdigest()[:8], 16)  # own tasks per format
+    env = build_env(fmt.env.model_copy(update={"seed": stream}))
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=64)
+    agents = {n: Agent(n, "teacher", a.role, sampling, PARSERS[a.parser]) for n, a in fmt.agents.items()}
+    turns: Transcript = []
+    rewards: list[float] = []
+    for v, topology in enumerate(fmt.topologies):
+        n = episodes // len(fmt.topologies) + (1 if v < episodes % len(fmt.topologies) else 0)
+        rng = random.Random(f"{seed}/{fmt.name}/{v}")
+        backend = ScriptedBackend(lambda req, rng=rng: fmt.teacher(req, rng), {"teacher": tokenizer})
+        engine = Engine(build_topology(topology), agents, {"teacher": tokenizer}, {"teacher": False}, backend, env.score)
+        for group in engine.rollout(env.sample_tasks(n), group_size=1, seed=seed):
+            ep = group.episodes[0]
+            if ep.status != "ok":
+                raise RuntimeError(f"format {fmt.name!r}: the teacher's episode on {ep.task.prompt!r} ended "
+                                   f"{ep.status}: {ep.error or [t.text for t in ep.turns]}")
+            rewards.append(ep.reward)
+            turns += [(t.messages, t.text) for t in ep.turns]
+    mean = sum(rewards) / max(len(rewards), 1)
+    if rewards and mean < fmt.min_teacher_reward:
+        raise RuntimeError(f"format {fmt.name!r}: the teacher's mean reward {mean:.3f} is below {fmt.min_teacher_reward}")
+    return turns, mean
+
+
+def teacher_transcripts(recipe: Recipe, tokenizer, log=print) -> Transcript:
+    """The pooled turns of every format of ``recipe``."""
+    turns: Transcript = []
+    for name, episodes in recipe.formats:
+        got, reward = format_transcripts(FORMATS[name], episodes, recipe.seed, tokenizer)
+        log(f"  {name}: {episodes} teacher episodes, {len(got)} turns, teacher reward {reward:.2f}")
+        turns += got
+    return turns
+
+
+# ---------------------------------------------------------------------------------------------
+# build, warm start, cache
+# ---------------------------------------------------------------------------------------------
+
+
+def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
+    from mas.tiny import TINY_CHAT_TEMPLATE, tiny_causal_lm, train_tokenizer
+
+    t0 = time.perf_counter()
+    torch.manual_seed(recipe.seed)
+    roles = [a.role for name, _ in recipe.formats for a in FORMATS[name].agents.values()]
+    provisional = train_tokenizer([" ".join(roles)], vocab_size=300)
+    log(f"embedded model: teacher transcripts of {len(recipe.formats)} formats...")
+    turns = teacher_transcripts(recipe, provisional, log=log)
+    corpus = [provisional.apply_chat_template(m + [{"role": "assistant", "content": c}], tokenize=False) for m, c in turns]
+    tok = train_tokenizer(corpus, vocab_size=recipe.vocab_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    assert tok.chat_template == TINY_CHAT_TEMPLATE
+    model = tiny_causal_lm(tok, hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
+                           num_heads=recipe.num_heads, seed=recipe.seed)
+    examples = [(render_prompt(tok, m), tok.encode(c, add_special_tokens=False) + [tok.eos_token_id]) for m, c in turns]
+    log(f"embedded model: {len(examples)} teacher turns, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params; "
+        f"warm start ({recipe.steps} steps)...")
+    _warm_start(model, examples, recipe, pad_id=tok.pad_token_id, log=log)
+    model.eval()
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))  # unique: concurrent first runs
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "recipe.json").write_text(json.dumps({**asdict(recipe), "format_specs": recipe.format_specs()}, indent=2))
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process finished the same (deterministic) build first
+        if not (out / "recipe.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"embedded model ready in {time.perf_counter() - t0:.0f}s: {out}")
+
+
+def _batches(lengths: list[int], batch_size: int, gen: torch.Generator, pool: int = 50):
+    """Index batches forever: shuffle, sort pools of ``pool`` batches by length, cut into
+    batches, shuffle the batches (so each batch holds turns of similar length)."""
+    while True:
+        order = torch.randperm(len(lengths), generator=gen).tolist()
+        batches = []
+        for start in range(0, len(order), pool * batch_size):
+            chunk = sorted(order[start:start + pool * batch_size], key=lambda i: lengths[i])
+            batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        for b in torch.randperm(len(batches), generator=gen).tolist():
+            yield batches[b]
+
+
+def _warm_start(model, examples: list[tuple[list[int], list[int]]], recipe: Recipe, pad_id: int, log=print,
+                log_every: int = 500) -> None:
+    from mas.tiny import sft_batch
+
+    gen = torch.Generator().manual_seed(recipe.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / recipe.steps)
+    )
+    batches = _batches([len(p) + len(c) for p, c in examples], recipe.batch_size, gen)
+    model.train()
+    t0, running = time.perf_counter(), 0.0
+    for step in range(recipe.steps):
+        loss = model(**sft_batch([examples[i] for i in next(batches)], pad_id)).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        running += float(loss)
+        if (step + 1) % log_every == 0:
+            log(f"  warm start step {step + 1}/{recipe.steps}: loss {running / log_every:.3f} ({time.perf_counter() - t0:.0f}s)")
+            running = 0.0
+
+
+def embedded_path(recipe: Recipe | None = None, log=print) -> Path:
+    """Directory of the embedded model for ``recipe``, building it on first use."""
+    recipe = recipe or Recipe()
+    path = cache_dir() / "embedded" / recipe.key()
+    if not (path / "recipe.json").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        build_embedded(recipe, path, log=log)
+    return path
+
+
+def load_embedded(recipe: Recipe | None = None):
+    """(model, tokenizer) of the embedded model, building and caching it on first use."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = embedded_path(recipe)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    return AutoModelForCausalLM.from_pretrained(path), tok

@@ -1,0 +1,175 @@
+"""The warm-start formats: every team the embedded model was taught to speak in.
+
+A format is one team layout: its topology (the real config object, one or more variants),
+its agents (name -> role prompt, parser, completion budget), the env its teacher plays, and
+the scripted teacher (``teachers.py``).  The warm start runs every format's teacher through
+the real engine and topology and trains on the pooled turns, so one model serves all of
+them; ``configs/`` ships a team per format that uses exactly these prompts (a test checks
+it).  The role prompts are the contract: a team with other prompts runs, but the model has
+never seen them, and training warns when it cannot parse what the model writes
+(``mas.embedded.fit``).
+
+Adding a format is one entry in ``FORMATS`` (plus its teacher): its episodes then join the
+default recipe, whose hash (and so the cache entry) changes with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from mas.config import ChainTopology, DebateTopology, GraphTopology, OrchestratorTopology
+from mas.envs.math.synthetic import SyntheticMathConfig
+from mas.envs.team import TeamConjunctiveConfig, TeamSaboteurConfig
+
+from .teachers import ChainTeacher, ConjunctiveTeacher, DebateTeacher, GraphTeacher, OrchestratorTeacher, SaboteurTeacher
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One warm-started agent: the exact role prompt, the parser that reads it, and the
+    completion budget its longest teacher reply needs (configs set max_new_tokens to it)."""
+
+    role: str
+    parser: str
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    description: str
+    configs: tuple[str, ...]  # shipped configs (repository paths) that use exactly these prompts
+    agents: Mapping[str, AgentSpec]
+    topologies: tuple[Any, ...]  # topology config objects; the teacher's episodes are split among them
+    env: Any  # env config the teacher draws training tasks from (its seed is the recipe's)
+    teacher: Callable  # (GenRequest, random.Random) -> str
+    episodes: int  # teacher episodes in the default recipe
+    min_teacher_reward: float = 1.0  # the teacher's own mean reward; below 1 only where its flaw costs reward
+
+    @property
+    def roles(self) -> dict[str, str]:
+        return {name: a.role for name, a in self.agents.items()}
+
+    def spec(self) -> dict[str, Any]:
+        """Everything that shapes this format's transcripts, as JSON (part of the recipe hash)."""
+        from dataclasses import asdict
+
+        return {
+            "agents": {n: asdict(a) for n, a in self.agents.items()},
+            "topologies": [t.model_dump(mode="json", by_alias=True) for t in self.topologies],
+            "env": self.env.model_dump(mode="json"),
+            "teacher": {type(self.teacher).__name__: asdict(self.teacher)},
+            "min_teacher_reward": self.min_teacher_reward,
+        }
+
+
+def _agents(**specs: tuple[str, str, int]) -> Mapping[str, AgentSpec]:
+    return MappingProxyType({name: AgentSpec(*s) for name, s in specs.items()})
+
+
+_ARITHMETIC = SyntheticMathConfig(name="synthetic_math", num_ops=2, max_operand=9, seed=0)
+
+ORCHESTRATOR = Format(
+    name="orchestrator",
+    description="an orchestrator delegates each arithmetic step to an adder or a subtractor (the quickstart team)",
+    configs=("configs/quickstart.yaml", "configs/cpu_orchestrator.yaml"),
+    agents=_agents(
+        orchestrator=("You are the orchestrator. Use CALL adder: a+b or CALL subtractor: a-b, then ANSWER: n.", "orchestrator", 12),
+        adder=("You are the adder.", "answer", 8),
+        subtractor=("You are the subtractor.", "answer", 8),
+    ),
+    topologies=(OrchestratorTopology(kind="orchestrator", orchestrator="orchestrator",
+                                     specialists=("adder", "subtractor"), max_turns=6),),
+    env=_ARITHMETIC,
+    teacher=OrchestratorTeacher(p_direct=0.6),
+    episodes=2000,
+)
+
+DEBATE = Format(
+    name="debate",
+    description="three debaters answer for two rounds; a majority vote or a judge gives the team's answer",
+    configs=("configs/cpu_debate.yaml",),
+    agents=_agents(
+        alpha=("You are debater alpha. End with ANSWER: n.", "answer", 24),
+        beta=("You are debater beta. End with ANSWER: n.", "answer", 24),
+        gamma=("You are debater gamma. End with ANSWER: n.", "answer", 24),
+        judge=("You are the judge. Give the debaters' answer: ANSWER: n.", "answer", 8),
+    ),
+    topologies=(
+        DebateTopology(kind="debate", debaters=("alpha", "beta", "gamma"), rounds=2, aggregator=None),
+        DebateTopology(kind="debate", debaters=("alpha", "beta", "gamma"), rounds=2, aggregator="judge"),
+    ),
+    env=_ARITHMETIC,
+    teacher=DebateTeacher(p_direct=0.6),
+    episodes=600,
+)
+
+CHAIN = Format(
+    name="chain",
+    description="a solver answers, a verifier accepts or rejects, and a rejected answer goes back to the solver",
+    configs=("configs/cpu_chain.yaml",),
+    agents=_agents(
+        solver=("You are the solver. End with ANSWER: n. If the verifier rejected it, work it out.", "answer", 24),
+        verifier=("You are the verifier. Reply ACCEPT or REJECT.", "verdict", 24),
+    ),
+    topologies=(ChainTopology(kind="chain", sequence=("solver", "verifier"), loop_to="solver", max_loops=1),),
+    env=_ARITHMETIC,
+    teacher=ChainTeacher(p_direct=0.6, p_slip=0.3, p_lazy=0.8),
+    episodes=1000,
+)
+
+GRAPH = Format(
+    name="graph",
+    description="a checker sends the task to a worker (one step per visit) until the steps give the answer, then to an answerer",
+    configs=("configs/cpu_graph.yaml",),
+    agents=_agents(
+        checker=("You are the checker. REJECT until the steps give the answer, then ACCEPT.", "verdict", 4),
+        worker=("You are the worker. Write the next step as a+b=c.", "raw", 10),
+        answerer=("You are the answerer. Give ANSWER: n.", "answer", 8),
+    ),
+    topologies=(GraphTopology.model_validate({
+        "kind": "graph", "entry": "check",
+        "nodes": [{"name": "check", "agent": "checker"}, {"name": "work", "agent": "worker"},
+                  {"name": "answer", "agent": "answerer"}],
+        "edges": [{"from": "check", "to": "answer", "when": "accept"}, {"from": "check", "to": "work", "when": "reject"},
+                  {"from": "check", "to": "answer"}, {"from": "work", "to": "check"}, {"from": "answer", "to": "END"}],
+        "max_turns": 8,
+    }),),
+    env=_ARITHMETIC,
+    teacher=GraphTeacher(p_direct=0.6),
+    episodes=800,
+)
+
+CONJUNCTIVE = Format(
+    name="team_conjunctive",
+    description="two specialists each solve their own part; a reporter writes both; right only if both parts are",
+    configs=("configs/team_conjunctive.yaml",),
+    agents=_agents(
+        left=("You solve part A. End with ANSWER: n.", "answer", 24),
+        right=("You solve part B. End with ANSWER: n.", "answer", 24),
+        reporter=("You are the reporter. Give both results: ANSWER: A B.", "answer", 10),
+    ),
+    topologies=(ChainTopology(kind="chain", sequence=("left", "right", "reporter")),),
+    env=TeamConjunctiveConfig(name="team_conjunctive"),
+    teacher=ConjunctiveTeacher(p_direct=0.6),
+    episodes=800,
+)
+
+SABOTEUR = Format(
+    name="team_saboteur",
+    description="a solver answers; a reviewer accepts or overrules it, and its overruling answers are wrong",
+    configs=("configs/team_saboteur.yaml",),
+    agents=_agents(
+        solver=("You solve the task. End with ANSWER: n.", "answer", 24),
+        reviewer=("You are the reviewer. Reply ACCEPT, or REJECT and ANSWER: n.", "verdict", 10),
+    ),
+    topologies=(ChainTopology(kind="chain", sequence=("solver", "reviewer")),),
+    env=TeamSaboteurConfig(name="team_saboteur"),
+    teacher=SaboteurTeacher(p_direct=0.6, p_overrule=0.6),
+    episodes=800,
+    min_teacher_reward=0.3,  # the reviewer's overrules fail 60% of the episodes by design
+)
+
+FORMATS: Mapping[str, Format] = MappingProxyType({f.name: f for f in (ORCHESTRATOR, DEBATE, CHAIN, GRAPH, CONJUNCTIVE, SABOTEUR)})

@@ -1,0 +1,258 @@
+"""Scripted teachers: one per warm-start format, each the ideal team with one deliberate flaw.
+
+A teacher is a frozen dataclass of its knobs; ``teacher(req, rng)`` maps a request (the agent
+and the chat messages the real topology built) to the reply text.  It reads the task and the
+transcript from the messages exactly as a model would see them, so the same code serves any
+number of episodes running through the real engine.
+
+Every teacher solves arithmetic chains such as ``3+4-2`` in one of two forms:
+
+* at once: ``ANSWER: 5``: short, and hard for a tiny model (a 2-layer model gets a two-step
+  chain right about a fifth of the time);
+* worked: ``3+4=7 7-2=5 ANSWER: 5``: longer, one operation at a time, which a tiny model
+  gets right most of the time.
+
+Each teacher prefers the short or the lazy move a little more often than not, so the warm
+started model's greedy choice is the weak one while sampling still tries the strong one:
+reinforcement learning has something real to discover in every format.  The flaw of each
+teacher is documented on its class; each is deliberate.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from mas.backends.base import GenRequest
+
+Step = tuple[int, str, int, int]  # (a, op, b, a op b)
+
+
+# ---------------------------------------------------------------------------------------------
+# arithmetic as the teachers write it
+# ---------------------------------------------------------------------------------------------
+
+
+def chain_steps(expr: str) -> list[Step]:
+    """'3+4-2' -> [(3,'+',4,7), (7,'-',2,5)], left to right; also handles a leading minus ('-3+4')."""
+    nums, ops, cur = [], [], ""
+    for ch in expr.strip():
+        if ch in "+-" and cur not in ("", "-"):
+            nums.append(int(cur))
+            ops.append(ch)
+            cur = ""
+        else:
+            cur += ch
+    nums.append(int(cur))
+    steps, acc = [], nums[0]
+    for op, b in zip(ops, nums[1:]):
+        r = acc + b if op == "+" else acc - b
+        steps.append((acc, op, b, r))
+        acc = r
+    return steps
+
+
+def value(expr: str) -> int:
+    steps = chain_steps(expr)
+    return steps[-1][3] if steps else int(expr)
+
+
+def step_text(step: Step) -> str:
+    a, op, b, r = step
+    return f"{a}{op}{b}={r}"
+
+
+def worked(expr: str) -> str:
+    """'3+4-2' -> '3+4=7 7-2=5': every step written out."""
+    return " ".join(step_text(s) for s in chain_steps(expr))
+
+
+def solve(expr: str, rng: random.Random, p_direct: float) -> str:
+    """The answer at once with probability ``p_direct``, else worked out; always right."""
+    if rng.random() < p_direct:
+        return f"ANSWER: {value(expr)}"
+    return f"{worked(expr)} ANSWER: {value(expr)}"
+
+
+def slipped(n: int, rng: random.Random) -> int:
+    """A near miss: ``n`` off by 1 or 2."""
+    return n + rng.choice((-2, -1, 1, 2))
+
+
+_ANSWER = re.compile(r"ANSWER:\s*(-?\d+)")
+
+
+def answer_of(text: str) -> int | None:
+    m = _ANSWER.findall(text)
+    return int(m[-1]) if m else None
+
+
+def user_text(req: GenRequest) -> str:
+    return (req.messages or [])[-1]["content"]
+
+
+def task_line(req: GenRequest, prefix: str = "Task: ") -> str:
+    """The task as the topology wrote it on the first line of the user message."""
+    return user_text(req).splitlines()[0].removeprefix(prefix).strip()
+
+
+def transcript_lines(req: GenRequest, agent: str) -> list[str]:
+    """The texts of ``agent``'s earlier turns in a chain or graph transcript ('agent: text' lines)."""
+    return [line.split(": ", 1)[1] for line in user_text(req).splitlines()[1:] if line.startswith(f"{agent}: ")]
+
+
+# ---------------------------------------------------------------------------------------------
+# the teachers
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OrchestratorTeacher:
+    """Orchestrator + adder + subtractor (the quickstart team).
+
+    The orchestrator either delegates each step (``CALL adder: 3+4`` ... ``ANSWER: 5``) or,
+    with probability ``p_direct``, answers at once.  Both are right; answering at once is just
+    much harder for a tiny model.  Flaw: it answers at once more often than it delegates, so
+    RL has to find out that delegating to the specialists pays.
+    """
+
+    p_direct: float = 0.6
+    specialist_for: tuple[tuple[str, str], ...] = (("+", "adder"), ("-", "subtractor"))
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        messages = req.messages or []
+        if req.agent != "orchestrator":
+            return f"ANSWER: {value(messages[-1]['content'])}"
+        steps = chain_steps(messages[1]["content"].removeprefix("Task: "))
+        done = sum(1 for m in messages if m["role"] == "assistant")
+        if done == 0 and rng.random() < self.p_direct:
+            return f"ANSWER: {steps[-1][3]}"
+        if done == len(steps):
+            return f"ANSWER: {steps[-1][3]}"
+        a, op, b, _ = steps[done]
+        return f"CALL {dict(self.specialist_for)[op]}: {a}{op}{b}"
+
+
+@dataclass(frozen=True)
+class DebateTeacher:
+    """Debaters answer the question each round; a judge (when there is one) gives the majority.
+
+    Round 2 shows each debater the others' answers; the teacher's debaters are always right,
+    so agreeing and recomputing coincide.  Flaw: each debater answers at once with
+    probability ``p_direct`` instead of working it out.
+    """
+
+    p_direct: float = 0.6
+    judge: str = "judge"
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        question = task_line(req, "Question: ")
+        if req.agent == self.judge:
+            votes = [answer_of(line) for line in user_text(req).splitlines() if line.startswith("- ")]
+            counts = Counter(v for v in votes if v is not None)
+            return f"ANSWER: {counts.most_common(1)[0][0] if counts else value(question)}"
+        return solve(question, rng, self.p_direct)
+
+
+@dataclass(frozen=True)
+class ChainTeacher:
+    """Solver -> verifier, back to the solver on REJECT (the Dr. MAS solver/verifier loop).
+
+    The solver answers at once with probability ``p_direct`` and then slips (a near miss)
+    with probability ``p_slip``; otherwise, and always after a REJECT, it works the answer
+    out.  The verifier rejects every wrong answer, showing its working.  Flaw: it passes a
+    right answer with a bare ACCEPT (no check) with probability ``p_lazy``, so the warm
+    started verifier's greedy reply is a rubber stamp; RL has to find out that checking (and
+    working it out the first time) pays.
+    """
+
+    p_direct: float = 0.6
+    p_slip: float = 0.3
+    p_lazy: float = 0.8
+    solver: str = "solver"
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        task = task_line(req)
+        truth = value(task)
+        if req.agent == self.solver:
+            if transcript_lines(req, self.solver) or rng.random() >= self.p_direct:
+                return f"{worked(task)} ANSWER: {truth}"
+            return f"ANSWER: {slipped(truth, rng) if rng.random() < self.p_slip else truth}"
+        latest = answer_of(transcript_lines(req, self.solver)[-1])
+        if latest != truth:
+            return f"{worked(task)} REJECT"
+        return "ACCEPT" if rng.random() < self.p_lazy else f"{worked(task)} ACCEPT"
+
+
+@dataclass(frozen=True)
+class GraphTeacher:
+    """A checker routes to a worker (REJECT: do the next step) or to an answerer (ACCEPT).
+
+    The graph of the Dr. MAS search orchestra (verify -> search or answer), with arithmetic
+    steps for searches.  The worker writes one step per visit (``3+4=7``), the checker
+    rejects until every step is written, and the answerer copies the last result, or
+    computes the answer at once when no step was written.  Flaw: on its first visit the
+    checker accepts at once with probability ``p_direct``, skipping the work.
+    """
+
+    p_direct: float = 0.6
+    checker: str = "checker"
+    worker: str = "worker"
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        task = task_line(req)
+        steps = chain_steps(task)
+        done = len(transcript_lines(req, self.worker))
+        if req.agent == self.checker:
+            first = not transcript_lines(req, self.checker)
+            if first and rng.random() < self.p_direct:
+                return "ACCEPT"
+            return "REJECT" if done < len(steps) else "ACCEPT"
+        if req.agent == self.worker:
+            return step_text(steps[min(done, len(steps) - 1)])
+        return f"ANSWER: {value(task)}"
+
+
+@dataclass(frozen=True)
+class ConjunctiveTeacher:
+    """Two specialists solve part A and part B of ``A: 3+4-2 B: 8-5+1``; a reporter writes
+    ``ANSWER: 5 4``.  Flaw: each specialist answers its part at once with probability
+    ``p_direct``, so both have to learn to work their part out, and the team is right only
+    when both are (envs/team/conjunctive.py)."""
+
+    p_direct: float = 0.6
+    first: str = "left"
+    second: str = "right"
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        a, b = re.match(r"A: (\S+) B: (\S+)", task_line(req)).groups()
+        if req.agent == self.first:
+            return solve(a, rng, self.p_direct)
+        if req.agent == self.second:
+            return solve(b, rng, self.p_direct)
+        got = [answer_of(t) for name in (self.first, self.second) for t in transcript_lines(req, name)[-1:]]
+        return f"ANSWER: {' '.join(str(x) for x in got)}"
+
+
+@dataclass(frozen=True)
+class SaboteurTeacher:
+    """A solver answers; a reviewer accepts, or rejects and writes its own answer, which
+    replaces the solver's (envs/team/saboteur.py).  The solver answers at once with
+    probability ``p_direct``, else works it out, and is always right.  Flaw, the designed
+    saboteur: the reviewer overrules with probability ``p_overrule`` and its answer is then a
+    near miss, so an episode it overrules fails although the solver was right.  RL has to
+    teach the reviewer to accept, and the solver to work the answer out."""
+
+    p_direct: float = 0.6
+    p_overrule: float = 0.6
+    reviewer: str = "reviewer"
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        task = task_line(req)
+        if req.agent != self.reviewer:
+            return solve(task, rng, self.p_direct)
+        if rng.random() < self.p_overrule:
+            return f"REJECT ANSWER: {slipped(value(task), rng)}"
+        return "ACCEPT"

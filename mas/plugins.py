@@ -1,0 +1,86 @@
+"""Plugins: envs, credit methods and parsers from other installed packages (entry points).
+
+A package adds to mas through three entry-point groups, e.g. in its ``pyproject.toml``::
+
+    [project.entry-points."mas.envs"]
+    my_env = "my_pkg.mas_env"                  # a module that calls mas.envs.register_env("my_env", ...)
+
+    [project.entry-points."mas.credit"]
+    my_method = "my_pkg.credit"                # a module that registers "my_method" with @register_credit
+
+    [project.entry-points."mas.parsers"]
+    json_answer = "my_pkg.parsers:parse_json"  # a function text -> (parsed dict, valid)
+
+Plugins are loaded once, when ``mas.config`` is imported (before the config schema is built),
+so their names are valid in YAML and listed among the valid choices of ``mas validate``'s
+errors.  An entry point whose import fails, or that does not register the name it is listed
+under, is skipped with a warning (``load_errors()``); nothing else is affected.  A plugin
+module must not import ``mas.config`` at import time (the schema is being built from it);
+``mas.envs``, ``mas.credit``, ``mas.agents.parsers`` and ``mas.types`` are fine.
+"""
+
+from __future__ import annotations
+
+import warnings
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Callable
+
+GROUPS = ("mas.parsers", "mas.credit", "mas.envs")
+_loaded: dict[str, list[str]] = {}  # group -> names loaded
+_errors: list[str] = []
+
+
+def _register_parser(name: str, obj: Any) -> None:
+    from mas.agents.parsers import register_parser
+
+    register_parser(name, obj)
+
+
+def _registered_credit(name: str, obj: Any) -> None:
+    from mas.credit import credit_names
+
+    if name not in credit_names():
+        raise LookupError(f"importing it registered no credit method {name!r} (use @register_credit({name!r}, ...))")
+
+
+def _registered_env(name: str, obj: Any) -> None:
+    from mas.envs import env_names
+
+    if name not in env_names():
+        raise LookupError(f"importing it registered no env {name!r} (call mas.envs.register_env({name!r}, ...))")
+
+
+_AFTER_LOAD: dict[str, Callable[[str, Any], None]] = {
+    "mas.parsers": _register_parser,
+    "mas.credit": _registered_credit,
+    "mas.envs": _registered_env,
+}
+
+
+def load_plugins() -> dict[str, list[str]]:
+    """Load every installed plugin once; returns the names loaded per group."""
+    if _loaded:
+        return _loaded
+    installed = entry_points()  # one scan of the installed distributions for all groups
+    for group in GROUPS:
+        _loaded[group] = []
+        for ep in sorted(installed.select(group=group), key=lambda e: e.name):
+            try:
+                _AFTER_LOAD[group](ep.name, ep.load())
+            except Exception as e:  # noqa: BLE001 - a broken plugin is reported and skipped
+                msg = f"plugin {ep.name!r} ({group} = {ep.value!r}{_dist(ep)}) was not loaded: {type(e).__name__}: {e}"
+                _errors.append(msg)
+                warnings.warn(msg, stacklevel=2)
+                continue
+            _loaded[group].append(ep.name)
+    return _loaded
+
+
+def load_errors() -> list[str]:
+    """Why plugins were skipped (empty when all loaded)."""
+    return list(_errors)
+
+
+def _dist(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return f", from {dist.name}" if dist is not None else ""

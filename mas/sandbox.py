@@ -1,0 +1,336 @@
+"""Run untrusted work in worker processes with a time limit, a memory limit and no network.
+
+Model output is untrusted (DESIGN.md, "Errors and bad input"), and so is what tools and
+verifiers do with it: a tool may hang, allocate without bound or reach for the network, and
+a symbolic verifier may spend minutes on ``9^{9^{9^9}}``.  A ``Sandbox`` runs registered
+functions in a small pool of worker processes and bounds each call:
+
+* **time**: the caller waits at most ``timeout_s``; past it the worker is killed (SIGKILL)
+  and replaced, and the call raises ``SandboxTimeout``.  The bound holds on any thread and
+  inside an asyncio loop, and it stops work stuck in C code (big-integer arithmetic), which a
+  ``signal.alarm`` timeout cannot do and which only works on the main thread anyway;
+* **memory**: each worker's address space may grow by at most ``memory_mb`` beyond what it
+  inherited (``RLIMIT_AS``); an allocation past it fails inside the worker and the call
+  raises ``SandboxMemoryError`` (the worker is replaced);
+* **network**: each worker moves into a new, empty network namespace (``unshare(2)``
+  with ``CLONE_NEWNET``; as root, or through an unprivileged user namespace where the kernel
+  allows one), so no socket can reach anything, and an audit hook (PEP 578) refuses socket
+  creation and name lookups from Python with a clear ``PermissionError``.  Where no namespace
+  can be made, the audit hook also refuses starting processes (a child could not be held to
+  the rule); ``Sandbox.isolation`` says which walls are up.
+
+Workers are forked from the calling process on first use, so they inherit the registered
+functions and whatever those close over (a BM25 index, an imported math-verify) without
+pickling or re-importing anything; a call costs one pickled message each way over a pipe
+(about 0.1 ms; ``bench/sandbox_overhead.py``).  A worker exits when its pipe closes or its
+parent is gone (it checks once a second), so a killed run leaves no workers behind.
+Exceptions a function raises come back to the caller as they were (or as ``SandboxError``
+with their type and message when they cannot be pickled).
+
+Linux is the target; elsewhere the memory limit and the namespace are skipped (the time
+limit and the audit hook still hold).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["Sandbox", "SandboxCrash", "SandboxError", "SandboxMemoryError", "SandboxTimeout"]
+
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+_NETWORK_EVENTS = frozenset({
+    "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname",
+    "socket.gethostbyname_ex", "socket.gethostbyaddr", "socket.getnameinfo", "socket.sendto", "socket.sendmsg",
+})
+_PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn"})
+
+
+class SandboxError(RuntimeError):
+    """A sandboxed call failed in a way its function did not report itself."""
+
+
+class SandboxTimeout(SandboxError):
+    """The call did not finish within the time limit; its worker was killed."""
+
+
+class SandboxMemoryError(SandboxError):
+    """The call ran out of its memory allowance; its worker was replaced."""
+
+
+class SandboxCrash(SandboxError):
+    """The worker process died during the call (killed, or it crashed)."""
+
+
+# ------------------------------------------------------------------------------------------
+# inside a worker
+# ------------------------------------------------------------------------------------------
+
+
+def _address_space_bytes() -> int | None:
+    """The current process's virtual memory size (Linux ``VmSize``), or None if unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _limit_memory(memory_mb: int) -> None:
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    base = _address_space_bytes()
+    if base is not None:
+        limit = base + memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _unshare_network() -> bool:
+    """Move this (single-threaded) process into a new network namespace; True on success."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    if libc.unshare(_CLONE_NEWNET) == 0:
+        return True
+    uid, gid = os.getuid(), os.getgid()  # unprivileged: a user namespace first, mapping our own ids
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        return False
+    try:
+        for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"{uid} {uid} 1"),
+                           ("/proc/self/gid_map", f"{gid} {gid} 1")):
+            with open(path, "w") as f:
+                f.write(text)
+    except OSError:
+        pass  # unmapped ids read as "nobody"; the namespace still has no network
+    return True
+
+
+def _install_guard(block_processes: bool) -> None:
+    blocked = _NETWORK_EVENTS | (_PROCESS_EVENTS if block_processes else frozenset())
+
+    def hook(event: str, args: tuple) -> None:
+        if event in blocked:
+            what = "network access" if event in _NETWORK_EVENTS else "starting processes"
+            raise PermissionError(f"{what} is disabled in the sandbox ({event})")
+
+    sys.addaudithook(hook)
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit when the parent is gone (a SIGKILLed run must not leave workers behind)."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _worker_main(conn, functions: Mapping[str, Callable[..., Any]], memory_mb: int | None, network: bool, parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the parent, which stops the workers
+    isolated = True if network else _unshare_network()  # before any thread starts (user namespaces need that)
+    if not network:
+        _install_guard(block_processes=not isolated)
+    if memory_mb is not None:
+        _limit_memory(memory_mb)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    conn.send(("ready", isolated))
+    while True:
+        try:
+            name, args, kwargs = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        try:
+            reply: tuple = ("ok", functions[name](*args, **kwargs))
+        except MemoryError:
+            reply = ("memory", None)
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
+            reply = ("raise", exc)
+        try:
+            conn.send(reply)
+        except MemoryError:
+            os._exit(3)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable result or exception
+            kind = "result" if reply[0] == "ok" else f"exception {type(reply[1]).__name__}: {reply[1]}"
+            conn.send(("error", f"{name} returned a value that cannot be sent back ({kind}; {type(exc).__name__}: {exc})"))
+        if reply[0] == "memory":
+            os._exit(0)  # after a MemoryError the heap may be in a poor state: start afresh
+
+
+# ------------------------------------------------------------------------------------------
+# in the caller
+# ------------------------------------------------------------------------------------------
+
+
+class _Worker:
+    def __init__(self, sandbox: "Sandbox"):
+        ctx = multiprocessing.get_context("fork")
+        self.dead = False
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(
+            target=_worker_main,
+            args=(child, sandbox.functions, sandbox.memory_mb, sandbox.network, os.getpid()),
+            name=f"{sandbox.name}-worker",
+            daemon=True,
+        )
+        with warnings.catch_warnings():  # Python >= 3.12 warns about fork in a threaded process:
+            warnings.simplefilter("ignore", DeprecationWarning)  # the child runs only our loop
+            self.proc.start()
+        child.close()
+        if not self.conn.poll(sandbox.start_timeout_s):
+            self.kill()
+            raise SandboxCrash(f"{sandbox.name}: a worker did not start within {sandbox.start_timeout_s:g}s")
+        try:
+            status, self.isolated = self.conn.recv()
+        except (EOFError, OSError):
+            self.kill()
+            raise SandboxCrash(f"{sandbox.name}: a worker died while starting (exit code {self.proc.exitcode})") from None
+
+    def kill(self) -> None:
+        self.dead = True
+        if self.proc.is_alive():
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+def _shutdown(workers: list) -> None:
+    for w in list(workers):
+        try:
+            w.kill()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+    workers.clear()
+
+
+class Sandbox:
+    """A pool of worker processes that run the registered ``functions`` under limits.
+
+    Args:
+        functions: name -> function; only these can be called (by name).
+        timeout_s: wall-clock limit of one call.
+        memory_mb: address space a worker may add to what it inherited; None: no limit.
+        network: allow network access (default False: a new network namespace and an audit hook).
+        workers: calls that may run at once (one per worker process); further calls wait.
+        name: used in messages (e.g. "tools", "math verifier").
+    """
+
+    start_timeout_s = 30.0
+
+    def __init__(
+        self,
+        functions: Mapping[str, Callable[..., Any]],
+        timeout_s: float,
+        memory_mb: int | None = 1024,
+        network: bool = False,
+        workers: int = 1,
+        name: str = "sandbox",
+    ):
+        if timeout_s <= 0 or workers < 1 or (memory_mb is not None and memory_mb < 1):
+            raise ValueError("timeout_s > 0, workers >= 1 and memory_mb >= 1 (or None) are required")
+        self.functions = dict(functions)
+        self.timeout_s = float(timeout_s)
+        self.memory_mb = memory_mb
+        self.network = network
+        self.name = name
+        self._free: queue.Queue[_Worker | None] = queue.Queue()
+        for _ in range(workers):
+            self._free.put(None)  # a slot; its worker is forked on first use
+        self._live: list[_Worker] = []
+        self._lock = threading.Lock()
+        self.isolation: str | None = None  # "namespace+audit" or "audit", known once a worker started
+        self.started = 0  # workers forked so far (replacements included)
+        self._finalizer = weakref.finalize(self, _shutdown, self._live)
+
+    def __call__(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``functions[name](*args, **kwargs)`` in a worker and return its result."""
+        if name not in self.functions:
+            raise KeyError(f"{self.name}: no function {name!r}; registered: {sorted(self.functions)}")
+        worker = self._free.get()
+        try:
+            if worker is None:
+                worker = self._start()
+            return self._call(worker, name, args, kwargs)
+        finally:  # a retired (killed) worker leaves an empty slot: the next call forks a new one
+            self._free.put(None if worker is None or worker.dead else worker)
+
+    def _start(self) -> _Worker:
+        worker = _Worker(self)
+        with self._lock:
+            self._live.append(worker)
+            self.started += 1
+        if not self.network:
+            self.isolation = "namespace+audit" if worker.isolated else "audit"
+        return worker
+
+    def _retire(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            if worker in self._live:
+                self._live.remove(worker)
+
+    def _call(self, worker: _Worker, name: str, args: tuple, kwargs: dict) -> Any:
+        try:
+            worker.conn.send((name, args, kwargs))
+            ready = worker.conn.poll(self.timeout_s)
+            reply = worker.conn.recv() if ready else None
+        except (EOFError, OSError, BrokenPipeError):
+            code = worker.proc.exitcode if not worker.proc.is_alive() else None
+            self._retire(worker)
+            hint = " (killed: out of memory?)" if code == -signal.SIGKILL else ""
+            raise SandboxCrash(f"{self.name}: {name} ended its worker process (exit code {code}){hint}") from None
+        if reply is None:
+            self._retire(worker)
+            raise SandboxTimeout(f"{name} did not finish within {self.timeout_s:g}s; it was stopped")
+        kind, value = reply[0], reply[1]
+        if kind == "ok":
+            return value
+        if kind == "memory":
+            self._retire(worker)
+            raise SandboxMemoryError(f"{name} ran out of memory (limit: {self.memory_mb} MB more than the worker started with)")
+        if kind == "raise":
+            raise value
+        raise SandboxError(f"{self.name}: {value}")
+
+    def close(self) -> None:
+        """Stop every worker (a later call starts new ones)."""
+        with self._lock:
+            workers = list(self._live)
+            self._live.clear()
+        for w in workers:
+            w.kill()
+        drained = 0
+        while True:
+            try:
+                self._free.get_nowait()
+                drained += 1
+            except queue.Empty:
+                break
+        for _ in range(drained):
+            self._free.put(None)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the live workers (for tests and diagnostics)."""
+        with self._lock:
+            return [w.proc.pid for w in self._live if w.proc.is_alive()]

@@ -1,0 +1,256 @@
+"""The numbers of a study, from its run directories: curves, the final table, the frontier.
+
+Everything here is a pure function of what the runs wrote (``metrics.jsonl``), so a study can
+be re-analysed at any time, and ``study.json`` and ``study.html`` always show the same numbers.
+
+Per run, every held-out evaluation is one point on three axes:
+
+    steps    updates done (0 before training, s + 1 after step s)
+    tokens   generated tokens so far: rollouts + the credit method's own generations
+    seconds  training wall time so far: the sum of the step times (evaluations excluded)
+
+Per method and axis, the curve is the mean and std over seeds.  On the steps axis the seeds
+share their evaluation points; on the tokens and seconds axes each seed's curve is
+interpolated linearly onto the union of the seeds' points, up to the smallest of their last
+points, so every mean uses every seed.
+
+The final table, per method (n seeds):
+  * final: mean ± std (ddof 1) of the last evaluation, and a percentile bootstrap 95% CI of
+    that mean (resampling seeds, 10,000 draws, seeded);
+  * to baseline: the steps and generated tokens at which a seed's curve first reaches the
+    baseline method's mean final value (mean over the seeds that reach it, and how many
+    do), and those as a share of the baseline's own;
+  * extra compute: credit tokens / rollout tokens (what the method generates beyond its
+    rollouts), and the credit share of step time.
+The frontier is one point per method: (extra compute, final − baseline final).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from mas.study.runner import DONE_FILE, SPEC_FILE, read_jsonl, step_usage
+
+AXES = ("steps", "tokens", "seconds")
+BOOTSTRAP_DRAWS = 10_000
+SURVEY_MIN_SEEDS = 3
+
+
+# --- one run ----------------------------------------------------------------------------------------
+
+
+def run_points(rows: list[dict], metric: str = "accuracy") -> dict[str, Any]:
+    """The evaluation points of one run's metrics.jsonl records, and what it spent.
+
+    Returns {"points": [{"steps", "tokens", "seconds", "value"}], "steps", "tokens",
+    "rollout_tokens", "credit_tokens", "seconds", "credit_seconds"}.
+    """
+    steps = sorted((r for r in rows if "eval" not in r and "step" in r), key=lambda r: r["step"])
+    cum: dict[int, dict[str, float]] = {}
+    total = {"steps": 0.0, "tokens": 0.0, "seconds": 0.0}
+    rollout = credit = credit_s = 0.0
+    for r in steps:
+        for k, v in step_usage(r).items():
+            total[k] += v
+        gen = r.get("generated") or {}
+        rollout += float(gen.get("rollout_tokens", 0))
+        credit += float(gen.get("credit_tokens", 0))
+        credit_s += float((r.get("time") or {}).get("credit", 0.0))
+        cum[int(r["step"])] = dict(total)
+    points = []
+    for r in rows:
+        if r.get("eval") == "before":
+            points.append({"steps": 0.0, "tokens": 0.0, "seconds": 0.0, "value": float(r[metric])})
+        elif r.get("eval") == "periodic" and int(r["step"]) in cum:
+            c = cum[int(r["step"])]
+            points.append({**c, "value": float(r[metric])})
+    points.sort(key=lambda p: p["steps"])
+    return {"points": points, **total, "rollout_tokens": rollout, "credit_tokens": credit, "credit_seconds": credit_s}
+
+
+def first_reach(points: list[dict], target: float) -> dict[str, float] | None:
+    """The first evaluation point whose value reaches ``target`` (None if none does)."""
+    for p in points:
+        if p["value"] >= target - 1e-12:
+            return p
+    return None
+
+
+# --- across seeds -----------------------------------------------------------------------------------
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def curve(runs: list[list[dict]], axis: str) -> dict[str, list[float]]:
+    """Mean ± std over seeds of the value against ``axis`` (module docstring)."""
+    runs = [p for p in runs if p]
+    if not runs:
+        return {"x": [], "mean": [], "std": [], "n": []}
+    if axis == "steps":
+        xs = sorted({p[axis] for pts in runs for p in pts})
+        out: dict[str, list[float]] = {"x": [], "mean": [], "std": [], "n": []}
+        for x in xs:
+            vals = [p["value"] for pts in runs for p in pts if p[axis] == x]
+            m, s = _mean_std(vals)
+            out["x"].append(x), out["mean"].append(m), out["std"].append(s), out["n"].append(len(vals))
+        return out
+    limit = min(pts[-1][axis] for pts in runs)
+    xs = sorted({p[axis] for pts in runs for p in pts if p[axis] <= limit})
+    table = np.array([np.interp(xs, [p[axis] for p in pts], [p["value"] for p in pts]) for pts in runs])  # [seeds, X]
+    std = table.std(axis=0, ddof=1) if len(runs) > 1 else np.zeros(len(xs))
+    return {"x": [float(x) for x in xs], "mean": table.mean(axis=0).tolist(), "std": std.tolist(), "n": [len(runs)] * len(xs)}
+
+
+def bootstrap_ci(values: list[float], draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap 95% CI of the mean of ``values`` (resampling them with replacement)."""
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    v = np.asarray(values, dtype=np.float64)
+    means = v[rng.integers(0, len(v), size=(draws, len(v)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _mean_or_none(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def method_row(method: str, runs: list[dict], target: float | None, baseline_row: dict | None) -> dict[str, Any]:
+    """The final-table row of one method from its runs (``run_points`` dicts)."""
+    finals = [r["points"][-1]["value"] for r in runs if r["points"]]
+    mean, std = _mean_std(finals) if finals else (math.nan, math.nan)
+    reach = [first_reach(r["points"], target) for r in runs] if target is not None else []
+    hit = [p for p in reach if p is not None]
+    row: dict[str, Any] = {
+        "method": method,
+        "seeds": len(runs),
+        "final_mean": mean,
+        "final_std": std,
+        "ci95": list(bootstrap_ci(finals)),
+        "finals": finals,
+        "steps_to_baseline": _mean_or_none([p["steps"] for p in hit]),
+        "tokens_to_baseline": _mean_or_none([p["tokens"] for p in hit]),
+        "reached_baseline": len(hit),
+        "steps": statistics.fmean(r["steps"] for r in runs) if runs else 0.0,
+        "tokens": statistics.fmean(r["tokens"] for r in runs) if runs else 0.0,
+        "seconds": statistics.fmean(r["seconds"] for r in runs) if runs else 0.0,
+        "rollout_tokens": statistics.fmean(r["rollout_tokens"] for r in runs) if runs else 0.0,
+        "credit_tokens": statistics.fmean(r["credit_tokens"] for r in runs) if runs else 0.0,
+    }
+    ratios = [r["credit_tokens"] / r["rollout_tokens"] for r in runs if r["rollout_tokens"] > 0]
+    row["extra_compute"] = statistics.fmean(ratios) if ratios else 0.0
+    shares = [r["credit_seconds"] / r["seconds"] for r in runs if r["seconds"] > 0]
+    row["credit_time_share"] = statistics.fmean(shares) if shares else 0.0
+    for key in ("steps_to_baseline", "tokens_to_baseline"):
+        base = baseline_row.get(key) if baseline_row else None
+        row[key.replace("_to_baseline", "_share_of_baseline")] = row[key] / base if row[key] is not None and base else None
+    return row
+
+
+# --- the study -----------------------------------------------------------------------------------------
+
+
+def metric_of(config: dict) -> tuple[str, str]:
+    """(eval key, label) of the held-out metric: the env's reward (accuracy, or F1 / EM)."""
+    reward = (config.get("env") or {}).get("reward")
+    return "accuracy", {"f1": "F1", "em": "EM"}.get(reward, "accuracy")
+
+
+def analyse(out: str | Path) -> dict[str, Any]:
+    """Every number of study.json / study.html from the study directory ``out``."""
+    out = Path(out)
+    spec = json.loads((out / SPEC_FILE).read_text())
+    methods, seeds = spec["methods"], spec["seeds"]
+    baseline = spec.get("baseline") or ("grpo" if "grpo" in methods else methods[0])
+    label = "accuracy"
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    run_list = []
+    for m in methods:
+        for s in range(seeds):
+            run_dir = out / "runs" / m / f"seed_{s}"
+            rows = read_jsonl(run_dir / "metrics.jsonl")
+            if not rows:
+                continue
+            config_path = run_dir / "config.yaml"
+            key, label = metric_of(yaml.safe_load(config_path.read_text()) or {}) if config_path.exists() else ("accuracy", label)
+            pts = run_points(rows, key)
+            done = json.loads((run_dir / DONE_FILE).read_text()) if (run_dir / DONE_FILE).exists() else None
+            runs[m].append(pts)
+            run_list.append({"method": m, "seed": s, "run_dir": str(run_dir.relative_to(out)), "finished": done is not None,
+                             "budget": (done or {}).get("budget"), "final": pts["points"][-1]["value"] if pts["points"] else None,
+                             **{k: pts[k] for k in ("steps", "tokens", "rollout_tokens", "credit_tokens", "seconds", "credit_seconds")},
+                             "points": pts["points"]})
+    base_runs = runs.get(baseline, [])
+    base_finals = [r["points"][-1]["value"] for r in base_runs if r["points"]]
+    target = statistics.fmean(base_finals) if base_finals else None
+    base_row = method_row(baseline, base_runs, target, None) if base_runs else None
+    table = [method_row(m, runs[m], target, base_row) for m in methods if runs[m]]
+    curves = {axis: {m: curve([r["points"] for r in runs[m]], axis) for m in methods if runs[m]} for axis in AXES}
+    frontier = [{"method": r["method"], "extra_compute": r["extra_compute"],
+                 "gain": (r["final_mean"] - target) if target is not None else None} for r in table]
+    return {
+        "spec": spec,
+        "metric": label,
+        "baseline": baseline,
+        "baseline_final": target,
+        "runs": run_list,
+        "curves": curves,
+        "table": table,
+        "frontier": frontier,
+        "checklist": checklist(spec, table, run_list, baseline),
+    }
+
+
+def checklist(spec: dict, table: list[dict], runs: list[dict], baseline: str) -> list[dict[str, str]]:
+    """The rows of the survey's reporting checklist this study fills."""
+    kind, budget = spec["budget_kind"], spec.get("budget")
+    if budget is None:  # steps from the config: what the runs were given
+        budget = max((r["budget"]["limit"] for r in runs if r.get("budget")), default=0.0)
+    rows = []
+    has_base = any(r["method"] == baseline for r in table)
+    short = [f"{r['method']}/seed_{r['seed']}" for r in runs if r.get("budget") and kind != "steps" and not r["budget"].get("reached")]
+    if kind == "tokens":
+        matched = f"compute-matched: every run stops once its generated tokens (rollouts and the credit method's own generations) reach {budget:g}"
+    elif kind == "seconds":
+        matched = f"wall-time matched: every run stops once its training time reaches {budget:g} s (measured on this machine)"
+    else:
+        extra = max((r["extra_compute"] for r in table), default=0.0)
+        matched = (f"steps-matched ({budget:g} steps each), not compute-matched: credit methods generated up to "
+                   f"{1 + extra:.2f}x the tokens of their rollouts; run --budget tokens for a compute-matched comparison")
+    if short:
+        matched += f"; hit trainer.steps before the budget: {', '.join(short)}"
+    rows.append({"item": "Episode-level baseline on the same model and compute",
+                 "value": (f"{baseline} on the same config; " if has_base else f"no {baseline} run; ") + matched})
+    n = spec["seeds"]
+    rows.append({"item": "Variance over seeds",
+                 "value": f"{n} seeds per method (mean ± std and a bootstrap 95% CI); "
+                 + ("meets the survey's minimum of 3" if n >= SURVEY_MIN_SEEDS else f"fewer than the survey's minimum of {SURVEY_MIN_SEEDS}")})
+    overhead = "; ".join(f"{r['method']}: +{100 * r['extra_compute']:.0f}% generated tokens, {100 * r['credit_time_share']:.0f}% of step time"
+                         for r in table)
+    rows.append({"item": "Credit-specific overhead", "value": overhead or "no runs yet"})
+    return rows
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_study_json(study: dict, path: Path) -> Path:
+    path.write_text(json.dumps(_json_safe(study), indent=2, allow_nan=False))
+    return path

@@ -1,0 +1,339 @@
+"""Run a study's grid: one ordinary run directory per (credit method, seed), resumable.
+
+    OUT/study_spec.json                what was asked (config, methods, seeds, budget, overrides)
+    OUT/runs/<method>/seed_<s>/        an ordinary run directory (``mas report`` works on it)
+        study_run.json                 written when the run is finished: why it ended, what it used
+
+Re-running the same command continues where it stopped: a finished run (``study_run.json``)
+is skipped, a run with a checkpoint resumes from it (``mas train --resume`` semantics: same
+data order and RNG), and a run that never reached a checkpoint starts again.
+
+Budgets (``--budget KIND N``), so that methods are compared at equal cost:
+
+    steps    every run trains N steps (``trainer.steps = N``)
+    tokens   every run stops after the step at which its generated tokens reach N, counting
+             the credit method's own generations (replays, coalition re-runs, removal runs,
+             critic replies) with the rollouts: a method that generates 3x per step gets a
+             third of the steps.  ``trainer.steps`` is the cap.
+    seconds  every run stops after the step at which its training wall time (the sum of its
+             step times; evaluations excluded) reaches N.  ``trainer.steps`` is the cap.
+
+A budget stop is the trainer's ordinary early stop (``mas.callbacks``): the last completed
+step is checkpointed and held-out accuracy is measured there (``trainer.eval_every``).
+
+Executors: ``local`` runs the grid one run after another in this process; ``ray`` sends
+every run to a Ray cluster as a task (``ray.init(address=...)``, or a local Ray instance),
+so runs go in parallel up to the cluster's CPUs.
+
+Credit blocks: a method's run uses the config's own ``credit`` section when it names that
+method, else ``{method: <name>}`` with the method's defaults, plus what ``--credit-set
+METHOD.key=value`` gives.  Two defaults follow the team: C3's ``fanout`` is
+``[trainer.group_size, 4]`` (the G rollouts are its roots, 4 siblings per later decision as in
+the paper's (2, 4)), and M-GRPO's ``main_agent`` is the orchestrator of an orchestrator team.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from mas.config import ConfigError, apply_overrides, validate_config
+
+BudgetKind = Literal["steps", "tokens", "seconds"]
+BUDGET_KINDS: tuple[str, ...] = ("steps", "tokens", "seconds")
+SPEC_FILE = "study_spec.json"
+DONE_FILE = "study_run.json"
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """What a study runs; saved as ``study_spec.json`` so a re-run can check it is the same study."""
+
+    config: str  # path of the team YAML
+    methods: tuple[str, ...]
+    seeds: int  # seeds 0..seeds-1, added to the config's trainer.seed
+    out: str
+    budget_kind: BudgetKind = "steps"
+    budget: float | None = None  # None with steps: the config's trainer.steps
+    overrides: tuple[str, ...] = ()  # key.sub=value for every run
+    credit_sets: tuple[str, ...] = ()  # METHOD.key=value for one method's credit block
+    eval_every: int | None = None  # None: about five held-out evaluations per run
+    baseline: str | None = None  # None: grpo if in methods, else the first method
+
+    @property
+    def baseline_method(self) -> str:
+        return self.baseline or ("grpo" if "grpo" in self.methods else self.methods[0])
+
+
+@dataclass
+class Job:
+    """One (method, seed) run of a study: its resolved config and where it lives."""
+
+    method: str
+    seed: int
+    run_dir: str
+    config: dict[str, Any]  # the validated config, as a plain dict
+    budget_kind: BudgetKind
+    budget: float
+    state: str = "new"  # new | resume | done (what run_job will do)
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}/seed_{self.seed}"
+
+
+# --- building the grid -----------------------------------------------------------------------
+
+
+def _credit_block(data: dict, method: str, sets: tuple[str, ...]) -> dict:
+    """The credit section of ``method``'s run (module docstring)."""
+    base = data.get("credit") if isinstance(data.get("credit"), dict) else {}
+    block = dict(base) if base.get("method") == method else {"method": method}
+    trainer = data.get("trainer") or {}
+    if method == "c3" and "fanout" not in block:
+        block["fanout"] = [int(trainer.get("group_size", 4)), 4]
+    topo = data.get("topology") or {}
+    if method == "m_grpo" and "main_agent" not in block and topo.get("kind") == "orchestrator":
+        block["main_agent"] = topo.get("orchestrator")
+    for item in sets:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError("--credit-set", [f"{item!r}: expected METHOD.key=value (e.g. c3.fanout=[8,2])"])
+        key, value = item.split("=", 1)
+        target, sub = key.split(".", 1)
+        if target == method:
+            block = apply_overrides({"credit": block}, [f"credit.{sub}={value}"])["credit"]
+    return block
+
+
+def job_config(spec: StudySpec, method: str, seed: int) -> dict:
+    """The validated config (as a dict) of one run; a ConfigError names the method and seed."""
+    try:
+        data = yaml.safe_load(Path(spec.config).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(spec.config, ["file not found"]) from None
+    data = apply_overrides(data, list(spec.overrides))
+    data["credit"] = _credit_block(data, method, spec.credit_sets)
+    trainer = data.setdefault("trainer", {})
+    trainer["seed"] = int(trainer.get("seed", 0)) + seed
+    if spec.budget_kind == "steps" and spec.budget is not None:
+        trainer["steps"] = int(spec.budget)
+    steps = int(trainer.get("steps", validate_config(data, spec.config).trainer.steps))
+    trainer["eval_every"] = spec.eval_every or int(trainer.get("eval_every") or 0) or max(1, math.ceil(steps / 5))
+    data.setdefault("logging", {})["progress"] = False  # one line per run instead of interleaved bars
+    cfg = validate_config(data, f"{spec.config} [{method}, seed {seed}]")
+    if not cfg.trainer.eval_size:
+        raise ConfigError(spec.config, ["trainer.eval_size: a study measures held-out accuracy during training; set it > 0 (found 0)"])
+    return cfg.model_dump(mode="json", by_alias=True)
+
+
+def plan_jobs(spec: StudySpec) -> list[Job]:
+    """Every (method, seed) run with its state; every config is validated before anything runs."""
+    unknown_sets = sorted({s.split(".", 1)[0] for s in spec.credit_sets} - set(spec.methods))
+    if unknown_sets:
+        raise ConfigError("--credit-set", [f"names methods not in --methods: {unknown_sets}; methods: {list(spec.methods)}"])
+    jobs = []
+    for method in spec.methods:
+        for seed in range(spec.seeds):
+            cfg = job_config(spec, method, seed)
+            budget = spec.budget if spec.budget is not None else cfg["trainer"]["steps"]
+            run_dir = Path(spec.out) / "runs" / method / f"seed_{seed}"
+            jobs.append(Job(method, seed, str(run_dir), cfg, spec.budget_kind, float(budget), run_state(run_dir)))
+    return jobs
+
+
+def run_state(run_dir: Path) -> str:
+    """done (finished), resume (has a checkpoint) or new."""
+    if (run_dir / DONE_FILE).exists():
+        return "done"
+    if (run_dir / "checkpoints" / "latest").exists():
+        return "resume"
+    return "new"
+
+
+# --- the budget ---------------------------------------------------------------------------------
+
+
+def step_usage(record: dict) -> dict[str, float]:
+    """What one metrics.jsonl step record spent: steps, generated tokens, seconds."""
+    return {
+        "steps": 1.0,
+        "tokens": float((record.get("generated") or {}).get("total", 0)),
+        "seconds": float((record.get("time") or {}).get("step", 0.0)),
+    }
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSONL file; a line a crash left half-written is skipped."""
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+class BudgetStop:
+    """Callback that asks the run to stop once its usage of ``kind`` reaches ``limit``."""
+
+    def __init__(self, kind: BudgetKind, limit: float, used: float = 0.0):
+        if kind not in BUDGET_KINDS:
+            raise ValueError(f"unknown budget {kind!r}; valid: {list(BUDGET_KINDS)}")
+        self.kind, self.limit, self.used = kind, float(limit), float(used)
+
+    @classmethod
+    def resuming(cls, kind: BudgetKind, limit: float, run_dir: Path) -> "BudgetStop":
+        """The budget of a run resumed from its latest checkpoint: usage of the steps it keeps."""
+        from mas.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(run_dir)
+        last = json.loads((ckpt / "trainer_state.json").read_text())["step"] if ckpt else -1
+        rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "eval" not in r and "step" in r and r["step"] <= last]
+        return cls(kind, limit, sum(step_usage(r)[kind] for r in rows))
+
+    @property
+    def reached(self) -> bool:
+        return self.used >= self.limit
+
+    def on_step_end(self, step: int, metrics: dict, groups: list, credit: Any) -> bool:
+        """Count the step; ask to stop once the budget is reached (a steps budget is the
+        trainer's own trainer.steps, which ends the run normally, so it only counts)."""
+        self.used += step_usage(metrics)[self.kind]
+        return self.reached and self.kind != "steps"
+
+
+# --- running one job ------------------------------------------------------------------------------
+
+
+def run_job(job: Job | dict) -> dict:
+    """Train (or resume, or skip) one run; returns its ``study_run.json`` record.
+
+    Importable by Ray workers: takes and returns plain data.
+    """
+    if isinstance(job, dict):
+        job = Job(**job)
+    from mas.team import build_team
+    from mas.trainer import train
+
+    run_dir = Path(job.run_dir)
+    state = run_state(run_dir)
+    if state == "done":
+        return json.loads((run_dir / DONE_FILE).read_text())
+    if state == "new" and run_dir.exists():  # started before but never reached a checkpoint: start again
+        shutil.rmtree(run_dir)
+    cfg = validate_config(copy.deepcopy(job.config), f"{job.name}")
+    resume = state == "resume"
+    budget = BudgetStop.resuming(job.budget_kind, job.budget, run_dir) if resume else BudgetStop(job.budget_kind, job.budget)
+    t0 = time.time()
+    if not budget.reached:
+        team = build_team(cfg)
+        summary = train(team, run_dir, resume=resume, callbacks=[budget])
+        del team
+        gc.collect()
+    else:  # the budget was spent at the last checkpoint (a crash before this file was written)
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    record = {
+        "method": job.method,
+        "seed": job.seed,
+        "run_dir": str(run_dir),
+        "budget": {"kind": job.budget_kind, "limit": job.budget, "used": budget.used, "reached": budget.reached},
+        "stopped": summary.get("stopped"),
+        "wall_s_this_call": round(time.time() - t0, 3),
+    }
+    (run_dir / DONE_FILE).write_text(json.dumps(record, indent=2))
+    return record
+
+
+# --- the grid ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class StudyRun:
+    """Outcome of ``run_study``: the jobs and their records."""
+
+    spec: StudySpec
+    jobs: list[Job]
+    records: list[dict] = field(default_factory=list)
+
+
+def check_spec(spec: StudySpec) -> None:
+    """A re-run into a study directory must be the same study (same grid and budget)."""
+    path = Path(spec.out) / SPEC_FILE
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    new = json.loads(json.dumps(asdict(spec)))
+    differ = sorted(k for k in new if k not in ("out",) and old.get(k) != new[k])
+    if differ:
+        raise ConfigError(str(path), [f"{k}: this study directory was started with {old.get(k)!r}, now {new[k]!r}; "
+                                      "use another --out (or the same arguments to continue it)" for k in differ])
+
+
+def run_study(spec: StudySpec, executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
+              cpus_per_run: float = 1.0, log=print) -> StudyRun:
+    """Plan, then run every unfinished job of the grid (locally one by one, or as Ray tasks)."""
+    if spec.budget_kind not in BUDGET_KINDS:
+        raise ConfigError("--budget", [f"unknown budget {spec.budget_kind!r}; valid: {list(BUDGET_KINDS)}"])
+    if spec.budget is not None and not (spec.budget > 0 and math.isfinite(spec.budget)):
+        raise ConfigError("--budget", [f"the budget must be a positive number (found {spec.budget})"])
+    check_spec(spec)
+    jobs = plan_jobs(spec)
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
+    counts = {s: sum(j.state == s for j in jobs) for s in ("done", "resume", "new")}
+    log(f"study: {len(spec.methods)} methods x {spec.seeds} seeds = {len(jobs)} runs in {out} "
+        f"(budget {spec.budget_kind} {jobs[0].budget:g}); {counts['done']} done, {counts['resume']} to resume, {counts['new']} to start")
+    todo = [j for j in jobs if j.state != "done"]
+    result = StudyRun(spec, jobs)
+    if executor == "ray" and todo:
+        result.records = _run_ray(todo, ray_address, cpus_per_run, log)
+    else:
+        for i, job in enumerate(todo):
+            log(f"[{i + 1}/{len(todo)}] {job.name}: {'resuming' if job.state == 'resume' else 'training'} ({job.run_dir})")
+            result.records.append(run_job(job))
+    return result
+
+
+def _run_ray(jobs: list[Job], address: str | None, cpus_per_run: float, log) -> list[dict]:
+    """Every job as one Ray task; a local Ray instance when ``address`` is None and none is running."""
+    import os
+
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor", ["ray is not installed: pip install 'mas-rl[ray]' (or use --executor local)"]) from None
+    started = False
+    if not ray.is_initialized():
+        keep = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MAS_CACHE_DIR", "HF_HOME", "TOKENIZERS_PARALLELISM", "MKL_CBWR")
+        env = {k: os.environ[k] for k in keep if k in os.environ}
+        ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": env} if env else None,
+                 log_to_driver=False)
+        started = True
+    try:
+        task = ray.remote(num_cpus=cpus_per_run)(run_job)
+        refs = {task.remote(asdict(j)): j for j in jobs}
+        log(f"ray: {len(refs)} runs submitted ({cpus_per_run:g} CPU each; {ray.cluster_resources().get('CPU', 0):g} CPUs in the cluster)")
+        records = []
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            record = ray.get(ready[0])
+            log(f"done: {refs[ready[0]].name} ({record['budget']['kind']} used {record['budget']['used']:g})")
+            records.append(record)
+        return records
+    finally:
+        if started:
+            ray.shutdown()

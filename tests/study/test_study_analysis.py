@@ -1,0 +1,134 @@
+"""mas.study.analysis: curves, the final table, the frontier and the checklist, by hand on
+hand-written metrics records (no training)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from mas.study.analysis import analyse, bootstrap_ci, curve, first_reach, method_row, run_points
+from mas.study.runner import BudgetStop, StudySpec, step_usage
+
+
+def step(s: int, rollout: int, credit: int, seconds: float, credit_s: float = 0.0) -> dict:
+    return {"step": s, "generated": {"rollout_tokens": rollout, "credit_tokens": credit, "total": rollout + credit},
+            "time": {"step": seconds, "credit": credit_s}}
+
+
+def ev(name: str, value: float, s: int | None = None) -> dict:
+    return {"eval": name, "accuracy": value, **({} if s is None else {"step": s})}
+
+
+def test_run_points_accumulate_tokens_and_seconds_by_hand():
+    """before 0.1; steps 0..3 of 100 rollout + 50 credit tokens and 2 s; evals after steps 1 and 3."""
+    rows = [ev("before", 0.1)] + [step(s, 100, 50, 2.0, 0.5) for s in range(4)]
+    rows.insert(3, ev("periodic", 0.3, 1))
+    rows.append(ev("periodic", 0.6, 3))
+    rows.append(ev("after", 0.6))  # the same evaluation again: not a new point
+    p = run_points(rows)
+    assert [(q["steps"], q["tokens"], q["seconds"], q["value"]) for q in p["points"]] == [
+        (0, 0, 0, 0.1), (2, 300, 4.0, 0.3), (4, 600, 8.0, 0.6)]
+    assert (p["steps"], p["tokens"], p["rollout_tokens"], p["credit_tokens"], p["seconds"], p["credit_seconds"]) == (4, 600, 400, 200, 8.0, 2.0)
+
+
+def test_curve_on_steps_and_interpolated_tokens():
+    a = [{"steps": 0, "tokens": 0, "value": 0.0}, {"steps": 2, "tokens": 100, "value": 0.4}, {"steps": 4, "tokens": 200, "value": 0.8}]
+    b = [{"steps": 0, "tokens": 0, "value": 0.2}, {"steps": 2, "tokens": 50, "value": 0.2}, {"steps": 4, "tokens": 150, "value": 0.6}]
+    c = curve([a, b], "steps")
+    assert c["x"] == [0, 2, 4] and c["mean"] == pytest.approx([0.1, 0.3, 0.7]) and c["n"] == [2, 2, 2]
+    assert c["std"] == pytest.approx([statistics.stdev([0.0, 0.2]), statistics.stdev([0.4, 0.2]), statistics.stdev([0.8, 0.6])])
+    t = curve([a, b], "tokens")
+    # shared points up to the shorter seed's last (150): 0, 50, 100, 150; a at 50 -> 0.2, at 150 -> 0.6;
+    # b at 100 -> 0.2 + 0.4 * 50/100 = 0.4
+    assert t["x"] == [0, 50, 100, 150]
+    assert t["mean"] == pytest.approx([(0 + 0.2) / 2, (0.2 + 0.2) / 2, (0.4 + 0.4) / 2, (0.6 + 0.6) / 2])
+    assert curve([a], "tokens")["std"] == [0.0, 0.0, 0.0]
+
+
+def test_bootstrap_ci_brackets_the_mean_and_is_seeded():
+    v = [0.2, 0.5, 0.4]
+    lo, hi = bootstrap_ci(v)
+    assert lo <= statistics.fmean(v) <= hi and min(v) <= lo and hi <= max(v)
+    assert bootstrap_ci(v) == (lo, hi)  # seeded
+    assert bootstrap_ci([0.7]) == (0.7, 0.7)
+    # against an independent numpy loop
+    rng = np.random.default_rng(0)
+    means = np.asarray(v)[rng.integers(0, 3, size=(10_000, 3))].mean(axis=1)
+    assert (lo, hi) == pytest.approx(tuple(np.percentile(means, [2.5, 97.5])))
+
+
+def test_method_row_reach_and_overhead_by_hand():
+    """Baseline ends at 0.5.  Seed 0 reaches 0.5 after 2 steps / 300 tokens, seed 1 never does."""
+    r0 = {"points": [{"steps": 0, "tokens": 0, "seconds": 0, "value": 0.1}, {"steps": 2, "tokens": 300, "seconds": 4, "value": 0.5},
+                     {"steps": 4, "tokens": 600, "seconds": 8, "value": 0.7}],
+          "steps": 4, "tokens": 600, "rollout_tokens": 400, "credit_tokens": 200, "seconds": 8.0, "credit_seconds": 2.0}
+    r1 = {**r0, "points": [{"steps": 0, "tokens": 0, "seconds": 0, "value": 0.1}, {"steps": 4, "tokens": 600, "seconds": 8, "value": 0.3}],
+          "credit_tokens": 100, "credit_seconds": 4.0}
+    base = {"steps_to_baseline": 4.0, "tokens_to_baseline": 400.0}
+    row = method_row("sharp", [r0, r1], 0.5, base)
+    assert row["final_mean"] == pytest.approx(0.5) and row["final_std"] == pytest.approx(math.sqrt(0.08))
+    assert row["reached_baseline"] == 1 and row["steps_to_baseline"] == 2 and row["tokens_to_baseline"] == 300
+    assert row["steps_share_of_baseline"] == 0.5 and row["tokens_share_of_baseline"] == 0.75
+    assert row["extra_compute"] == pytest.approx((200 / 400 + 100 / 400) / 2)
+    assert row["credit_time_share"] == pytest.approx((2 / 8 + 4 / 8) / 2)
+    assert first_reach(r1["points"], 0.5) is None
+
+
+def test_budget_counts_what_each_step_generated():
+    b = BudgetStop("tokens", 250)
+    assert not b.on_step_end(0, step(0, 100, 20, 1.0), [], None)
+    assert b.on_step_end(1, step(1, 100, 40, 1.0), [], None)  # 260 >= 250: stop after this step
+    assert b.used == 260
+    s = BudgetStop("seconds", 2.5, used=2.0)
+    assert s.on_step_end(2, step(2, 1, 0, 0.75), [], None)
+    assert step_usage(step(0, 7, 3, 1.5)) == {"steps": 1.0, "tokens": 10.0, "seconds": 1.5}
+    steps = BudgetStop("steps", 1)  # trainer.steps ends a steps budget: the callback only counts
+    assert not steps.on_step_end(0, step(0, 1, 0, 0.1), [], None) and steps.reached and steps.used == 1
+    with pytest.raises(ValueError, match="valid"):
+        BudgetStop("episodes", 3)
+
+
+def _write_study(tmp_path, runs: dict, kind="steps", budget=4.0):
+    spec = StudySpec(config="team.yaml", methods=tuple(runs), seeds=2, out=str(tmp_path), budget_kind=kind, budget=budget)
+    from dataclasses import asdict
+
+    (tmp_path / "study_spec.json").write_text(json.dumps(asdict(spec)))
+    for method, seeds in runs.items():
+        for s, rows in enumerate(seeds):
+            d = tmp_path / "runs" / method / f"seed_{s}"
+            d.mkdir(parents=True)
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (d / "study_run.json").write_text(json.dumps({"budget": {"kind": kind, "limit": budget, "used": budget, "reached": True}}))
+
+
+def _rows(values: list[float], credit: int) -> list[dict]:
+    rows = [ev("before", values[0])]
+    for s in range(4):
+        rows.append(step(s, 100, credit, 1.0, 0.1 * credit / 50))
+        if s % 2 == 1:
+            rows.append(ev("periodic", values[(s + 1) // 2], s))
+    return rows
+
+
+def test_analyse_a_hand_written_study(tmp_path):
+    _write_study(tmp_path, {"grpo": [_rows([0.1, 0.3, 0.5], 0), _rows([0.1, 0.2, 0.3], 0)],
+                            "sharp": [_rows([0.1, 0.5, 0.7], 100), _rows([0.1, 0.4, 0.5], 100)]})
+    study = analyse(tmp_path)
+    assert study["baseline"] == "grpo" and study["baseline_final"] == pytest.approx(0.4)
+    by = {r["method"]: r for r in study["table"]}
+    assert by["sharp"]["final_mean"] == pytest.approx(0.6) and by["sharp"]["extra_compute"] == pytest.approx(1.0)
+    # sharp reaches 0.4 after 2 steps (both seeds); grpo: seed 0 after 4 steps, seed 1 never
+    assert by["sharp"]["steps_to_baseline"] == 2 and by["grpo"]["steps_to_baseline"] == 4 and by["grpo"]["reached_baseline"] == 1
+    assert by["sharp"]["steps_share_of_baseline"] == 0.5
+    front = {p["method"]: p for p in study["frontier"]}
+    assert front["grpo"] == {"method": "grpo", "extra_compute": 0.0, "gain": pytest.approx(0.0)}
+    assert front["sharp"]["gain"] == pytest.approx(0.2)
+    assert [c["item"] for c in study["checklist"]] == ["Episode-level baseline on the same model and compute", "Variance over seeds",
+                                                       "Credit-specific overhead"]
+    assert "steps-matched" in study["checklist"][0]["value"] and "2.00x" in study["checklist"][0]["value"]
+    assert "fewer than the survey's minimum of 3" in study["checklist"][1]["value"]
+    assert study["curves"]["tokens"]["sharp"]["x"][-1] == 800  # 4 steps x (100 + 100) tokens

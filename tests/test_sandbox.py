@@ -1,0 +1,182 @@
+"""The sandbox that runs tools and symbolic verification: time, memory and network limits.
+
+Limits are checked by what they stop (a hung call returns, an unbounded allocation fails, a
+socket reaches no server), never by how long something took.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from mas.sandbox import Sandbox, SandboxMemoryError, SandboxTimeout
+
+
+def add(a, b):
+    return a + b
+
+
+def hang():
+    threading.Event().wait()  # forever
+
+
+def spin():
+    while True:
+        pass
+
+
+def allocate():
+    hoard = []
+    while True:
+        hoard.append(bytearray(8 * 1024 * 1024))
+
+
+def connect(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        return "connected"
+
+
+def raw_socket():
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    return "made a socket"
+
+
+def spawn():
+    import subprocess
+
+    return subprocess.run(["true"]).returncode
+
+
+def net_devices():
+    with open("/proc/self/net/dev") as f:
+        return [line.split(":")[0].strip() for line in f.read().splitlines()[2:]]
+
+
+def fail():
+    raise ValueError("bad value")
+
+
+def pid():
+    return os.getpid()
+
+
+FUNCTIONS = {f.__name__: f for f in (add, hang, spin, allocate, connect, raw_socket, spawn, net_devices, fail, pid)}
+
+
+@pytest.fixture()
+def box():
+    sandbox = Sandbox(FUNCTIONS, timeout_s=1.0, memory_mb=64, workers=2, name="test")
+    yield sandbox
+    sandbox.close()
+
+
+@pytest.fixture()
+def listener():
+    """A TCP server in this process on a free port; counts the connections it accepts."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    accepted = []
+
+    def accept_all():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            accepted.append(conn)
+
+    thread = threading.Thread(target=accept_all, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    server.close()
+
+
+def test_calls_run_in_another_process_and_return_their_result(box):
+    assert box("add", 2, b=3) == 5
+    assert box("pid") != os.getpid()
+    with pytest.raises(ValueError, match="bad value"):  # the function's own exception comes back as it was
+        box("fail")
+    assert box("add", 1, 1) == 2  # ... and the worker goes on
+    with pytest.raises(KeyError, match="registered"):
+        box("eval")
+
+
+@pytest.mark.parametrize("fn", ["hang", "spin"])
+def test_a_call_past_the_time_limit_is_stopped_and_its_worker_replaced(box, fn):
+    first = box("pid")  # worker A; the stuck call gets a second worker B
+    with pytest.raises(SandboxTimeout, match=f"{fn} did not finish within 1s"):
+        box(fn)
+    assert box.started == 2 and box.pids == [first]  # B was killed
+    assert box("add", 1, 2) == 3  # the pool still serves
+
+
+def test_unbounded_allocation_fails_the_call_not_the_caller(box):
+    with pytest.raises(SandboxMemoryError, match="out of memory"):
+        box("allocate")
+    assert box("add", 2, 2) == 4
+
+
+def test_no_network_a_socket_reaches_no_server(box, listener):
+    port, accepted = listener
+    with socket.create_connection(("127.0.0.1", port)):  # the server works from here ...
+        pass
+    with pytest.raises(PermissionError, match="network access is disabled"):
+        box("connect", port)  # ... but not from a worker
+    with pytest.raises(PermissionError, match="network access is disabled"):
+        box("raw_socket")
+    assert len(accepted) == 1  # only this process's own connection arrived
+
+
+def test_the_kernel_wall_holds_where_a_namespace_could_be_made(box):
+    box("pid")
+    assert box.isolation in ("namespace+audit", "audit")
+    if box.isolation == "namespace+audit":
+        assert box("net_devices") == ["lo"]  # a fresh network namespace: loopback only, no route out
+        assert box("spawn") == 0  # a child process stays in the namespace, so it may start
+    else:
+        with pytest.raises(PermissionError, match="starting processes is disabled"):
+            box("spawn")
+
+
+def test_network_may_be_allowed_explicitly():
+    sandbox = Sandbox({"net_devices": net_devices}, timeout_s=5.0, network=True)
+    try:
+        assert len(sandbox("net_devices")) >= 1 and sandbox.isolation is None
+    finally:
+        sandbox.close()
+
+
+def test_concurrent_calls_use_separate_workers(box):
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(box("pid"))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 6 and 1 <= len(set(results)) <= 2  # two workers served all six
+
+
+def test_close_stops_the_workers_and_a_later_call_starts_new_ones(box):
+    box("add", 1, 1)
+    pids = box.pids
+    assert pids
+    box.close()
+    assert box.pids == []
+    for p in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(p, 0)
+    assert box("add", 1, 1) == 2
+
+
+def test_bad_limits_are_refused():
+    with pytest.raises(ValueError):
+        Sandbox({}, timeout_s=0)
+    with pytest.raises(ValueError):
+        Sandbox({}, timeout_s=1, workers=0)

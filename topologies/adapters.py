@@ -1,0 +1,212 @@
+"""What the AutoGen and LangGraph adapters share: one episode's model calls from a framework.
+
+A framework team calls its models through a mas client (an AutoGen ``ChatCompletionClient``,
+a LangChain chat model).  Each client call becomes ``EpisodeContext.call`` of the agent it is
+bound to, so it is batched with every other episode's calls, recorded as a Turn of that
+agent, and replayed, masked or removed when a credit method asks; nothing here samples.
+
+The rules, the same for both frameworks:
+
+* Prompt.  The framework's messages, converted to chat messages by the adapter.  With no
+  system message, the agent's YAML ``role`` is the system message.  Consecutive user
+  messages are joined into one (several agents speaking in a row read as one transcript), and
+  empty messages are left out, so an agent removed by an intervention is not seen.
+* Tools.  The framework runs the tools (an AutoGen ``FunctionTool``, a LangGraph
+  ``ToolNode``); the model writes calls in the format of ``mas.agents.tools``,
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.  Tools the agent's role does not
+  describe already (the env's tools do) are described in the system message.  A generation
+  with calls is a tool turn (label ``tool``); its calls and, once the framework ran them, their
+  observations and validity are recorded on it (``tool_valid`` as for env tools).  Call ids
+  are ``call_<turn>_<k>``, the same in a replay, so a replayed transcript renders the same.
+* Errors.  The first exception of ``ctx.call`` (a ``ReplayDivergence``, a backend failure) is
+  kept and re-raised by the topology, whatever the framework wraps it in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mas.agents.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls
+from mas.engine import TOOL_LABEL, EpisodeContext
+from mas.types import Turn
+
+_JSON_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list", "object": "dict"}
+_EXAMPLES = {"string": "...", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
+
+
+# ---------------------------------------------------------------------------------------------
+# prompt text
+# ---------------------------------------------------------------------------------------------
+
+
+def tool_schema(name: str, description: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """The one tool description both adapters use: name, description, JSON-schema parameters."""
+    return {"name": name, "description": description or "", "parameters": parameters or {"type": "object", "properties": {}}}
+
+
+def describe_tools(schemas: list[dict[str, Any]]) -> str:
+    """Text for the system message: each tool's signature and description, the call format, an example."""
+    lines = ["You can call these tools before you reply:"]
+    for s in schemas:
+        props = s["parameters"].get("properties", {})
+        required = set(s["parameters"].get("required", []))
+        args = [f"{k}: {_JSON_TYPES.get(v.get('type'), v.get('type', 'any'))}" + ("" if k in required else " = optional")
+                for k, v in props.items()]
+        lines.append(f"- {s['name']}({', '.join(args)})" + (f": {s['description']}" if s["description"] else ""))
+    first = schemas[0]
+    example = {k: _EXAMPLES.get(v.get("type"), "...") for k, v in first["parameters"].get("properties", {}).items()}
+    lines += [
+        f'To call a tool, write {OPEN}, one JSON object with "name" and "arguments", then {CLOSE}, e.g.',
+        f"{OPEN}{json.dumps({'name': first['name'], 'arguments': example})}{CLOSE}",
+        "Each result comes back inside <tool_response> tags. When you have what you need, reply without a tool call.",
+    ]
+    return "\n".join(lines)
+
+
+def tool_call_text(name: str, arguments: Any) -> str:
+    """One call as the model writes it (for an assistant message whose raw text is not known)."""
+    return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE}"
+
+
+def tool_results_text(results: list[str]) -> str:
+    """The user message that hands a round of tool results back (as ``mas.agents.tools`` does)."""
+    return "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
+
+
+def outside_calls(text: str) -> str:
+    """The text of a tool message outside its ``<tool_call>`` blocks."""
+    out, pos = [], 0
+    while (start := text.find(OPEN, pos)) != -1:
+        out.append(text[pos:start])
+        end = text.find(CLOSE, start)
+        pos = len(text) if end == -1 else end + len(CLOSE)
+    out.append(text[pos:])
+    return "".join(out).strip()
+
+
+def finish_messages(messages: list[dict[str, str]], role: str) -> list[dict[str, str]]:
+    """The role as system message if there is none; empty messages dropped; consecutive user
+    messages joined (a transcript of several speakers reads as one message)."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        if not m["content"].strip():
+            continue
+        if out and m["role"] == "user" and out[-1]["role"] == "user":
+            out[-1] = {"role": "user", "content": out[-1]["content"] + "\n" + m["content"]}
+        else:
+            out.append(dict(m))
+    if not any(m["role"] == "system" for m in out):
+        out.insert(0, {"role": "system", "content": role})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# one episode's calls
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Generation:
+    """A turn as a framework sees it: its text and the tool calls to run."""
+
+    turn: Turn
+    calls: list[tuple[str, str, dict[str, Any]]]  # (call id, name, arguments) of well-formed calls
+    content: str  # the text outside the calls (the whole text without calls)
+
+
+class EpisodeCalls:
+    """The model calls of one episode of a framework team (shared by all its clients)."""
+
+    def __init__(self, ctx: EpisodeContext):
+        self.ctx = ctx
+        self.loop = asyncio.get_running_loop()  # the engine's loop: calls from worker threads are run here
+        self.pending: set[concurrent.futures.Future] = set()  # such calls not finished yet
+        self.error: BaseException | None = None
+        self._calls: dict[str, tuple[Turn, int]] = {}  # call id -> (its turn, position in turn.tool_calls)
+        self.raw_text: dict[str, str] = {}  # call id -> the full text of the generation that made it
+
+    @property
+    def agents(self) -> list[str]:
+        return list(self.ctx.agents)
+
+    def parent_of(self, call_ids: list[str]) -> int | None:
+        """The turn a call continues: the tool turn whose results it reads, else the latest turn."""
+        for cid in call_ids:
+            if cid in self._calls:
+                return self._calls[cid][0].index
+        return max((t.index for t in self.ctx.episode.turns), default=None)
+
+    async def generate(self, agent: str, messages: list[dict[str, str]], tools: list[dict[str, Any]],
+                       parent: int | None) -> Generation:
+        """One generation of ``agent`` through ``ctx.call`` (tools run by the framework)."""
+        a = self.ctx.agents.get(agent)
+        if a is None:
+            raise KeyError(f"no agent {agent!r} in this team; valid: {sorted(self.ctx.agents)}")
+        undescribed = [t for t in tools if t["name"] not in a.tools]  # env tools are in the role already
+        messages = finish_messages(messages, a.role)
+        if undescribed:
+            sys_at = next(i for i, m in enumerate(messages) if m["role"] == "system")
+            messages[sys_at] = {"role": "system", "content": messages[sys_at]["content"] + "\n\n" + describe_tools(undescribed)}
+        try:
+            turn = await self.ctx.call(agent, messages, parent=parent, run_tools=False)
+        except BaseException as exc:
+            if self.error is None:
+                self.error = exc
+            raise
+        if not tools or turn.finish_reason in ("masked", "removed") or not has_tool_call(turn.text):
+            return Generation(turn, [], turn.text)
+        return Generation(turn, self._record_calls(turn, parse_tool_calls(turn.text)), outside_calls(turn.text))
+
+    def _record_calls(self, turn: Turn, parsed: list[ToolCall]) -> list[tuple[str, str, dict[str, Any]]]:
+        """Record the turn's calls (observations come later); the well-formed ones go to the framework."""
+        turn.tool_calls, turn.observations, calls = [], [], []
+        for k, c in enumerate(parsed):
+            cid = f"call_{turn.index}_{k}"
+            turn.tool_calls.append({"id": cid, "name": c.name, "arguments": c.arguments, "valid": False, "error": c.error})
+            turn.observations.append(f"error: {c.error}" if c.error else "")
+            if c.error is None:
+                self._calls[cid] = (turn, k)
+                self.raw_text[cid] = turn.text
+                calls.append((cid, c.name, c.arguments or {}))
+        turn.extra_rewards[TOOL_VALID_KEY] = 0.0
+        if calls:  # the agent is called again with the results: a tool turn, as in the engine
+            turn.parsed = {"label": TOOL_LABEL, "tool_calls": len(parsed)}
+            turn.valid = False  # until every call ran without error
+        return calls
+
+    def record_result(self, call_id: str, content: str, is_error: bool) -> None:
+        """The framework ran a call: its observation and validity go on the turn that made it."""
+        if call_id not in self._calls:
+            return
+        turn, k = self._calls[call_id]
+        rec = turn.tool_calls[k]
+        rec["valid"], rec["error"] = not is_error, (content if is_error else None)
+        turn.observations[k] = content
+        valid = [r["valid"] for r in turn.tool_calls]
+        turn.extra_rewards[TOOL_VALID_KEY] = sum(valid) / len(valid)
+        turn.valid = all(valid)
+
+    def call_from_thread(self, coro: Any) -> Any:
+        """Run ``coro`` (a ``generate``) on the engine's loop from a worker thread and wait for it."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        self.pending.add(fut)
+        try:
+            return fut.result()
+        finally:
+            self.pending.discard(fut)
+
+    def cancel_pending(self) -> None:
+        """At the end of the episode: a thread still waiting for a call is released (its call cancelled)."""
+        for fut in list(self.pending):
+            fut.cancel()
+
+    def rethrow(self, exc: BaseException | None = None) -> None:
+        """Raise the engine's own error if a call failed (frameworks wrap it in their own)."""
+        if self.error is not None:
+            raise self.error
+        if exc is not None:
+            raise exc

@@ -1,0 +1,241 @@
+"""``kind: autogen``: an AutoGen AgentChat team whose agents are trained, each with its own policy.
+
+Two ways to define the team:
+
+* ``team: round_robin | selector | swarm`` builds ``RoundRobinGroupChat``, ``SelectorGroupChat``
+  or ``Swarm`` from the YAML agents: each participant is an ``AssistantAgent`` named after the
+  agent, with its role as system message, its env tools as AutoGen tools (run by AutoGen,
+  ``max_tool_iterations = max_tool_calls``, reflecting on the results) and, in a swarm, its
+  ``handoffs``.  A selector team's speaker selection is the model call of the ``selector``
+  agent, a YAML agent like any other (its policy decides whether it trains).  The team stops on
+  ``termination`` (a text mention by a participant, a message count, or either).
+* ``factory: "pkg.mod:build"`` calls your function with one model client per agent name
+  (``{"solver": MasModelClient, ...}``) and runs the team it returns: your team code, changed
+  only where it created its model clients.
+
+Per episode a fresh team is built around fresh clients (AgentChat teams are stateful), run on
+the engine's event loop with the task's prompt as its task, and read: the team's answer is
+the most recent answer in its chat messages, each read by the parser of the agent that sent
+it (a verifier's ACCEPT keeps the solver's answer, as in the built-in topologies).  With a
+text mention configured, an episode that stopped without it is truncated.
+
+Replays and interventions (C3, SHARP, CCPO) re-run the team with the engine's script: frozen
+turns come back as recorded, masked agents say ``[masked]``, removed ones nothing.  That needs
+the team's control flow to depend only on the messages: AutoGen's round robin, selector (its
+selection is a recorded model call) and swarm (handoffs are recorded tool calls) all do, and
+so do tools that return the same result for the same arguments.  A team that does not gets
+the engine's ``ReplayDivergence`` naming the agent and turn.
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Mapping
+from typing import Any
+
+from mas.engine import EpisodeContext, Outcome
+from mas.refs import RefError, import_ref
+
+YAML_ONLY = ("participants", "selector", "selector_prompt", "allow_repeated_speaker", "handoffs", "termination", "max_turns")
+
+
+class ClientMap(dict):
+    """The factory's argument: agent name -> its model client; a missing name lists the valid ones."""
+
+    def __missing__(self, key: str) -> Any:
+        raise KeyError(f"no mas agent {key!r}; the team's agents are {sorted(self)} (add it to the YAML agents)")
+
+
+# ---------------------------------------------------------------------------------------------
+# config checks (mas.config calls these; each error is (yaml path, value, message))
+# ---------------------------------------------------------------------------------------------
+
+
+def participants_of(cfg: Any, names: list[str]) -> list[str]:
+    return list(cfg.participants) or [n for n in names if n != cfg.selector]
+
+
+def autogen_errors(cfg: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
+    errs: list[tuple[tuple, Any, str]] = []
+    if (cfg.team is None) == (cfg.factory is None):
+        return [(("topology",), {"team": cfg.team, "factory": cfg.factory},
+                 "give exactly one of team (round_robin, selector, swarm: built from the YAML agents) and factory")]
+    if cfg.factory is not None:
+        errs += [(("topology", f), getattr(cfg, f), "only for team: (a factory's team defines its own)")
+                 for f in YAML_ONLY if getattr(cfg, f) not in (None, (), {}, False)]
+        return errs + _factory_errors(cfg.factory, names)
+    for i, n in enumerate(cfg.participants):
+        if n not in names:
+            errs.append((("topology", "participants", i), n, f"unknown agent; valid: {names}"))
+        elif cfg.participants.index(n) != i:
+            errs.append((("topology", "participants", i), n, "listed twice"))
+    if cfg.team == "selector":
+        if cfg.selector is None:
+            errs.append((("topology", "selector"), None, f"team: selector needs the agent that picks the speaker; valid: {names}"))
+        elif cfg.selector not in names:
+            errs.append((("topology", "selector"), cfg.selector, f"unknown agent; valid: {names}"))
+        elif cfg.selector in cfg.participants:
+            errs.append((("topology", "selector"), cfg.selector, "the selector picks speakers; it cannot be a participant"))
+    else:
+        for f in ("selector", "selector_prompt"):
+            if getattr(cfg, f) is not None:
+                errs.append((("topology", f), getattr(cfg, f), f"only for team: selector (this team is {cfg.team})"))
+        if cfg.allow_repeated_speaker:
+            errs.append((("topology", "allow_repeated_speaker"), True, f"only for team: selector (this team is {cfg.team})"))
+    members = participants_of(cfg, names)
+    if cfg.handoffs and cfg.team != "swarm":
+        errs.append((("topology", "handoffs"), dict(cfg.handoffs), f"only for team: swarm (this team is {cfg.team})"))
+    for source, targets in cfg.handoffs.items():
+        if source not in members:
+            errs.append((("topology", "handoffs", source), source, f"not a participant; valid: {members}"))
+        for j, t in enumerate(targets):
+            if t not in members or t == source:
+                errs.append((("topology", "handoffs", source, j), t, f"not another participant; valid: {members}"))
+    if cfg.termination is None:
+        errs.append((("topology", "termination"), None, "a YAML team needs a termination: {text: ..., max_messages: ...}"))
+    if not members:
+        errs.append((("topology", "participants"), [], "the team has no participants"))
+    for n in members + ([cfg.selector] if cfg.selector else []):
+        if n in names and (not n.isidentifier() or keyword.iskeyword(n)):
+            errs.append((("agents", names.index(n), "name"), n, "AutoGen agent names must be Python identifiers (no '-')"))
+    return errs
+
+
+def _factory_errors(ref: str, names: list[str]) -> list[tuple[tuple, Any, str]]:
+    """The factory must import and build a team from unbound clients (no model is called)."""
+    try:
+        team = make_team(import_ref(ref), ClientMap({n: _client(None, n) for n in names}))
+    except RefError as e:
+        return [(("topology", "factory"), ref, str(e))]
+    except Exception as e:  # noqa: BLE001 - the user's factory raised while building
+        return [(("topology", "factory"), ref, f"the factory raised {type(e).__name__}: {e}")]
+    if not hasattr(team, "run_stream"):
+        return [(("topology", "factory"), ref, f"the factory returned a {type(team).__name__}, not an AgentChat team "
+                 "(RoundRobinGroupChat, SelectorGroupChat, Swarm, an agent, ...: anything with run_stream)")]
+    return []
+
+
+def make_team(factory: Any, clients: Mapping[str, Any]) -> Any:
+    return factory(clients)
+
+
+def _client(calls: Any, agent: str) -> Any:
+    from mas.topologies.autogen_client import MasModelClient  # autogen is imported only for autogen teams
+
+    return MasModelClient(calls, agent)
+
+
+# ---------------------------------------------------------------------------------------------
+# the topology
+# ---------------------------------------------------------------------------------------------
+
+
+def env_tool(spec: Any) -> Any:
+    """An env tool (``mas.agents.tools.ToolSpec``) as an AutoGen tool: same arguments, same checks,
+    same observation; an invalid call raises, so AutoGen reports it as an error result."""
+    from autogen_core.tools import BaseTool
+    from pydantic import BaseModel, create_model
+
+    from mas.agents.tools import ToolCall, run_tool_call
+
+    types = {"str": str, "int": int}
+    fields = {p.name: (types[p.type], ... if p.required else p.default) for p in spec.params}
+    args_model = create_model(f"{spec.name}_args", **fields)
+
+    class Result(BaseModel):
+        observation: str
+
+    class EnvTool(BaseTool):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            super().__init__(args_model, Result, spec.name, spec.description)
+
+        async def run(self, args: BaseModel, cancellation_token: Any) -> Result:
+            record, observation = run_tool_call(ToolCall(spec.name, args.model_dump()), {spec.name: spec})
+            if not record["valid"]:
+                raise ValueError(observation)
+            return Result(observation=observation)
+
+        def return_value_as_string(self, value: Any) -> str:
+            return value.observation if isinstance(value, Result) else str(value)
+
+    return EnvTool()
+
+
+class AutogenTeam:
+    """Runs one AgentChat team per episode and reads its outcome."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.factory = import_ref(cfg.factory) if cfg.factory else None
+
+    def build(self, ctx: EpisodeContext, calls: Any) -> Any:
+        clients = ClientMap({name: _client(calls, name) for name in ctx.agents})
+        if self.factory is not None:
+            return make_team(self.factory, clients)
+        return self._yaml_team(ctx, clients)
+
+    def _yaml_team(self, ctx: EpisodeContext, clients: Mapping[str, Any]) -> Any:
+        from autogen_agentchat.agents import AssistantAgent
+        from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
+        from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
+
+        cfg = self.cfg
+        members = participants_of(cfg, list(ctx.agents))
+        agents = []
+        for name in members:
+            a = ctx.agents[name]
+            tools = [env_tool(ctx.tools[t]) for t in a.tools]
+            agents.append(AssistantAgent(
+                name, clients[name], tools=tools or None, handoffs=list(cfg.handoffs.get(name, ())) or None,
+                description=a.role, system_message=a.role, reflect_on_tool_use=bool(tools) or None,
+                max_tool_iterations=a.max_tool_calls if tools else 1))
+        term = cfg.termination
+        conditions = ([TextMentionTermination(term.text, sources=members)] if term.text is not None else []) + (
+            [MaxMessageTermination(term.max_messages)] if term.max_messages is not None else [])
+        stop = conditions[0] if len(conditions) == 1 else conditions[0] | conditions[1]
+        if cfg.team == "round_robin":
+            return RoundRobinGroupChat(agents, termination_condition=stop, max_turns=cfg.max_turns)
+        if cfg.team == "swarm":
+            return Swarm(agents, termination_condition=stop, max_turns=cfg.max_turns)
+        extra = {"selector_prompt": cfg.selector_prompt} if cfg.selector_prompt is not None else {}
+        return SelectorGroupChat(agents, clients[cfg.selector], termination_condition=stop, max_turns=cfg.max_turns,
+                                 allow_repeated_speaker=cfg.allow_repeated_speaker, **extra)
+
+    async def run(self, ctx: EpisodeContext) -> Outcome:
+        from autogen_agentchat.base import TaskResult
+        from autogen_agentchat.messages import BaseChatMessage, ThoughtEvent, ToolCallExecutionEvent
+
+        from mas.topologies.adapters import EpisodeCalls
+
+        calls = EpisodeCalls(ctx)
+        team = self.build(ctx, calls)
+        said: list[tuple[str, str]] = []  # (source, text) of the team's chat messages, in order
+        try:
+            async for item in team.run_stream(task=ctx.task.prompt):
+                if isinstance(item, ToolCallExecutionEvent):
+                    for r in item.content:
+                        calls.record_result(r.call_id, r.content, bool(r.is_error))
+                elif isinstance(item, (BaseChatMessage, ThoughtEvent)) and item.source in ctx.agents:
+                    said.append((item.source, item.to_text()))  # a thought: the text beside tool calls
+                elif isinstance(item, TaskResult):
+                    break
+        except Exception as exc:  # noqa: BLE001 - AutoGen wraps the engine's errors; raise the original
+            calls.rethrow(exc)
+        calls.rethrow()
+        return Outcome(answer=self._answer(ctx, said), truncated=self._truncated(said))
+
+    @staticmethod
+    def _answer(ctx: EpisodeContext, said: list[tuple[str, str]]) -> str | None:
+        for source, text in reversed(said):
+            parsed, _ = ctx.agents[source].parse(text)
+            if parsed.get("answer"):
+                return parsed["answer"]
+        return None
+
+    def _truncated(self, said: list[tuple[str, str]]) -> bool:
+        term = self.cfg.termination
+        return term is not None and term.text is not None and not any(term.text in text for _, text in said)
+
+
+def build_autogen(cfg: Any) -> AutogenTeam:
+    return AutogenTeam(cfg)

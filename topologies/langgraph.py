@@ -1,0 +1,155 @@
+"""``kind: langgraph``: your own LangGraph graph, its agents trained each with its own policy.
+
+``builder: "pkg.mod:build"`` names a function that returns a ``StateGraph`` (or a compiled
+graph).  Its nodes are ordinary LangGraph code; where they called a chat model they call
+``MasChatModel(agent="<YAML agent>")`` (``topologies/langchain_model.py``).  mas compiles the
+graph once and runs it once per episode with ``ainvoke`` on the engine's event loop: the
+state starts as ``{input_key: <task prompt>}`` (``input_as: messages``: a list with one user
+message), and the team's answer is ``state[answer_key]`` at the end.  A run that exceeds
+``recursion_limit`` super-steps is truncated (no answer).
+
+Replays and interventions re-run the graph with the engine's script (recorded turns reused,
+agents masked or removed).  Routing that depends only on the state the nodes built from the
+messages replays faithfully; routing on anything else (a random number, the clock) gets the
+engine's ``ReplayDivergence`` at the first frozen turn that differs, naming agent and turn.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from mas.engine import EpisodeContext, Outcome
+from mas.refs import RefError, import_ref
+
+from .langchain_model import BUILDING, EPISODE, MasChatModel, NotInEpisodeError, record_tool_messages
+
+__all__ = ["MasChatModel", "NotInEpisodeError", "UserGraph", "build_langgraph", "langgraph_errors"]
+
+
+def load_graph(ref: str) -> tuple[Any, list[str]]:
+    """The compiled graph ``ref`` builds, and the agents its MasChatModels name."""
+    from langgraph.graph import StateGraph
+    from langgraph.graph.state import CompiledStateGraph
+
+    named: list[str] = []
+    token = BUILDING.set(named)
+    try:
+        graph = import_ref(ref)()
+    finally:
+        BUILDING.reset(token)
+    if isinstance(graph, StateGraph):
+        graph = graph.compile()
+    if not isinstance(graph, CompiledStateGraph):
+        raise RefError(f"the builder returned a {type(graph).__name__}, not a LangGraph StateGraph")
+    return graph, named
+
+
+def langgraph_errors(cfg: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
+    """The builder must build a graph whose chat models name YAML agents and whose state has the keys."""
+    try:
+        graph, named = load_graph(cfg.builder)
+    except RefError as e:
+        return [(("topology", "builder"), cfg.builder, str(e))]
+    except Exception as e:  # noqa: BLE001 - the user's builder raised
+        return [(("topology", "builder"), cfg.builder, f"the builder raised {type(e).__name__}: {e}")]
+    errs = [(("topology", "builder"), cfg.builder, f"its MasChatModel names agent {a!r}, which is not in agents; valid: {names}")
+            for a in dict.fromkeys(named) if a not in names]
+    keys = state_keys(graph)
+    for field in ("input_key", "answer_key"):
+        if getattr(cfg, field) not in keys:
+            errs.append((("topology", field), getattr(cfg, field), f"not a key of the graph's state; valid: {keys}"))
+    return errs
+
+
+def state_keys(graph: Any) -> list[str]:
+    """The keys of a compiled graph's state (the channels of its state schema)."""
+    out = graph.output_channels
+    return [out] if isinstance(out, str) else list(out)
+
+
+def node_agents(graph: Any) -> dict[str, list[str]]:
+    """The agents each node of a compiled graph calls, as far as its code shows: the
+    MasChatModels (bound or not, alone or in a dict) its function closes over or names as
+    globals.  For drawing only (``mas show``); a node that finds its model another way is
+    listed without agents."""
+    from langchain_core.runnables import RunnableBinding
+
+    def models(obj: Any) -> list[str]:
+        while isinstance(obj, RunnableBinding):
+            obj = obj.bound
+        if isinstance(obj, MasChatModel):
+            return [obj.agent]
+        if isinstance(obj, dict):
+            return [a for v in obj.values() for a in models(v)]
+        return []
+
+    out: dict[str, list[str]] = {}
+    for name, spec in graph.builder.nodes.items():
+        found: list[str] = []
+        runnable = spec.runnable
+        for fn in (getattr(runnable, "func", None), getattr(runnable, "afunc", None)):
+            fn = inspect.unwrap(fn) if callable(fn) else None
+            code = getattr(fn, "__code__", None)
+            if code is None:
+                continue
+            cells = [c.cell_contents for c in fn.__closure__ or () if c.cell_contents is not None] if fn.__closure__ else []
+            found += [a for obj in cells + [fn.__globals__.get(n) for n in code.co_names] for a in models(obj)]
+        out[name] = list(dict.fromkeys(found))
+    return out
+
+
+def read_answer(value: Any) -> str | None:
+    """The answer in a state value: a string or number, or the text of the (last) message."""
+    from langchain_core.messages import BaseMessage
+
+    from .langchain_model import _text
+
+    if isinstance(value, list) and value and isinstance(value[-1], BaseMessage):
+        value = value[-1]
+    if isinstance(value, BaseMessage):
+        value = _text(value.content)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return str(value).strip()
+
+
+class UserGraph:
+    """Runs the user's compiled graph once per episode."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.graph, self.agents = load_graph(cfg.builder)
+
+    def initial_state(self, ctx: EpisodeContext) -> dict[str, Any]:
+        prompt = ctx.task.prompt
+        return {self.cfg.input_key: [{"role": "user", "content": prompt}] if self.cfg.input_as == "messages" else prompt}
+
+    async def run(self, ctx: EpisodeContext) -> Outcome:
+        from langgraph.errors import GraphRecursionError
+
+        from .adapters import EpisodeCalls
+
+        calls = EpisodeCalls(ctx)
+        token = EPISODE.set(calls)  # the graph's tasks and worker threads inherit it
+        config = {"recursion_limit": self.cfg.recursion_limit,
+                  "configurable": {"ctx": ctx, "thread_id": f"mas-episode-{ctx.key}"}}
+        try:
+            state = await self.graph.ainvoke(self.initial_state(ctx), config=config)
+        except GraphRecursionError:
+            calls.rethrow()
+            return Outcome(answer=None, truncated=True)
+        except Exception as exc:  # noqa: BLE001 - raise the engine's own error, not a wrapper
+            calls.rethrow(exc)
+        finally:
+            EPISODE.reset(token)
+            calls.cancel_pending()
+        calls.rethrow()
+        for value in state.values():  # results of tool calls no model call read afterwards
+            if isinstance(value, list):
+                record_tool_messages(calls, value)
+        return Outcome(answer=read_answer(state.get(self.cfg.answer_key)))
+
+
+def build_langgraph(cfg: Any) -> UserGraph:
+    return UserGraph(cfg)
