@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import shutil
 from pathlib import Path
@@ -104,7 +103,6 @@ class PolicyHandle:
         self.source = source  # loads the initial weights again (full reference after an update/resume)
         self.endpoint = endpoint  # backend: openai — the server's EndpointConfig
         self.remote_model = remote_model  # backend: openai — the model name sent to the server
-        self.base_model: str | None = None  # lora: the configured base (hub id, local path or 'embedded'), recorded on save
         self.version = 0
         self._reference: nn.Module | None = None
         self._pristine = True  # weights are still the initial ones (no update, no load since build)
@@ -193,15 +191,13 @@ class PolicyHandle:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def save_pretrained(self, path: str | Path, relative_to: str | Path | None = None) -> None:
+    def save_pretrained(self, path: str | Path) -> None:
         """Write this policy to ``path`` in Hugging Face format, tokenizer included.
 
         full/frozen: the whole model.  lora: only this adapter, laid out flat
         (``path/adapter_config.json``, ``path/adapter_model.safetensors``) so that
         ``PeftModel.from_pretrained(base, path)`` and vLLM's LoRA loader read it directly.
-        The adapter records its base model (``base_model_name_or_path``) as the hub id,
-        ``embedded``, or a local base's path relative to ``relative_to`` (the run directory;
-        default ``path``), never as this machine's absolute path.
+        A checkpoint then names the adapter's base portably (``mas.checkpoint.record_base_models``).
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -212,11 +208,6 @@ class PolicyHandle:
                 for f in nested.iterdir():
                     shutil.move(str(f), str(path / f.name))
                 nested.rmdir()
-            if self.base_model is not None:
-                config_file = path / "adapter_config.json"
-                config = json.loads(config_file.read_text())
-                config["base_model_name_or_path"] = portable_model_ref(self.base_model, relative_to or path)
-                config_file.write_text(json.dumps(config, indent=2, sort_keys=True))
         else:
             self.model.save_pretrained(str(path))
         self.tokenizer.save_pretrained(str(path))
@@ -398,7 +389,6 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
             handles[name] = PolicyHandle(
                 name, "lora", peft_model, tok, dev, adapter=name, backend=policies[name].backend
             )
-            handles[name].base_model = policies[name].model
         peft_model.set_adapter(names[0])
         # base frozen; each adapter trainable (activate() narrows requires_grad to one adapter)
         for n, p in peft_model.named_parameters():

@@ -61,7 +61,7 @@ def main() -> None:
     team = build_team(cfg)
     batches: list[list] = []
     generate = team.backend.generate_batch
-    team.backend.generate_batch = lambda reqs: (batches.append(list(reqs)), generate(reqs))[1]
+    team.backend.generate_batch = lambda reqs, seed=None: (batches.append(list(reqs)), generate(reqs, seed))[1]
 
     team.engine.rollout(team.env.sample_tasks(cfg.trainer.batch_size), cfg.trainer.group_size, seed=0)  # warm-up
     batches.clear()

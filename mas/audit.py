@@ -302,9 +302,7 @@ def load_team(run_dir: Path, ckpt: Path):
 
     cfg = load_config(run_dir / "config.yaml")
     team = build_team(cfg)
-    for name in team.learners:
-        team.policies[name].load_weights(ckpt / "policies" / name)
-        team.backend.sync_weights(name)
+    team.runtime.load_policies(ckpt, list(team.learners), learner_state=False)  # wherever the runtime holds them
     return team
 
 

@@ -1,15 +1,29 @@
-"""Atomic checkpoints and resume.
+"""Atomic checkpoints and resume; the same files under the local and the Ray runtime.
 
     checkpoints/step_000005/
-        policies/<name>/      Hugging Face format (full models via save_pretrained, adapters via
-                              peft save_pretrained) for every trainable policy
-        learners/<name>.pt    optimizer and LR-schedule state
-        trainer_state.json    step, data cursor, credit-method state (e.g. CCPO v1's history), summary
-        rng.pt                python, numpy and torch RNG states
-    checkpoints/latest        name of the newest complete checkpoint
+        policies/<name>/              Hugging Face format (full models via save_pretrained, adapters
+                                      via peft save_pretrained) for every trainable policy
+        learners/<name>/              written by the process that holds the learner, with accelerate's
+                                      checkpointing (``save_accelerator_state``):
+            optimizer.bin               AdamW state
+            scheduler.bin               learning-rate schedule
+            weights.json                the weights' version (updates so far; turns record it)
+            random_states_<rank>.pkl    python, numpy, torch (and CUDA) RNG of that process; one per
+                                        data-parallel worker
+        trainer_state.json            step, data cursor, credit-method state (e.g. CCPO v1's history), summary
+        random_states_0.pkl           the driver's RNG (accelerate's format)
+    checkpoints/latest                name of the newest complete checkpoint
 
 A checkpoint is written to ``step_N.tmp`` and renamed into place only when complete, and
 ``latest`` is replaced atomically, so a crash never leaves a half checkpoint behind.
+
+Who writes what: the runtime (``mas.runtime``) saves and loads the policies and learners,
+each in the process that holds them (the driver, or each Ray actor); the trainer state and
+the driver's RNG are written here.  A Ray actor on another node writes into the checkpoint
+directly when ``runtime.shared_run_dir`` says every node sees the run directory, else its
+files are sent back to the driver.  Since the files are the same, a run may be resumed
+under the other runtime.  Checkpoints of earlier versions (``learners/<name>.pt``,
+``rng.pt``) still load.
 """
 
 from __future__ import annotations
@@ -28,6 +42,8 @@ from mas.credit import get_credit
 from mas.fault_points import pause_point
 
 if TYPE_CHECKING:
+    from mas.agents.policy import PolicyHandle
+    from mas.learner import Learner
     from mas.team import Team
 
 
@@ -35,23 +51,26 @@ def _ckpt_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save_checkpoint(run_dir: Path, step: int, team: "Team", summary: dict[str, Any]) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, team: "Team", summary: dict[str, Any], env_state: dict[str, Any] | None = None
+) -> Path:
+    """Checkpoint the run after ``step``.  ``env_state``: the task stream's position to record
+    when the env has already moved on (a rollout of the next step taken early, max_staleness 1)."""
     root = _ckpt_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    for name in team.learners:
-        team.policies[name].save_pretrained(tmp / "policies" / name, relative_to=run_dir)  # LoRA: base path relative to the run
     (tmp / "learners").mkdir()
-    for name, learner in team.learners.items():
-        torch.save(learner.state_dict(), tmp / "learners" / f"{name}.pt")
+    team.runtime.save_policies(tmp, list(team.learners))
+    record_base_models(tmp, team.cfg.policies, list(team.learners), run_dir)  # LoRA: hub id or a path relative to the run
     method = get_credit(team.cfg.credit.method)
     credit_state = method.state.state_dict() if method.state is not None else None
-    state = {"step": step, "env": team.env.state_dict(), "summary": summary, "credit": credit_state}
+    env = env_state if env_state is not None else team.env.state_dict()
+    state = {"step": step, "env": env, "summary": summary, "credit": credit_state}
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
-    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
+    save_rng_state(tmp, rank=0)
     pause_point("checkpoint_written", step)
     old = root / f"step_{step:06d}.old"
     if final.exists():  # re-saving a step: move the old copy aside, never leave `latest` dangling
@@ -64,6 +83,21 @@ def save_checkpoint(run_dir: Path, step: int, team: "Team", summary: dict[str, A
     os.replace(latest_tmp, root / "latest")
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def record_base_models(ckpt: Path, policies: dict[str, Any], names: list[str], run_dir: Path) -> None:
+    """Name each LoRA adapter's base model in ``adapter_config.json`` as the config does, portably:
+    a hub id or ``embedded`` as it is, a local directory as a path relative to ``run_dir``
+    (peft writes the loaded model's own path, an absolute path of this machine or a cache)."""
+    from mas.agents.policy import portable_model_ref
+
+    for name in names:
+        config_file = Path(ckpt) / "policies" / name / "adapter_config.json"
+        if policies[name].kind != "lora" or not config_file.is_file():
+            continue
+        config = json.loads(config_file.read_text())
+        config["base_model_name_or_path"] = portable_model_ref(policies[name].model, run_dir)
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 def prune_checkpoints(run_dir: Path, keep_last: int | None) -> list[str]:
@@ -104,17 +138,80 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(path: Path, team: "Team") -> dict[str, Any]:
     """Restore weights, optimizer/schedule, data cursor and RNG state in place; return the trainer state."""
     path = Path(path)
-    for name in team.learners:
-        team.policies[name].load_weights(path / "policies" / name)
-        team.learners[name].load_state_dict(torch.load(path / "learners" / f"{name}.pt", weights_only=False))
-        team.backend.sync_weights(name)
+    team.runtime.load_policies(path, list(team.learners))
     state = json.loads((path / "trainer_state.json").read_text())
     team.env.load_state_dict(state["env"])
     method = get_credit(team.cfg.credit.method)
     if method.state is not None:
         method.state.load_state_dict(state["credit"] or {})
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
+    load_rng_state(path, rank=0)
     return state
+
+
+# ---------------------------------------------------------------------------------------------
+# one policy's files, written and read by the process that holds it
+# ---------------------------------------------------------------------------------------------
+
+
+def save_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:
+    """``policies/<name>/`` (rank 0) and, for a trainable policy, ``learners/<name>/``: optimizer and
+    schedule (rank 0) and this process's RNG state (every rank)."""
+    save_accelerator_state = _accelerate("save_accelerator_state")
+    if rank == 0:
+        handle.save_pretrained(ckpt / "policies" / name)
+    if learner is not None:
+        out = ckpt / "learners" / name
+        out.mkdir(parents=True, exist_ok=True)
+        first = rank == 0  # data-parallel workers hold the same optimizer state: rank 0 writes it
+        save_accelerator_state(
+            str(out), [], [learner.optimizer] if first else [], [learner.scheduler] if first else [], [],
+            process_index=rank, step=0,
+        )
+        if first:  # the weights' version (updates so far), so a resumed run records the same versions
+            (out / "weights.json").write_text(json.dumps({"version": handle.version}))
+
+
+def load_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:
+    """Restore what ``save_policy_state`` wrote: weights, then (with a learner) optimizer, schedule
+    and this rank's RNG state (rank 0's when this rank has none, e.g. more workers than before)."""
+    handle.load_weights(ckpt / "policies" / name)
+    if learner is None:
+        return
+    folder = ckpt / "learners" / name
+    legacy = ckpt / "learners" / f"{name}.pt"
+    if folder.is_dir():
+        load_accelerator_state = _accelerate("load_accelerator_state")
+        own = (folder / f"random_states_{rank}.pkl").is_file()
+        load_accelerator_state(str(folder), [], [learner.optimizer], [learner.scheduler], [], process_index=rank if own else 0)
+        if (folder / "weights.json").is_file():
+            handle.version = int(json.loads((folder / "weights.json").read_text())["version"])
+    elif legacy.is_file():
+        learner.load_state_dict(torch.load(legacy, weights_only=False))
+    else:
+        raise FileNotFoundError(f"policy {name!r}: no learner state in {ckpt} (expected learners/{name}/)")
+
+
+def save_rng_state(folder: Path, rank: int = 0) -> None:
+    """This process's python, numpy, torch and CUDA RNG states, as ``random_states_<rank>.pkl``."""
+    _accelerate("save_accelerator_state")(str(folder), [], [], [], [], process_index=rank, step=0)
+
+
+def load_rng_state(folder: Path, rank: int = 0) -> None:
+    folder = Path(folder)
+    if (folder / f"random_states_{rank}.pkl").is_file():
+        _accelerate("load_accelerator_state")(str(folder), [], [], [], [], process_index=rank)
+    elif (folder / "rng.pt").is_file():  # written by earlier versions
+        rng = torch.load(folder / "rng.pt", weights_only=False)
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+
+
+def _accelerate(name: str):
+    """accelerate's checkpointing function ``name``; its process state must exist first (its log
+    calls require it), which in a process without an Accelerator means a plain ``PartialState``."""
+    from accelerate import PartialState
+    from accelerate import checkpointing
+
+    PartialState()
+    return getattr(checkpointing, name)

@@ -73,6 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from mas.callbacks import RunControl
     from mas.checks import machine_issues
     from mas.rundir import check_fresh, move_aside
+    from mas.runtime import PolicyActorDied
     from mas.signals import StopOnSignal, abandon_message, mas_command
     from mas.team import build_team
     from mas.trainer import train
@@ -106,13 +107,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     machine = machine_issues(cfg)
     if machine:
         raise ConfigError(str(args.resume or configs[0]), _issue_lines(machine))
-    team = build_team(cfg)
+    team = build_team(cfg, run_dir=run_dir)
     for key, note in team.defaults.items():
         print(f"{key} = {note}", file=sys.stderr)
     resume_cmd = f"{mas_command()} train --resume {shlex.quote(str(run_dir))}"
     control = RunControl()
-    with StopOnSignal(control, lambda: abandon_message(run_dir, resume_cmd)) as stop:
-        summary = train(team, run_dir, resume=bool(args.resume), stop_after=args.stop_after, control=control)
+    try:  # a Ray runtime's actors (and a Ray instance it started) are freed however the run ends
+        with StopOnSignal(control, lambda: abandon_message(run_dir, resume_cmd), cleanup=team.close) as stop:
+            summary = train(team, run_dir, resume=bool(args.resume), stop_after=args.stop_after, control=control)
+    except PolicyActorDied as e:
+        print(f"{e}\nthe run stopped; its last checkpoint is intact: continue with {resume_cmd}", file=sys.stderr)
+        return 3
+    finally:
+        team.close()
     if "stopped" in summary:
         if summary["stopped"]["after_step"] is None:
             print("stopped before the first step: nothing was trained, nothing to resume", file=sys.stderr)
@@ -137,21 +144,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     size = args.size or cfg.trainer.eval_size or 100
-    team = build_team(cfg, eval_size=(size, "--size" if args.size else "trainer.eval_size (or 100 when 0)"))
-    if args.checkpoint:
-        ckpt = Path(args.checkpoint)
-        if (ckpt / "checkpoints").is_dir():  # a run directory: take its latest checkpoint
-            ckpt = latest_checkpoint(ckpt) or ckpt
-        loaded = [name for name in team.policies if (ckpt / "policies" / name).is_dir()]
-        if not loaded:
-            print(f"--checkpoint {args.checkpoint}: no policy weights found there "
-                  f"(expected policies/<name>/ for one of {sorted(team.policies)})", file=sys.stderr)
-            return 2
-        for name in loaded:
-            team.policies[name].load_weights(ckpt / "policies" / name)
-            team.backend.sync_weights(name)
-        print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
-    result = evaluate(team, size, cfg.trainer.seed)
+    with build_team(cfg, eval_size=(size, "--size" if args.size else "trainer.eval_size (or 100 when 0)")) as team:
+        if args.checkpoint:
+            ckpt = Path(args.checkpoint)
+            if (ckpt / "checkpoints").is_dir():  # a run directory: take its latest checkpoint
+                ckpt = latest_checkpoint(ckpt) or ckpt
+            loaded = [name for name in cfg.policies if (ckpt / "policies" / name).is_dir()]
+            if not loaded:
+                print(f"--checkpoint {args.checkpoint}: no policy weights found there "
+                      f"(expected policies/<name>/ for one of {sorted(cfg.policies)})", file=sys.stderr)
+                return 2
+            team.runtime.load_policies(ckpt, loaded, learner_state=False)
+            print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
+        result = evaluate(team, size, cfg.trainer.seed)
     print(json.dumps(result, indent=2))
     return 0
 

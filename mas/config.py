@@ -75,6 +75,25 @@ class EndpointConfig(Section):
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra JSON fields merged into every request body.")
 
 
+class ResourcesConfig(Section):
+    """What one policy's Ray actor asks the cluster for (``runtime.kind: ray``; ignored by ``local``).
+
+    Left unset, a policy takes 1 GPU where the cluster has GPUs, else 1 CPU.  ``custom`` names
+    resources given to nodes with ``ray start --resources '{"node_a": 1}'``: asking for a
+    share of one pins the policy to the nodes that have it.
+    """
+
+    num_cpus: float | None = Field(
+        None, ge=0, description="CPUs for the actor (each data-parallel worker); None: 1."
+    )
+    num_gpus: float | None = Field(
+        None, ge=0, description="GPUs for the actor (fractions share one GPU); None: 1 where the cluster has GPUs, else 0."
+    )
+    custom: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict, description="Custom Ray resources by name, e.g. {node_a: 0.01} to place the policy on the node started with that resource."
+    )
+
+
 class PolicyConfig(Section):
     kind: Literal["full", "lora", "frozen"] = Field(
         "full", description="full: train all weights; lora: train one peft adapter on a shared base; frozen: never updated."
@@ -96,6 +115,17 @@ class PolicyConfig(Section):
         None, description="This policy's own optimizer and schedule (defaults for full/lora; none for frozen)."
     )
     trust_remote_code: bool = Field(False, description="Passed to from_pretrained.")
+    resources: ResourcesConfig = Field(
+        default_factory=ResourcesConfig, description="Ray resources of this policy's actor (runtime.kind: ray; a LoRA family shares one actor)."
+    )
+    workers: int = Field(
+        1, ge=1, description="Data-parallel workers (runtime.kind: ray): N actors each take a shard of the policy's turns and "
+        "all-reduce gradients (gloo on CPU, NCCL on GPU); the update equals the one-worker update. The local runtime uses one."
+    )
+    mixed_precision: Literal["no", "bf16"] = Field(
+        "no", description="bf16: the learner's forward and backward run under accelerate's bf16 autocast (weights and "
+        "optimizer stay in the weights' dtype); no: plain precision."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -112,6 +142,8 @@ class PolicyConfig(Section):
             raise ValueError("backend: openai serves a remote model that cannot be trained: it needs kind: frozen and an 'endpoint'")
         if self.endpoint is not None and self.backend != "openai":
             raise ValueError(f"'endpoint' given but backend is {self.backend!r}; valid: backend: openai")
+        if self.kind == "frozen" and self.workers > 1:
+            raise ValueError(f"workers: {self.workers} given for a frozen policy, which is never trained; data-parallel workers are for training")
         if self.kind == "frozen" and self.optim is not None:
             raise ValueError("'optim' given for a frozen policy, which is never updated; remove it or use kind: full/lora")
         if self.kind == "full" and self.dtype in ("bfloat16", "float16"):
@@ -334,6 +366,10 @@ class TrainerConfig(Section):
         (), description="Train these policies one at a time, switching every switch_every steps (CCPO); () trains all each step."
     )
     switch_every: int = Field(10, ge=1, description="Steps per turn in the alternate schedule.")
+    max_staleness: Literal[0, 1] = Field(
+        0, description="0: every rollout uses the newest weights. 1 (runtime.kind: ray): the rollout of step t+1 runs while "
+        "step t's updates do, on weights one update old (each turn records its weight_version); the local runtime runs in turn (0)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -347,7 +383,26 @@ class TrainerConfig(Section):
 
 
 class RuntimeConfig(Section):
-    kind: Literal["local"] = Field("local", description="local: one process.")
+    kind: Literal["local", "ray"] = Field(
+        "local", description="local: one process. ray: one Ray actor per policy (a LoRA family shares one) holding its "
+        "weights, learner and rollout backend; policies update at the same time (mas/runtime/)."
+    )
+    address: str | None = Field(
+        None, description="kind: ray. None: start a local Ray instance (temp dir inside the run directory) and stop it at the "
+        "end; 'auto' or 'host:port': join the cluster started with `ray start`; 'ray://host:10001': join through Ray Client."
+    )
+    restart_actors: bool = Field(
+        False, description="kind: ray. When a policy actor dies, start it again, restore every policy from the last "
+        "checkpoint and repeat the steps since (at most max_restarts times); false: the run stops, resume with --resume."
+    )
+    max_restarts: int = Field(3, ge=0, description="kind: ray, restart_actors: how many actor deaths a run survives.")
+    shared_run_dir: bool = Field(
+        False, description="kind: ray. true: every node sees the run directory (a shared filesystem), so actors on other nodes "
+        "write and read checkpoints there directly; false: their checkpoint files travel through Ray to and from the driver."
+    )
+    placement_timeout_s: float = Field(
+        300, gt=0, description="kind: ray. How long to wait for the cluster to place every policy actor before failing with the resources asked for and the resources free."
+    )
     deterministic: bool = Field(
         False, description="torch.use_deterministic_algorithms (CUDA also needs CUBLAS_WORKSPACE_CONFIG, set by mas)."
     )
@@ -364,6 +419,16 @@ class RuntimeConfig(Section):
         "it fails the call with an error observation."
     )
     tool_workers: int = Field(2, ge=1, description="Tool worker processes (forked at the first tool call); this many calls run at once.")
+
+    @model_validator(mode="after")
+    def _ray_only(self) -> "RuntimeConfig":
+        if self.address is not None:
+            if self.kind != "ray":
+                raise ValueError(f"'address' given but kind is {self.kind!r}; valid: set kind: ray, or remove 'address'")
+            a = self.address
+            if not (a == "auto" or a.startswith("ray://") or (":" in a and a.rsplit(":", 1)[1].isdigit())):
+                raise ValueError(f"address {a!r}: valid: null (start a local Ray), 'auto', 'host:port' or 'ray://host:port'")
+        return self
 
 
 class WandbConfig(Section):
@@ -419,6 +484,7 @@ class RunConfig(Section):
             if p.kind == "lora" and ("." in name or "lora_" in name or name in "lora_"):
                 errors.append((("policies", name), name, "a LoRA policy's name is its peft adapter name: "
                                "it may not contain '.' or 'lora_', nor be part of 'lora_' (e.g. 'a', 'lo')"))
+        errors += _lora_family_refs(self.policies)
         for i, a in enumerate(self.agents):
             if a.policy not in self.policies:
                 errors.append((("agents", i, "policy"), a.policy, f"unknown policy; valid: {policies}"))
@@ -440,6 +506,25 @@ class CrossFieldErrors(ValueError):
     def __init__(self, errors: list[tuple[tuple, Any, str]]):
         self.errors = errors
         super().__init__("; ".join(f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in errors))
+
+
+def _lora_family_refs(policies: dict) -> list[tuple[tuple, Any, str]]:
+    """LoRA policies on one base share one model, hence one Ray actor: their resources and workers must agree."""
+    families: dict[tuple, list[str]] = {}
+    for name, p in policies.items():
+        if p.kind == "lora":
+            families.setdefault((p.model, p.dtype, p.device, p.trust_remote_code), []).append(name)
+    errs = []
+    for names in families.values():
+        first = policies[names[0]]
+        for name in names[1:]:
+            p = policies[name]
+            for field, value, want in (("resources", p.resources, first.resources), ("workers", p.workers, first.workers)):
+                if value != want:
+                    found = value.model_dump() if field == "resources" else value
+                    errs.append((("policies", name, field), found, f"LoRA policies on one base share one actor; "
+                                 f"set the same {field} as policies.{names[0]}.{field}"))
+    return errs
 
 
 def _tool_refs(agents: tuple, env: Any) -> list[tuple[tuple, Any, str]]:

@@ -23,8 +23,9 @@ invocation did (all but the last are 'removed' placeholders), so the other agent
 keep their recorded positions and ``keep_others`` can reuse them.
 
 Everything here is deterministic for a seed: asyncio runs tasks in a fixed order, pending
-requests are sorted by (episode, turn) before each batch, and the torch RNG is reseeded
-from (seed, batch number) before each ``generate_batch``.
+requests are sorted by (episode, turn) before each batch, and each ``generate_batch`` gets
+the seed (seed, batch number), from which the backend seeds every policy's sampling on its
+own (``mas.backends.base.policy_seed``), wherever that policy is served.
 
 Faults (DESIGN.md: a failed episode is kept, marked, scored 0 and counted; the step goes on)
 are counted by kind in ``Engine.faults`` (``FAULT_KINDS``); the trainer takes the counts of
@@ -44,12 +45,11 @@ from dataclasses import dataclass
 from collections.abc import Awaitable, Mapping
 from typing import Any, Callable, Literal, Protocol
 
-import torch
 
 from mas.agents.agent import Agent
 from mas.agents.prompts import render_prompt
 from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
-from mas.backends.base import Backend, BatchError, GenRequest, GenResult
+from mas.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
 from mas.sandbox import Sandbox
 from mas.types import (
     CritiqueRequest,
@@ -210,11 +210,16 @@ class Batcher:
         self.active: set[int] = set()  # episode keys still running
         self.busy: Counter[int] = Counter()  # episode key -> tool calls running off the loop
         self._pending: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []
+        self._inflight: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []  # the batch being served
+        self.dead: BaseException | None = None  # what stopped the serving task, if it raised
         self._wake = asyncio.Event()
         self.batches = 0
         self.requests = 0
+        self.fatal: BackendUnavailable | None = None  # the backend is gone; the rollout raises it
 
     async def generate(self, key: tuple[int, int], request: GenRequest) -> GenResult:
+        if self.dead is not None:
+            raise RuntimeError(f"the engine's batch server failed: {self.dead!r}") from self.dead
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((key, request, fut))
         self._wake.set()
@@ -236,6 +241,16 @@ class Batcher:
     def _all_waiting(self) -> bool:
         return bool(self._pending) and not self.busy and {k[0] for k, _, _ in self._pending} >= self.active
 
+    def fail_pending(self, server: asyncio.Task) -> None:
+        """The serving task ended: if it raised (a bug, not a failed generation: those fail their
+        own requests), every request waiting on it, and every later one, fails with that error."""
+        if server.cancelled() or server.exception() is None:
+            return
+        self.dead = server.exception()
+        for _, _, fut in self._inflight + self._pending:
+            _settle(fut, error=self.dead)
+        self._inflight, self._pending = [], []
+
     async def serve(self) -> None:
         while True:
             await self._wake.wait()
@@ -245,14 +260,20 @@ class Batcher:
             for _ in range(self.settle_yields):
                 await asyncio.sleep(0)
             batch = sorted((p for p in self._pending if not p[2].done()), key=lambda item: item[0])
+            self._inflight = batch
             self._pending = []  # (a future is done already only if its episode was cancelled by a timeout)
             if not batch:
                 continue
-            torch.manual_seed(self.seed * 1_000_003 + self.batches)
+            seed = self.seed * 1_000_003 + self.batches
             self.batches += 1
             self.requests += len(batch)
             try:
-                results = self.backend.generate_batch([req for _, req, _ in batch])
+                results = self.backend.generate_batch([req for _, req, _ in batch], seed=seed)
+            except BackendUnavailable as exc:  # nothing can be served: fail every waiting episode, then the rollout
+                self.fatal = self.fatal or exc
+                for _, _, fut in batch:
+                    _settle(fut, error=exc)
+                continue
             except BatchError as exc:  # the backend says which requests failed: only those fail
                 for (_, req, fut), res, err in zip(batch, exc.results, exc.errors):
                     self._served(req, fut, res, err)
@@ -265,7 +286,7 @@ class Batcher:
                                                  "retried one request at a time")
                 for _, req, fut in batch:  # a request that fails again fails its episode (counted there)
                     try:
-                        self._served(req, fut, self.backend.generate_batch([req])[0])
+                        self._served(req, fut, self.backend.generate_batch([req], seed=seed)[0])
                     except BatchError as exc:
                         self._served(req, fut, exc.results[0], exc.errors[0])
                     except Exception as exc:  # noqa: BLE001 - that episode fails and is marked
@@ -425,7 +446,7 @@ class EpisodeContext:
             parsed, valid = agent.parse(res.text)
             turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
                         parsed=parsed, valid=valid, finish_reason=res.finish_reason,
-                        trainable=self.trainable[agent.policy])
+                        trainable=self.trainable[agent.policy], weight_version=res.weight_version)
             if run_tools and agent.tools and has_tool_call(res.text):
                 await self._run_tools(agent.name, turn, tool_budget)
         self.episode.turns.append(turn)
@@ -612,6 +633,7 @@ class Engine:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=max(32, 4 * len(jobs)), thread_name_prefix="mas-episode"))
         server = asyncio.create_task(batcher.serve())
+        server.add_done_callback(batcher.fail_pending)  # a server that dies must not leave episodes waiting
         try:
             episodes = [self._episode(k, ep, script, batcher, greedy) for k, (ep, script) in enumerate(jobs)]
             asks = [self._critique(len(jobs) + i, req, batcher) for i, req in enumerate(critiques)]
@@ -625,14 +647,19 @@ class Engine:
         self.stats["batches"] += batcher.batches
         self.stats["requests"] += batcher.requests
         self.stats["generated_tokens"] += batcher.tokens
+        if batcher.fatal is not None:
+            raise batcher.fatal
         return list(texts)
 
     def _generated_tokens(self, req: GenRequest, res: GenResult) -> int:
-        """Completion tokens of one generation (re-tokenised text where the backend gave no ids)."""
+        """Completion tokens of one generation: its ids; for a remote endpoint (no ids) the count
+        it reported, else its text tokenised with the policy's tokenizer."""
         if res.completion_ids or not res.text:
             return len(res.completion_ids)
+        if res.usage_tokens is not None:
+            return res.usage_tokens
         tok = self.tokenizers.get(req.policy)
-        return len(tok.encode(res.text, add_special_tokens=False)) if tok is not None else 0
+        return len(tok(res.text, add_special_tokens=False)["input_ids"]) if tok is not None else 0
 
     async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher) -> str:
         """One critic call; a failure gives an empty reply (the method's fallback handles it)."""
@@ -663,7 +690,9 @@ class Engine:
             ep.status = "error"
             ep.error = f"{type(exc).__name__}: {exc}"
             ep.info["traceback"] = traceback.format_exc(limit=5)
-            if not ctx.backend_failed:  # a backend failure was counted where it happened
+            # a backend failure was counted where it happened; a replay that diverged is counted by the
+            # credit method (credit_cost.replay_divergences) and warned about once per step
+            if not ctx.backend_failed and not isinstance(exc, ReplayDivergence):
                 self.faults.add("agent_error", f"task {ep.task.task_id!r}: {ep.error}")
         finally:
             batcher.finished(key)

@@ -46,13 +46,24 @@ Learning-rate schedules are ``transformers.get_scheduler``'s ("constant_with_war
 ramp k/W for update k < W (0-based), so the first update of a warm-up runs at lr 0; after it
 constant 1, linear (T − k)/(T − W), cosine (1 + cos(π (k − W)/(T − W)))/2, reaching 0 at
 k = T (T = trainer.steps).
+
+Running apart: ``start_update`` is the non-blocking form of ``update`` that the trainer uses
+(it starts every active learner, then collects them); here it runs at once and returns a
+completed handle, a Ray actor's learner returns a pending one (``mas.runtime``).  Each update
+may be seeded (dropout draws from it), so its result does not depend on what else ran in
+the process.  Data-parallel workers of one policy (``mas.runtime.data_parallel``) give the
+learner a ``sync`` that sums the divisor, the gradients and the statistics over the workers
+before clipping, so N workers on N shards take the one-worker step.  ``mixed_precision:
+bf16`` runs the forward passes under accelerate's autocast.
 """
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -104,6 +115,54 @@ class TrainSample:
     old_logprobs: list[float]  # sampling-time logprob of each completion token
     advantage: float
     temperature: float = 1.0  # sampling temperature; 0 (greedy) means logprobs at T = 1
+
+
+@dataclass(frozen=True)
+class UpdateSpan:
+    """Where and when one update ran (wall-clock seconds since the epoch, process id, host)."""
+
+    pid: int
+    host: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+class UpdateHandle(Protocol):
+    """A started update: ``result()`` waits for it and returns its metrics (or raises its error);
+    ``span`` is set once it has finished."""
+
+    span: UpdateSpan | None
+
+    def result(self) -> dict[str, float]: ...
+
+
+class CompletedUpdate:
+    """An update that already ran in this process (the local runtime's handle)."""
+
+    def __init__(self, metrics: dict[str, float] | None, span: UpdateSpan, error: BaseException | None = None):
+        self._metrics, self.span, self._error = metrics, span, error
+
+    def result(self) -> dict[str, float]:
+        if self._error is not None:
+            raise self._error
+        assert self._metrics is not None
+        return self._metrics
+
+
+class GradientSync(Protocol):
+    """Sums tensors in place over the data-parallel workers of one policy."""
+
+    world_size: int
+
+    def sum_(self, tensors: list[torch.Tensor]) -> None: ...
+
+
+def _host() -> str:
+    return os.uname().nodename if hasattr(os, "uname") else "?"
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,6 +420,7 @@ class Learner:
         loss_agg: LossAgg,
         ppo_epochs: int = 1,
         max_tokens: int | None = None,
+        mixed_precision: str = "no",
     ):
         _check_agg(loss_agg)
         if loss_agg == "dr_grpo" and (max_tokens is None or max_tokens < 1):
@@ -381,18 +441,48 @@ class Learner:
             self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
         )
         self.scheduler = build_scheduler(self.optimizer, optim.schedule, optim.warmup_steps, total_steps)
+        self.sync: GradientSync | None = None  # set on data-parallel workers (mas.runtime.data_parallel)
+        self._autocast = _autocast_for(mixed_precision, torch.device(policy.device), policy.name)
 
     # -- public API ----------------------------------------------------------------------
 
-    def update(self, samples: list[TrainSample]) -> dict[str, float]:
+    @property
+    def version(self) -> int:
+        """Version of the weights this learner updates (counts updates and loads)."""
+        return self.policy.version
+
+    def start_update(self, samples: list[TrainSample], seed: int | None = None) -> UpdateHandle:
+        """Run ``update`` now and return its completed handle (errors are raised by ``result()``,
+        as a remote learner's are)."""
+        start = time.time()
+        try:
+            metrics, error = self.update(samples, seed=seed), None
+        except Exception as e:  # noqa: BLE001 - handed to the caller through result()
+            metrics, error = None, e
+        return CompletedUpdate(metrics, UpdateSpan(os.getpid(), _host(), start, time.time()), error)
+
+    def update(self, samples: list[TrainSample], seed: int | None = None) -> dict[str, float]:
         """``ppo_epochs`` optimizer steps over ``samples``, then one scheduler step.
 
         Metrics are token-weighted means over all epochs (``grad_norm``: mean pre-clip norm);
         ``lr`` is the rate these steps used.  With no samples no optimizer step is taken, but
         the scheduler still steps (one step per update call, so the schedule follows the
         trainer's steps) and the same metric keys come back, at 0 (``lr``: this update's rate).
+        With a ``seed`` the update draws its randomness (dropout) from it, and the process's
+        RNG state is left as it was.  On a data-parallel worker ``samples`` is its shard and
+        every worker must call ``update`` (an empty shard too).
         """
-        if not samples:
+        if seed is None:
+            return self._update(samples)
+        dev = torch.device(self.policy.device)
+        devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return self._update(samples)
+
+    def _update(self, samples: list[TrainSample]) -> dict[str, float]:
+        total = len(samples) if self.sync is None else int(self._sum([float(len(samples))])[0])
+        if not total:
             lr = self.optimizer.param_groups[0]["lr"]
             with warnings.catch_warnings():  # stepping before any optimizer.step() is intended here
                 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
@@ -407,6 +497,9 @@ class Learner:
         try:
             for _ in range(self.ppo_epochs):
                 stats = self._accumulate(micro, norm, ref)
+                if self.sync is not None:  # every worker now holds the whole batch's gradient and stats
+                    self._sum_gradients()
+                    stats = dict(zip(stats, self._sum(list(stats.values()))))
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
                 if not torch.isfinite(grad_norm):
                     raise FloatingPointError(
@@ -422,7 +515,7 @@ class Learner:
                 self.policy.mark_updated()
         self.scheduler.step()
         metrics = _means(totals, self.ppo_epochs)
-        metrics.update(grad_norm=sum(grad_norms) / self.ppo_epochs, lr=float(lr), samples=float(len(samples)))
+        metrics.update(grad_norm=sum(grad_norms) / self.ppo_epochs, lr=float(lr), samples=float(total))
         return metrics
 
     def compute_gradients(self, samples: list[TrainSample]) -> dict[str, float]:
@@ -453,12 +546,34 @@ class Learner:
             {k: v.to(device) for k, v in collate(samples[i : i + size]).items()}
             for i in range(0, len(samples), size)
         ]
-        norm = float(loss_norm([len(s.completion_ids) for s in samples], self.loss_agg, self.max_tokens))
+        lengths = [len(s.completion_ids) for s in samples]
+        if self.sync is None:
+            norm = float(loss_norm(lengths, self.loss_agg, self.max_tokens))
+        else:  # the divisor of the whole batch, over every worker's shard
+            local = sum(lengths) if self.loss_agg == "token_mean" else sum(1 for n in lengths if n > 0)
+            norm = max(1.0, self._sum([float(local)])[0])
+            if self.loss_agg == "dr_grpo":  # turns x the constant
+                norm *= self.max_tokens
         ref: list[torch.Tensor | None] = [None] * len(micro)
         if self.kl_coef > 0:  # the reference never changes within an update: one pass
-            with torch.no_grad(), self.policy.reference() as ref_model, _mode(ref_model, False):
+            with torch.no_grad(), self.policy.reference() as ref_model, _mode(ref_model, False), self._autocast():
                 ref = [token_logprobs(ref_model, mb)[0] for mb in micro]
         return micro, norm, ref
+
+    def _sum(self, values: list[float]) -> list[float]:
+        """``values`` summed over the data-parallel workers."""
+        assert self.sync is not None
+        t = torch.tensor(values, dtype=torch.float64, device=self.policy.device)
+        self.sync.sum_([t])
+        return t.tolist()
+
+    def _sum_gradients(self) -> None:
+        """Sum every trainable parameter's gradient over the workers (a worker without samples adds zeros)."""
+        assert self.sync is not None
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.sync.sum_([p.grad for p in self.params])
 
     def _accumulate(
         self, micro: list[dict[str, torch.Tensor]], norm: float, ref: list[torch.Tensor | None]
@@ -470,7 +585,8 @@ class Learner:
         model = self.policy.model
         with self.policy.activate(), _mode(model, True):
             for mb, ref_lp in zip(micro, ref):
-                logprobs, entropy = token_logprobs(model, mb)  # [N, S] each
+                with self._autocast():
+                    logprobs, entropy = token_logprobs(model, mb)  # [N, S] each
                 loss, stats = ppo_clip_loss(
                     logprobs,
                     mb["old_logprobs"],
@@ -484,7 +600,7 @@ class Learner:
                     norm=norm,
                     max_tokens=self.max_tokens,
                 )
-                if not torch.isfinite(loss):
+                if not torch.isfinite(loss) and self.sync is None:  # with workers: the summed gradient norm fails on all
                     raise FloatingPointError(
                         f"policy {self.policy.name!r}: non-finite loss {loss.item()} "
                         "(check advantages and old_logprobs); this optimizer step is not taken"
@@ -499,6 +615,22 @@ class Learner:
                 out["entropy_sum"] += float((entropy * mb["completion_mask"]).sum())
                 out["tokens"] += n
         return out
+
+
+def _autocast_for(mixed_precision: str, device: torch.device, policy: str) -> Callable[[], AbstractContextManager[Any]]:
+    """The context the learner's forward passes run in: accelerate's bf16 autocast, or nothing.
+
+    accelerate keeps one precision per process (its ``AcceleratorState``); every learner of a
+    Ray actor shares its device and precision, and in the local runtime the first bf16
+    learner sets it.
+    """
+    if mixed_precision == "no":
+        return nullcontext
+    if mixed_precision != "bf16":
+        raise ValueError(f"policy {policy!r}: unknown mixed_precision {mixed_precision!r}; valid: ['no', 'bf16']")
+    from accelerate import Accelerator
+
+    return Accelerator(mixed_precision="bf16", cpu=device.type == "cpu").autocast
 
 
 _METRIC_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "tokens", "grad_norm", "lr", "samples")

@@ -26,13 +26,14 @@ from mas.callbacks import RunControl
 class StopOnSignal:
     """Installs the handlers for SIGINT and SIGTERM while training (a context manager);
     ``abandon_message()`` says, at the second signal, what is left (the last checkpoint, the
-    resume command)."""
+    resume command), and ``cleanup()`` frees what would outlive the process."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, control: RunControl, abandon_message: Callable[[], str]):
+    def __init__(self, control: RunControl, abandon_message: Callable[[], str], cleanup: Callable[[], None] | None = None):
         self.control = control
         self.abandon_message = abandon_message
+        self.cleanup = cleanup  # before the process ends at a second signal: e.g. free a Ray runtime's actors
         self.signum: int | None = None  # the first signal received
         self._previous: dict = {}
 
@@ -41,7 +42,11 @@ class StopOnSignal:
         # os.write: the handler may interrupt a print in progress (a buffered stream is not reentrant)
         if self.signum is not None:
             os.write(2, f"\n{name} again: {self.abandon_message()}\n".encode())
-            os._exit(128 + self.signum)
+            try:
+                if self.cleanup is not None:
+                    self.cleanup()
+            finally:
+                os._exit(128 + self.signum)
         self.signum = signum
         self.control.request_stop(name)
         os.write(2, f"\n{name}: stopping after the current step, which is then checkpointed "

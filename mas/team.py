@@ -7,29 +7,67 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
 from mas.agents.agent import Agent, build_agents
-from mas.agents.policy import PolicyHandle, build_policies
-from mas.backends import build_backend
 from mas.backends.base import Backend
 from mas.config import ConfigError, RunConfig, RuntimeConfig
 from mas.defaults import resolve_default_lrs
 from mas.engine import Engine
 from mas.envs import build_env
 from mas.envs.base import Env
-from mas.learner import Learner
+from mas.runtime import Runtime, build_runtime
 from mas.topologies import build_topology
 
 
 @dataclass
 class Team:
+    """A run's parts.  ``runtime`` holds the policies, their rollout backend and learners (in this
+    process, or in Ray actors); use the team as a context manager, or call ``close()``, so a Ray
+    runtime's actors and Ray instance are freed."""
+
     cfg: RunConfig
-    policies: dict[str, PolicyHandle]
     agents: dict[str, Agent]
-    backend: Backend
     engine: Engine
     env: Env
-    learners: dict[str, Learner]  # one per trainable policy that some agent uses
+    runtime: Runtime
     defaults: dict[str, str] = field(default_factory=dict)  # YAML path -> the value build_team chose, and why
+
+    @property
+    def backend(self) -> Backend:
+        return self.engine.backend
+
+    @backend.setter
+    def backend(self, backend: Backend) -> None:  # e.g. a test routing some policies elsewhere
+        self.engine.backend = backend
+
+    @property
+    def learners(self) -> dict[str, Any]:
+        """One per trainable policy that some agent uses."""
+        return self.runtime.learners
+
+    @property
+    def policies(self) -> dict:
+        """The ``PolicyHandle``s by name (local runtime only: under Ray the weights live in actors)."""
+        handles = getattr(self.runtime, "policies", None)
+        if handles is None:
+            raise AttributeError(f"runtime.kind {self.cfg.runtime.kind!r}: the policies live in Ray actors, not in this process; "
+                                 "use team.runtime (describe, save_policies, load_policies)")
+        return handles
+
+    def close(self) -> None:
+        """Stop the engine's tool workers and free the runtime (Ray: its actors and Ray instance)."""
+        try:
+            self.engine.close()
+        finally:
+            self.runtime.close()
+
+    def __enter__(self) -> "Team":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def apply_runtime(runtime: RuntimeConfig) -> None:
@@ -54,48 +92,35 @@ def check_eval_size(env: Env, size: int, where: str) -> None:
         raise ConfigError("config", [f"{where}: {message}" for _, _, message in issues])
 
 
-def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None) -> Team:
+def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir: Path | None = None) -> Team:
     """Everything a run needs.  ``eval_size``: (size, where it was set) of the held-out evaluation
-    to check against the env before any model loads; default trainer.eval_size."""
+    to check against the env before any model loads; default trainer.eval_size.  ``run_dir``:
+    where a Ray runtime that starts its own Ray instance keeps Ray's temp files."""
     apply_runtime(cfg.runtime)
     env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
     check_eval_size(env, *(eval_size or (cfg.trainer.eval_size, "trainer.eval_size")))
     cfg, defaults = resolve_default_lrs(cfg)  # unset optim.lr -> the model's default (from its config, no weights)
-    policies = build_policies(dict(cfg.policies), seed=cfg.trainer.seed)
     tools = getattr(env, "tools", {})  # an env with tools exposes them by name (envs/base.py)
     agents = build_agents(cfg.agents, cfg.team.name, tools)
-    backend = build_backend(policies)
-    engine = Engine(
-        topology=build_topology(cfg.topology),
-        agents=agents,
-        tokenizers={name: p.tokenizer for name, p in policies.items()},
-        trainable={name: p.trainable for name, p in policies.items()},
-        backend=backend,
-        score=env.score,
-        episode_timeout=cfg.runtime.episode_timeout_s,
-        tools=tools,
-        tool_timeout_s=cfg.runtime.tool_timeout_s,
-        tool_memory_mb=cfg.runtime.tool_memory_mb,
-        tool_workers=cfg.runtime.tool_workers,
-    )
-    used = {a.policy for a in agents.values()}
-    t = cfg.trainer
-    learners = {
-        name: Learner(
-            p,
-            cfg.policies[name].optim,
-            total_steps=t.steps,
-            clip_low=t.clip_low,
-            clip_high=t.clip_high,
-            kl_coef=t.kl_coef,
-            loss_agg=t.loss_agg,
-            ppo_epochs=t.ppo_epochs,
-            max_tokens=t.loss_agg_max_tokens or max(a.sampling.max_new_tokens for a in cfg.agents if a.policy == name),
+    runtime = build_runtime(cfg, {a.policy for a in agents.values()}, run_dir)
+    try:
+        engine = Engine(
+            topology=build_topology(cfg.topology),
+            agents=agents,
+            tokenizers=runtime.tokenizers,
+            trainable=runtime.trainable,
+            backend=runtime.backend,
+            score=env.score,
+            episode_timeout=cfg.runtime.episode_timeout_s,
+            tools=tools,
+            tool_timeout_s=cfg.runtime.tool_timeout_s,
+            tool_memory_mb=cfg.runtime.tool_memory_mb,
+            tool_workers=cfg.runtime.tool_workers,
         )
-        for name, p in policies.items()
-        if p.trainable and name in used
-    }
-    return Team(cfg, policies, agents, backend, engine, env, learners, defaults)
+    except BaseException:
+        runtime.close()
+        raise
+    return Team(cfg, agents, engine, env, runtime, defaults)
 
 
 def describe_team(team: Team) -> dict:
@@ -109,23 +134,21 @@ def describe_team(team: Team) -> dict:
     from mas.credit import get_credit
 
     policies = {}
-    for name, p in team.policies.items():
-        named = list(p.model.named_parameters()) if p.model is not None else []  # None: a remote endpoint
-        base = sum(t.numel() for n, t in named if "lora_" not in n)  # a LoRA policy: the shared base only
-        trainable = sum(t.numel() for t in p.trainable_parameters())
+    for name, info in team.runtime.describe().items():
         policies[name] = {
             "model": team.cfg.policies[name].model,
-            "kind": p.kind,
+            "kind": info["kind"],
             "dtype": team.cfg.policies[name].dtype,
-            "device": str(p.device),
-            "parameters": base,
-            "trainable_parameters": trainable,
+            "device": info["device"],
+            "parameters": info["parameters"],
+            "trainable_parameters": info["trainable_parameters"],
             "lr": team.cfg.policies[name].optim.lr if team.cfg.policies[name].optim else None,
             "agents": [a.name for a in team.agents.values() if a.policy == name],
+            **({"actor": info["actor"]} if "actor" in info else {}),
         }
     card = get_credit(team.cfg.credit.method).card
     describe = getattr(team.env, "describe", None)
-    devices = sorted({str(p.device) for p in team.policies.values()})
+    devices = sorted({p["device"] for p in policies.values()})
     return {
         "mas_version": __version__,
         "torch_version": torch.__version__,
@@ -136,5 +159,6 @@ def describe_team(team: Team) -> dict:
         "devices": devices,
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "cpu_count": os.cpu_count(),
+        "runtime": team.cfg.runtime.kind,
         "defaults": team.defaults,  # values the config left unset and build_team chose (e.g. optim.lr)
     }

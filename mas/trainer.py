@@ -5,6 +5,15 @@
 
 Every step reseeds python, numpy and torch from (seed, step), so a resumed run repeats the
 steps a straight run would have taken.
+
+Updates run apart: every active learner's update is started, then all are collected, so under
+the Ray runtime each policy's actor trains at the same time (the local runtime runs them in
+turn).  With ``trainer.max_staleness: 1`` (Ray) the next step's rollout runs while this step's
+updates do, on the weights they started from: every turn is then at most one update old (its
+``weight_version``; the staleness seen is in each policy's step metrics), and the PPO ratio is
+taken against its sampling logprobs as always.  Credit-time generations (replays,
+interventions, critic calls) never overlap an update: they run after the previous step's sync,
+on the weights this step's update starts from.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mas.backends.base import policy_seed
 from mas.callbacks import Callback, CallbackList, RunControl
 from mas.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from mas.checks import config_warnings
@@ -26,9 +36,10 @@ from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.embedded.fit import fit_checks
 from mas.fault_points import pause_point
-from mas.learner import TrainSample
+from mas.learner import TrainSample, UpdateSpan
 from mas.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
 from mas.rundir import check_fresh
+from mas.runtime import PolicyActorDied
 from mas.team import Team, describe_team
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
 
@@ -44,28 +55,56 @@ def seed_everything(seed: int) -> None:
 
 
 @dataclass
+class Rollout:
+    """One step's episodes, how long they took, the completion tokens and faults of their
+    generation, and the task stream's position before their tasks were drawn (what a
+    checkpoint records if this rollout ran ahead of its step)."""
+
+    step: int
+    groups: list[EpisodeGroup]
+    seconds: float
+    env_state: dict
+    tokens: int = 0
+    faults: tuple[dict[str, int], dict[str, str]] = ({}, {})
+
+
+@dataclass
 class StepResult:
     groups: list[EpisodeGroup]
     credit: Credit
     metrics: dict
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (kind, message) for the run's warnings.jsonl
+    upcoming: Rollout | None = None  # the next step's rollout, taken during this step's updates
+    spans: dict[str, UpdateSpan] = field(default_factory=dict)  # where and when each policy's update ran
 
 
-def train_step(team: Team, step: int) -> StepResult:
+def rollout(team: Team, step: int) -> Rollout:
+    """B tasks, G joint episodes each; the engine scores each episode with env.score as it ends."""
+    env_state = team.env.state_dict()
+    t0 = time.perf_counter()
+    tokens = team.engine.stats["generated_tokens"]
+    tasks = team.env.sample_tasks(team.cfg.trainer.batch_size)
+    groups = team.engine.rollout(tasks, team.cfg.trainer.group_size, seed=step_seed(team.cfg.trainer.seed, step))
+    tokens = team.engine.stats["generated_tokens"] - tokens
+    return Rollout(step, groups, time.perf_counter() - t0, env_state, tokens, team.engine.take_faults())
+
+
+def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bool = False) -> StepResult:
+    """One training step.  ``ready``: this step's rollout if it was taken already (max_staleness 1);
+    ``prefetch``: take the next step's rollout while this step's updates run."""
     cfg = team.cfg
     seed = step_seed(cfg.trainer.seed, step)
     seed_everything(seed)
     timings: dict[str, float] = {}
     t_step = time.perf_counter()
 
-    # 1. rollout + score: G joint episodes for each of B tasks; the engine scores each episode
-    #    with env.score as it ends (replays and interventions are scored the same way)
-    t0 = time.perf_counter()
-    generated = GeneratedTokens(team.engine)
-    tasks = team.env.sample_tasks(cfg.trainer.batch_size)
-    groups = team.engine.rollout(tasks, cfg.trainer.group_size, seed=seed)
-    generated.mark("rollout_tokens")
-    timings["rollout"] = time.perf_counter() - t0
+    # 1. rollout + score: G joint episodes for each of B tasks (replays and interventions are
+    #    scored the same way); with max_staleness 1 it ran during the previous step's updates
+    current = ready if ready is not None else rollout(team, step)
+    assert current.step == step, f"rollout of step {current.step} handed to step {step}"
+    groups = current.groups
+    timings["rollout"] = current.seconds
+    generated = GeneratedTokens(team.engine, rollout_tokens=current.tokens)
     pause_point("after_rollout", step)
 
     # 2. credit: extra evaluations if the method plans any (timed per kind), then one advantage per turn
@@ -88,22 +127,30 @@ def train_step(team: Team, step: int) -> StepResult:
     timings["credit_assign"] = time.perf_counter() - t1
     timings["credit"] = time.perf_counter() - t0
 
-    # 3. update: each trainable policy learns from its own turns only (turns of episodes that
-    #    failed for infrastructure reasons count in the credit statistics but are not trained on)
+    # 3. update: each trainable policy learns from its own turns only; every update is started
+    #    first, then all are collected (under Ray each policy's actor trains at the same time)
     t0 = time.perf_counter()
-    samples: dict[str, list[TrainSample]] = {name: [] for name in active_learners(team, step)}
-    keep = credit.train_mask.tolist() if credit.train_mask is not None else [True] * batch.num_turns
-    for (ep, turn), adv, kept in zip(flatten_turns(groups), credit.advantages.tolist(), keep):
-        if kept and turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
-            temperature = team.agents[turn.agent].sampling.temperature
-            samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
-    updates = {}
-    for name, learner in active_learners(team, step).items():
-        try:
-            updates[name] = learner.update(samples[name])
-        except FloatingPointError as e:  # the learner names the policy; add the step
-            raise FloatingPointError(f"step {step}: {e}") from e
+    active = active_learners(team, step)
+    samples, staleness = training_batches(team, groups, credit, active)
+    started = {name: learner.start_update(samples[name], seed=policy_seed(seed, name)) for name, learner in active.items()}
+    try:
+        #    with max_staleness 1 the next step's rollout runs now, on the weights these updates started from
+        upcoming = rollout(team, step + 1) if prefetch else None
+        updates = {name: handle.result() for name, handle in started.items()}
+    except FloatingPointError as e:  # the learner names the policy; add the step
+        wait_all(started)
+        raise FloatingPointError(f"step {step}: {e}") from e
+    except Exception:
+        wait_all(started)  # no update may still be running when the error leaves the step
+        raise
+    spans = {name: handle.span for name, handle in started.items()}
+    for name, span in spans.items():
+        timings[f"update/{name}"] = span.seconds  # this policy's own update, inside the phase's wall time
+        lag = staleness[name]
+        updates[name].update(staleness_mean=sum(lag) / len(lag) if lag else 0.0, staleness_max=float(max(lag, default=0)))
     timings["update"] = time.perf_counter() - t0
+    if upcoming is not None:
+        timings["rollout_overlapped"] = upcoming.seconds  # the next step's rollout, inside this update phase
     pause_point("after_update", step)
 
     # 4. sync: the rollout backend serves the new weights
@@ -113,22 +160,22 @@ def train_step(team: Team, step: int) -> StepResult:
     timings["sync"] = time.perf_counter() - t0
     timings["step"] = time.perf_counter() - t_step
 
-    faults, fault_messages = team.engine.take_faults()  # what went wrong in this step's rollouts, by kind
+    faults, fault_messages = merge_faults(current.faults, team.engine.take_faults())  # this step's rollout, then credit
     metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts(), faults)
     warnings = [(f"fault.{kind}", f"step {step}: {faults[kind]} x {kind}, e.g. {message}") for kind, message in fault_messages.items()]
     diverged = divergence_warning(results)
     if diverged:
         warnings.append(("replay_divergence", diverged))
-    return StepResult(groups, credit, metrics, warnings)
+    return StepResult(groups, credit, metrics, warnings, upcoming, spans)
 
 
 class GeneratedTokens:
     """Completion tokens the engine generated in each phase of a step (the compute a budget matches)."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, **earlier: int) -> None:
         self.engine = engine
         self.last = engine.stats["generated_tokens"]
-        self.phases: dict[str, int] = {}
+        self.phases: dict[str, int] = dict(earlier)  # phases counted before (a rollout taken ahead)
 
     def mark(self, phase: str) -> None:
         """Attribute the tokens generated since the previous mark to ``phase``."""
@@ -138,6 +185,18 @@ class GeneratedTokens:
 
     def counts(self) -> dict[str, int]:
         return {**self.phases, "total": sum(self.phases.values())}
+
+
+def merge_faults(*parts: tuple[dict[str, int], dict[str, str]]) -> tuple[dict[str, int], dict[str, str]]:
+    """Fault counts summed by kind, and the first message of each kind, over ``take_faults`` results."""
+    counts: dict[str, int] = {}
+    messages: dict[str, str] = {}
+    for part_counts, part_messages in parts:
+        for kind, n in part_counts.items():
+            counts[kind] = counts.get(kind, 0) + n
+        for kind, message in part_messages.items():
+            messages.setdefault(kind, message)
+    return counts, messages
 
 
 # extra evaluations by request kind -> the timer they count under
@@ -161,6 +220,32 @@ def execute_timed(engine, requests: list, seed: int, timings: dict[str, float]) 
     return results
 
 
+def training_batches(team: Team, groups: list[EpisodeGroup], credit: Credit, active: dict) -> tuple[dict, dict]:
+    """Each active policy's turns as ``TrainSample``s (turns of episodes that failed for
+    infrastructure reasons count in the credit statistics but are not trained on), and how
+    many updates old each one's weights were (learner version minus the turn's weight version)."""
+    samples: dict[str, list[TrainSample]] = {name: [] for name in active}
+    staleness: dict[str, list[int]] = {name: [] for name in active}
+    n = sum(len(ep.turns) for g in groups for ep in g.episodes)
+    keep = credit.train_mask.tolist() if credit.train_mask is not None else [True] * n
+    for (ep, turn), adv, kept in zip(flatten_turns(groups), credit.advantages.tolist(), keep):
+        if kept and turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
+            temperature = team.agents[turn.agent].sampling.temperature
+            samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
+            if turn.weight_version is not None:
+                staleness[turn.policy].append(active[turn.policy].version - turn.weight_version)
+    return samples, staleness
+
+
+def wait_all(handles: dict) -> None:
+    """Wait until every started update has ended, whatever its outcome (errors are the caller's)."""
+    for handle in handles.values():
+        try:
+            handle.result()
+        except Exception:  # noqa: BLE001 - the step already fails with the first error
+            pass
+
+
 def active_learners(team: Team, step: int) -> dict:
     """Learners that update at ``step``: all, or with ``trainer.alternate`` one policy at a time
     for ``switch_every`` steps while the others are frozen (as in CCPO's alternating schedule)."""
@@ -169,6 +254,33 @@ def active_learners(team: Team, step: int) -> dict:
         return team.learners
     name = order[(step // team.cfg.trainer.switch_every) % len(order)]
     return {name: team.learners[name]}
+
+
+def restart_actors(team: Team, run_dir: Path, logger: RunLogger, error: Exception, restarts: int,
+                   first: tuple[int, dict]) -> int:
+    """``runtime.restart_actors``: start the dead actor(s) again, restore every policy, the data
+    cursor and the credit state from the last checkpoint (or, before the first one, start the
+    run again with fresh actors), and return the step to continue from."""
+    limit = team.cfg.runtime.max_restarts
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is not None:
+        team.runtime.restart()
+        state = load_checkpoint(ckpt, team)
+        step = state["step"] + 1
+    else:  # nothing saved yet: every actor starts from its initial weights
+        team.runtime.restart(everything=True)
+        step, env_state = first
+        team.env.load_state_dict(env_state)
+        method = get_credit(team.cfg.credit.method)
+        if method.state is not None:
+            method.state.reset()
+    logger.truncate_after(step - 1)  # the lost steps' records and warnings go; then say what happened
+    logger.warn(f"{error} Restarted the actor (restart {restarts} of {limit}); repeating from step {step}.",
+                kind="actor_restart", step=step)
+    if logger.bar is not None:
+        logger.bar.n = step
+        logger.bar.refresh()
+    return step
 
 
 def evaluate(team: Team, size: int, seed: int) -> dict:
@@ -230,13 +342,26 @@ def train(
         logger.log_eval("before", summary["eval_before"])
         hooks.on_eval("before", summary["eval_before"])
     end = cfg.trainer.steps if stop_after is None else min(cfg.trainer.steps, stop_after)
+    overlap = cfg.trainer.max_staleness >= 1 and team.runtime.can_overlap
+    upcoming: Rollout | None = None  # the next step's rollout when it ran during the updates
+    initial_env = team.env.state_dict()  # where a run restarted before its first checkpoint begins again
+    restarts = 0
     logger.start_progress(total=cfg.trainer.steps, initial=start)
-    for step in range(start, end):
+    step = start
+    while step < end:
         if control.should_stop:  # asked before this step started (e.g. by an evaluation callback)
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
             break
         pause_point("step_start", step)
-        result = train_step(team, step)
+        try:
+            result = train_step(team, step, ready=upcoming, prefetch=overlap and step + 1 < end)
+        except PolicyActorDied as e:  # without runtime.restart_actors the run stops; its last checkpoint is intact
+            if not cfg.runtime.restart_actors or restarts >= cfg.runtime.max_restarts:
+                raise
+            restarts += 1
+            step, upcoming = restart_actors(team, run_dir, logger, e, restarts, (start, initial_env)), None
+            continue
+        upcoming = result.upcoming
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
         for kind, message in result.warnings:  # the run goes on; the user sees what went wrong
@@ -250,12 +375,15 @@ def train(
         last = step == cfg.trainer.steps - 1
         periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
         if last or step == end - 1 or periodic or control.should_stop:
-            hooks.on_checkpoint(step, save_checkpoint(run_dir, step, team, summary))
+            # a rollout taken ahead is not in the checkpoint: a resumed run draws its tasks again
+            env_state = upcoming.env_state if upcoming is not None else None
+            hooks.on_checkpoint(step, save_checkpoint(run_dir, step, team, summary, env_state=env_state))
             prune_checkpoints(run_dir, cfg.trainer.keep_last)
         if control.should_stop:
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step}
             logger.info(f"stopped after step {step} ({control.stop_reason}); its checkpoint is written")
             break
+        step += 1
     logger.close_progress()
     if end == cfg.trainer.steps and not control.should_stop and cfg.trainer.eval_size and cfg.trainer.eval_after:
         last_eval = summary.get("eval_last", {})

@@ -52,6 +52,9 @@ class Turn:
     trainable: bool = True  # False for frozen policies and for masked/removed turns
     replayed: bool = False  # reused token for token from a source episode by a replay/intervention
     extra_rewards: dict[str, float] = field(default_factory=dict)
+    # version of the policy's weights that sampled it (updates + loads; None: not sampled, or a
+    # backend without versions).  The learner's version minus this is the turn's staleness.
+    weight_version: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -34,7 +34,9 @@ def test_train_writes_a_complete_run_directory(tmp_path, tiny_model_dir, capsys)
                                         "completion_tokens", "tool_calls"}
     assert set(m["policies"]["main"]) >= {"loss", "kl", "grad_norm", "clip_frac", "entropy", "lr", "tokens"}
     assert set(m["time"]) == {"rollout", "credit", "credit_replays", "credit_interventions", "credit_critic",
-                              "credit_assign", "update", "sync", "step"} and m["tokens"] > 0
+                              "credit_assign", "update", "update/main", "sync", "step"} and m["tokens"] > 0
+    assert 0 < m["time"]["update/main"] <= m["time"]["update"]  # the policy's own update, inside the phase
+    assert m["policies"]["main"]["staleness_max"] == 0.0  # every rollout used the newest weights
     shares = [a["credit_share"] for a in m["agents"].values()]
     assert sum(shares) == pytest.approx(1.0) if m["advantage"]["max"] > 0 else shares == [None] * len(shares)
     info = json.loads((run / "run_info.json").read_text())

@@ -157,3 +157,28 @@ def test_validate_needs_a_file(capsys):
     with pytest.raises(SystemExit) as info:
         main(["validate"])
     assert info.value.code != 0
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("policies.main.resources.num_gpus", "-1", "policies.main.resources.num_gpus: Input should be greater than or equal to 0 (found -1)"),
+    ("policies.main.resources.gpus", "1", "policies.main.resources.gpus: unknown key; valid: ['custom', 'num_cpus', 'num_gpus']"),
+    ("policies.main.resources.custom", "{node_a: -0.5}", "policies.main.resources.custom.node_a: Input should be greater"),
+    ("policies.main.workers", "0", "policies.main.workers: Input should be greater than or equal to 1"),
+    ("runtime.adress", "auto", "runtime.adress: unknown key"),
+    ("runtime.kind", "slurm", "runtime.kind: invalid value; valid: 'local' or 'ray'"),
+    ("runtime.address", "somewhere", "address 'somewhere': valid: null (start a local Ray), 'auto', 'host:port' or 'ray://host:port'"),
+    ("trainer.max_staleness", "2", "trainer.max_staleness: invalid value; valid: 0 or 1"),
+])
+def test_bad_runtime_and_resources_entries_are_rejected_with_their_yaml_path(good, capsys, key, value, message):
+    overrides = ["--set", "runtime.kind=ray", "--set", f"{key}={value}"] if key != "runtime.kind" else ["--set", f"{key}={value}"]
+    assert main(["validate", str(good), *overrides]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_lora_policies_on_one_base_share_an_actor_so_their_resources_must_agree(tmp_path, capsys):
+    data = copy.deepcopy(GOOD)
+    data["policies"] = {name: {"kind": "lora", "model": "some/hub-id", "resources": {"num_cpus": cpus}}
+                        for name, cpus in (("alpha", 1), ("beta", 2))}
+    data["agents"][0]["policy"], data["agents"][1]["policy"] = "alpha", "beta"
+    assert main(["validate", str(write(tmp_path, "lora.yaml", data))]) == 1
+    assert "policies.beta.resources: LoRA policies on one base share one actor; set the same resources as policies.alpha.resources" in capsys.readouterr().err

@@ -155,7 +155,7 @@ def test_rollout_batches_and_samples_are_the_same_in_every_run(tiny_model_dir, t
     team = build_team(validate_config(team_config(tiny_model_dir, topology)))
     sizes: list[int] = []
     generate = team.backend.generate_batch
-    team.backend.generate_batch = lambda reqs: (sizes.append(len(reqs)), generate(reqs))[1]
+    team.backend.generate_batch = lambda reqs, seed=None: (sizes.append(len(reqs)), generate(reqs, seed))[1]
     ids = lambda gs: [t.completion_ids for g in gs for e in g.episodes for t in e.turns]
     runs = []
     for _ in range(6):
@@ -239,7 +239,7 @@ def test_without_a_time_limit_no_timer_runs(tiny_tokenizer):
 def test_a_backend_that_loses_results_fails_the_episodes_instead_of_hanging(tiny_tokenizer):
     engine, backend = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
     real = backend.generate_batch
-    backend.generate_batch = lambda reqs: real(reqs)[:-1]
+    backend.generate_batch = lambda reqs, seed=None: real(reqs, seed)[:-1]
     groups = engine.rollout(TASKS[:2], 1, seed=0)
     assert all(g.episodes[0].status == "error" for g in groups)
 
@@ -299,3 +299,29 @@ def test_resampled_agents_replay_their_turns_before_the_first_masked_message(tin
     out = engine.execute([InterventionRequest("x", src, agents=("helper",), resample=("lead",))], seed=0)["x"][0]
     assert out.turns[0].replayed and out.turns[1].finish_reason == "masked"
     assert not out.turns[2].replayed and calls == ["lead"]  # only the turn after the masked one is re-sampled
+
+
+def test_a_bug_in_the_batch_server_stops_the_rollout_with_its_error_instead_of_hanging(tiny_tokenizer):
+    """If serving a batch raises outside the backend (here: counting its tokens), the episodes
+    waiting on it are released and the rollout raises that error; before, they waited forever."""
+    import threading
+
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer)
+
+    def broken_count(req, res):
+        raise ValueError("token count exploded")
+
+    engine._generated_tokens = broken_count
+    out: dict = {}
+
+    def run():
+        try:
+            out["groups"] = engine.rollout(TASKS[:3], 2, seed=0)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            out["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # a guard against the old hang, not a speed assertion
+    assert not worker.is_alive(), "the rollout hung on a dead batch server"
+    assert isinstance(out.get("error"), ValueError) and "token count exploded" in str(out["error"])

@@ -40,7 +40,8 @@ def test_research_results_average_em_f1_and_tool_calls_per_agent():
 
 def test_math_results_are_accuracy_only():
     out = eval_metrics([episode(1.0, None, [turn("a")]), episode(0.0, None, [turn("a")])])
-    assert out == {"accuracy": 0.5, "episodes": 2, "errors": 0, "truncated": 0}
+    assert out == {"accuracy": 0.5, "episodes": 2, "errors": 0, "truncated": 0,
+                   "agents": {"a": {"turns": 2, "parse_failures": 0}}}  # turns and parse failures per agent
     assert eval_metrics([])["accuracy"] == 0.0
 
 
@@ -51,4 +52,5 @@ def test_mas_eval_on_a_math_team_prints_accuracy(tiny_model_dir, tmp_path, capsy
     path.write_text(yaml.safe_dump(team_config(tiny_model_dir, "chain")))
     assert main(["eval", str(path), "--size", "3"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"accuracy", "episodes", "errors", "truncated"} and out["episodes"] == 3
+    assert set(out) == {"accuracy", "episodes", "errors", "truncated", "agents", "faults"} and out["episodes"] == 3
+    assert set(out["agents"]) == {"lead", "helper", "checker"} and out["faults"]["agent_error"] == 0

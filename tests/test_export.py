@@ -71,14 +71,16 @@ def test_a_lora_checkpoint_names_its_base_relative_to_the_run_and_exports_merged
 
 def test_a_hub_base_or_the_embedded_model_is_recorded_by_name(tmp_path, tiny_model_dir):
     from mas.agents.policy import build_policies, portable_model_ref
+    from mas.checkpoint import record_base_models
     from mas.config import PolicyConfig
 
     handle = build_policies({"main": PolicyConfig(kind="lora", model=str(tiny_model_dir), device="cpu")})["main"]
+    handle.save_pretrained(tmp_path / "ckpt" / "policies" / "main")
+    saved = tmp_path / "ckpt" / "policies" / "main" / "adapter_config.json"
+    assert os.path.isabs(json.loads(saved.read_text())["base_model_name_or_path"])  # what peft writes
     for name in ("Qwen/Qwen2.5-0.5B-Instruct", "embedded"):
-        handle.base_model = name
-        handle.save_pretrained(tmp_path / name.replace("/", "_"), relative_to=tmp_path)
-        config = json.loads((tmp_path / name.replace("/", "_") / "adapter_config.json").read_text())
-        assert config["base_model_name_or_path"] == name
+        record_base_models(tmp_path / "ckpt", {"main": PolicyConfig(kind="lora", model=name)}, ["main"], tmp_path)
+        assert json.loads(saved.read_text())["base_model_name_or_path"] == name
     assert portable_model_ref(str(tiny_model_dir), tiny_model_dir) == "."
 
 

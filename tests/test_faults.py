@@ -130,12 +130,12 @@ def test_a_backend_error_on_one_batch_is_retried_per_request_and_counted(tiny_mo
     real = team.backend.generate_batch
     batches = [0]
 
-    def flaky(requests):
+    def flaky(requests, seed=None):
         if len(requests) > 1:
             batches[0] += 1
             if batches[0] == 2:
                 raise RuntimeError("injected CUDA error: device-side assert")
-        return real(requests)
+        return real(requests, seed)
 
     team.backend.generate_batch = flaky
     rows, warnings = run(team, tmp_path)
@@ -149,12 +149,12 @@ def test_a_request_that_keeps_failing_fails_only_its_episode(tiny_model_dir, tmp
     real = team.backend.generate_batch
     seen = [0]
 
-    def poisoned(requests):
+    def poisoned(requests, seed=None):
         if any(r.agent == "checker" for r in requests):
             seen[0] += 1
             if seen[0] in (1, 2):  # the checker's batch, then its first request alone
                 raise RuntimeError("injected backend failure")
-        return real(requests)
+        return real(requests, seed)
 
     team.backend.generate_batch = poisoned
     rows, _ = run(team, tmp_path)

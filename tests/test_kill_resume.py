@@ -89,9 +89,9 @@ def check_latest(run: Path, killed_step: int) -> int:
     ckpt = latest_checkpoint(run)
     assert ckpt is not None and not ckpt.name.endswith((".tmp", ".old"))
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    assert state["step"] <= killed_step and (ckpt / "rng.pt").is_file()
+    assert state["step"] <= killed_step and (ckpt / "random_states_0.pkl").is_file()
     for name in ("planner", "workers"):
-        assert (ckpt / "learners" / f"{name}.pt").is_file()
+        assert (ckpt / "learners" / name / "optimizer.bin").is_file()
         AutoModelForCausalLM.from_pretrained(ckpt / "policies" / name)
     return state["step"]
 
@@ -127,9 +127,10 @@ def test_ten_sigkills_lose_at_most_the_current_step_and_resume_bit_for_bit(tmp_p
         wa, wb = load_file(a / "policies" / name / "model.safetensors"), load_file(b / "policies" / name / "model.safetensors")
         assert wa.keys() == wb.keys()
         max_diff = max([max_diff] + [float((wa[k] - wb[k]).abs().max()) for k in wa])
-        oa = torch.load(a / "learners" / f"{name}.pt", weights_only=False)
-        ob = torch.load(b / "learners" / f"{name}.pt", weights_only=False)
-        assert_same(oa, ob)
+        for part in ("optimizer.bin", "scheduler.bin"):  # accelerate's files of the learner's state
+            oa = torch.load(a / "learners" / name / part, weights_only=False)
+            ob = torch.load(b / "learners" / name / part, weights_only=False)
+            assert_same(oa, ob, part)
     assert max_diff == 0.0
     print(f"{len(KILLS)}/{len(KILLS)} kills recovered, max abs weight diff {max_diff}")
 

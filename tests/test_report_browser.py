@@ -195,8 +195,8 @@ def hostile_training(tmp_path_factory, tiny_model_dir):
     generate = HFBackend.generate_batch
     calls: dict[str, int] = {}
 
-    def hostile_generate(self, requests):
-        return [replace(r, text=_hostile_text(q, calls)) for q, r in zip(requests, generate(self, requests))]
+    def hostile_generate(self, requests, seed=None):
+        return [replace(r, text=_hostile_text(q, calls)) for q, r in zip(requests, generate(self, requests, seed))]
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(HFBackend, "generate_batch", hostile_generate)

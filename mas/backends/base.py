@@ -4,6 +4,12 @@ A backend serves named policies.  Topology code sends it ``GenRequest``s (one pe
 concurrent episodes send many at once) and gets back one ``GenResult`` per request, in order.
 ``logprobs`` are the sampling-time logprobs the PPO importance ratio is taken against.
 
+Seeding: ``generate_batch(requests, seed)`` samples each policy's requests from its own RNG
+stream, seeded by ``policy_seed(seed, policy)``, so what a policy samples never depends on
+which other policies shared the batch, nor on which process serves them (the local runtime
+serves every policy in one process, the Ray runtime each in its own actor).  ``seed=None``
+leaves the RNG as it is.
+
 A backend whose requests fail one by one (a remote endpoint) raises ``BatchError`` with the
 results it has and the error of each request that failed, so only those fail; any other
 exception fails the whole batch, and the engine then retries its requests one at a time.
@@ -11,6 +17,7 @@ exception fails the whole batch, and the engine then retries its requests one at
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -33,6 +40,19 @@ class GenResult:
     logprobs: list[float]  # one per completion id
     text: str  # decoded completion without the stop id and special tokens
     finish_reason: Literal["stop", "length"]
+    weight_version: int | None = None  # version of the policy's weights that sampled it (None: unversioned)
+    usage_tokens: int | None = None  # completion tokens a remote endpoint reported (it returns no ids)
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend itself is gone (e.g. a policy's Ray actor died): no episode can go on, so the
+    engine fails the whole rollout with this error instead of marking episodes failed."""
+
+
+def policy_seed(seed: int, policy: str) -> int:
+    """The RNG seed of ``policy``'s requests in a batch seeded ``seed`` (stable across processes:
+    crc32, not Python's salted ``hash``)."""
+    return (seed * 1_000_003 + zlib.crc32(policy.encode("utf-8"))) % (2**63 - 1)
 
 
 class BatchError(RuntimeError):
@@ -46,8 +66,9 @@ class BatchError(RuntimeError):
 
 
 class Backend(Protocol):
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
-        """Sample one completion per request; results are in the order of ``requests``."""
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
+        """Sample one completion per request; results are in the order of ``requests``.
+        With a ``seed``, each policy samples from its own stream ``policy_seed(seed, policy)``."""
         ...
 
     def sync_weights(self, policy: str) -> None:
@@ -65,7 +86,7 @@ class RoutedBackend:
     def __init__(self, routes: dict[str, Backend]):
         self.routes = routes  # policy name -> backend
 
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
         by_backend: dict[int, list[int]] = {}
         for i, r in enumerate(requests):
             if r.policy not in self.routes:
@@ -76,7 +97,7 @@ class RoutedBackend:
         for idx in by_backend.values():
             backend = self.routes[requests[idx[0]].policy]
             try:
-                for i, res in zip(idx, backend.generate_batch([requests[i] for i in idx])):
+                for i, res in zip(idx, backend.generate_batch([requests[i] for i in idx], seed=seed)):
                     out[i] = res
             except BatchError as e:  # some of this backend's requests failed: keep the rest
                 for i, res, err in zip(idx, e.results, e.errors):

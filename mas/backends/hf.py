@@ -3,7 +3,8 @@
 Shapes: B requests in one generate call, P padded prompt length, S generated steps, V vocab.
 
 Batching: requests are grouped by policy and by identical sampling parameters (temperature,
-top_p, top_k); each group is ONE left-padded ``model.generate`` call with ``max_new_tokens``
+top_p, top_k); a policy's groups run one after another on its own RNG stream (seeded per
+policy, ``mas.backends.base``); each group is ONE left-padded ``model.generate`` call with ``max_new_tokens``
 the group's largest, unless the logits budget forces a split (below); each row is then cut to
 its own ``max_new_tokens``.  Results are returned in request order either way.
 
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Iterator
 import torch
 
 from mas.agents.prompts import completion_stop_ids
-from mas.backends.base import GenRequest, GenResult
+from mas.backends.base import GenRequest, GenResult, policy_seed
 
 if TYPE_CHECKING:
     from mas.agents.policy import PolicyHandle
@@ -140,22 +141,27 @@ class HFBackend:
 
     # ------------------------------------------------------------------ API
 
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
+        """Results in request order.  Each policy's groups run together, after seeding torch with
+        ``policy_seed(seed, policy)`` when a seed is given (see ``mas.backends.base``)."""
         t0 = time.perf_counter()
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[str, dict[tuple, list[int]]] = {}  # policy -> sampling params -> request indices
         for i, r in enumerate(requests):
             if r.policy not in self.policies:
                 raise KeyError(f"unknown policy {r.policy!r}; valid: {sorted(self.policies)}")
             if not r.prompt_ids:
                 raise ValueError(f"request {i} for policy {r.policy!r} has an empty prompt")
-            groups.setdefault((r.policy, float(r.temperature), float(r.top_p), int(r.top_k)), []).append(i)
+            groups.setdefault(r.policy, {}).setdefault((float(r.temperature), float(r.top_p), int(r.top_k)), []).append(i)
         out: list[GenResult | None] = [None] * len(requests)
-        for (policy, *_), idx in groups.items():
-            rows = self.rows_per_call(policy, max(requests[i].max_new_tokens for i in idx))
-            for start in range(0, len(idx), rows):  # consecutive chunks, in request order
-                chunk = idx[start : start + rows]
-                for i, res in zip(chunk, self._generate_group(self.policies[policy], [requests[i] for i in chunk])):
-                    out[i] = res
+        for policy, by_params in groups.items():
+            if seed is not None:
+                torch.manual_seed(policy_seed(seed, policy))
+            for idx in by_params.values():
+                rows = self.rows_per_call(policy, max(requests[i].max_new_tokens for i in idx))
+                for start in range(0, len(idx), rows):  # consecutive chunks, in request order
+                    chunk = idx[start : start + rows]
+                    for i, res in zip(chunk, self._generate_group(self.policies[policy], [requests[i] for i in chunk])):
+                        out[i] = res
         self.stats.requests += len(requests)
         self.stats.seconds += time.perf_counter() - t0
         return out  # type: ignore[return-value]
@@ -247,6 +253,7 @@ class HFBackend:
                     logprobs=lp_l[i][: len_l[i]],
                     text=tok.decode(body, skip_special_tokens=True),
                     finish_reason="stop" if stop_l[i] else "length",
+                    weight_version=self.served_versions[handle.name],
                 )
             )
         self.stats.generate_calls += 1

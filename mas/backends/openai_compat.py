@@ -113,8 +113,9 @@ class OpenAICompatBackend:
 
     # -- Backend protocol -----------------------------------------------------------------------
 
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
-        """One chat completion per request, concurrently; results in request order.
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
+        """One chat completion per request, concurrently; results in request order (``seed`` is
+        not sent: a remote server's sampling is its own).
 
         Requests fail one by one: if any of several did (after its retries), ``BatchError``
         carries the others' results and each failure, so the engine does not send them again;
@@ -211,8 +212,11 @@ def _result(reply: Any, url: str) -> GenResult:
     except (KeyError, IndexError, TypeError):
         raise _Transient(f"reply has no choices[0].message.content: {json.dumps(reply)[:200]}") from None
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    used = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return GenResult(completion_ids=[], logprobs=[], text=text if isinstance(text, str) else "",
-                     finish_reason="length" if finish == "length" else "stop")
+                     finish_reason="length" if finish == "length" else "stop",
+                     usage_tokens=used if isinstance(used, int) and not isinstance(used, bool) and used >= 0 else None)
 
 
 class ChatOnlyTokenizer:

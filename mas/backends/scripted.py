@@ -20,7 +20,8 @@ class ScriptedBackend:
         self.calls = 0
         self.requests = 0
 
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
+        """Each request's scripted reply (``seed`` is unused: a script is deterministic)."""
         self.calls += 1
         self.requests += len(requests)
         out = []

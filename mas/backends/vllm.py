@@ -93,7 +93,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from mas.agents.prompts import completion_stop_ids
-from mas.backends.base import GenRequest, GenResult
+from mas.backends.base import GenRequest, GenResult, policy_seed
 
 if TYPE_CHECKING:
     from mas.agents.policy import PolicyHandle
@@ -417,7 +417,9 @@ class VLLMBackend:
 
     # ------------------------------------------------------------------ API
 
-    def generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+    def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
+        """Results in request order.  With a ``seed``, the k-th request of a policy in this batch
+        samples with vLLM's per-request seed ``policy_seed(seed, policy) + k``."""
         t0 = time.perf_counter()
         for i, r in enumerate(requests):
             if r.policy not in self.policies:
@@ -427,10 +429,15 @@ class VLLMBackend:
             reason = logprob_mismatch(r, self.logprobs_mode)
             if reason is not None:
                 self._logprob_mismatch(r, reason)
+        seeds: list[int | None] = [None] * len(requests)
+        if seed is not None:
+            for policy, idx in group_requests(requests, lambda r: r.policy).items():
+                for k, i in enumerate(idx):
+                    seeds[i] = (policy_seed(seed, policy) + k) % (2**63 - 1)
         out: list[GenResult | None] = [None] * len(requests)
         for key, idx in group_requests(requests, lambda r: self.engine_of[r.policy]).items():
             reqs = [requests[i] for i in idx]
-            for i, res in zip(idx, self._generate(self.engines[key], reqs)):
+            for i, res in zip(idx, self._generate(self.engines[key], reqs, [seeds[i] for i in idx])):
                 out[i] = res
         self.stats.requests += len(requests)
         self.stats.seconds += time.perf_counter() - t0
@@ -544,10 +551,11 @@ class VLLMBackend:
 
     # ------------------------------------------------------------------ sampling
 
-    def _generate(self, engine: _Engine, reqs: list[GenRequest]) -> list[GenResult]:
+    def _generate(self, engine: _Engine, reqs: list[GenRequest], seeds: list[int | None] | None = None) -> list[GenResult]:
         """One LLM.generate call for requests served by one engine (any policies / sampling params)."""
         prompts = [self._TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_ids]) for r in reqs]
-        params = [self._vllm.SamplingParams(**to_sampling_kwargs(r, self.stop_ids[r.policy])) for r in reqs]
+        seeds = seeds or [None] * len(reqs)
+        params = [self._vllm.SamplingParams(**to_sampling_kwargs(r, self.stop_ids[r.policy], s)) for r, s in zip(reqs, seeds)]
         loras = [self.lora_requests.get(r.policy) for r in reqs]
         kwargs: dict[str, Any] = {"use_tqdm": False}
         if any(lr is not None for lr in loras):
@@ -558,12 +566,12 @@ class VLLMBackend:
         results = []
         for r, o in zip(reqs, outputs):
             c = o.outputs[0]
-            results.append(
-                to_gen_result(
-                    c.token_ids, c.logprobs, c.finish_reason, self.stop_ids[r.policy],
-                    self.policies[r.policy].tokenizer, r.max_new_tokens,
-                )
+            res = to_gen_result(
+                c.token_ids, c.logprobs, c.finish_reason, self.stop_ids[r.policy],
+                self.policies[r.policy].tokenizer, r.max_new_tokens,
             )
+            res.weight_version = self.served_versions[r.policy]
+            results.append(res)
         self.stats.generate_calls += 1
         self.stats.prompt_tokens += sum(len(r.prompt_ids) for r in reqs)
         self.stats.completion_tokens += sum(len(x.completion_ids) for x in results)

@@ -238,8 +238,8 @@ def run_job(job: Job | dict) -> dict:
     budget = BudgetStop.resuming(job.budget_kind, job.budget, run_dir) if resume else BudgetStop(job.budget_kind, job.budget)
     t0 = time.time()
     if not budget.reached:
-        team = build_team(cfg)
-        summary = train(team, run_dir, resume=resume, callbacks=[budget])
+        with build_team(cfg) as team:  # closing frees a Ray runtime's actors at once
+            summary = train(team, run_dir, resume=resume, callbacks=[budget])
         del team
         gc.collect()
     else:  # the budget was spent at the last checkpoint (a crash before this file was written)

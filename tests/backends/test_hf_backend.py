@@ -284,7 +284,7 @@ class EchoBackend:
     def __init__(self, tag):
         self.tag, self.batches, self.synced = tag, [], []
 
-    def generate_batch(self, requests):
+    def generate_batch(self, requests, seed=None):
         self.batches.append([r.policy for r in requests])
         return [GenResult(r.prompt_ids, [0.0] * len(r.prompt_ids), f"{self.tag}:{r.policy}", "stop") for r in requests]
 

@@ -428,3 +428,17 @@ def test_one_failed_request_fails_alone_and_nothing_is_sent_twice(server, tiny_t
     assert errors[0] is None and isinstance(errors[1], EndpointError) and errors[2] is None
     assert sorted(c["body"]["messages"][-1]["content"] for c in server.calls) == ["bad", "bad", "good"]  # one retry, once
     assert scripted.calls == 1
+
+
+def test_a_remote_reply_counts_the_completion_tokens_its_endpoint_reports():
+    """A remote endpoint returns text, no ids: the generated-token count (the compute a study's
+    token budget matches) takes the reply's usage.completion_tokens, and nothing bogus from it."""
+    from mas.backends.openai_compat import _result
+
+    def body(usage):
+        return {"choices": [{"message": {"content": "ACCEPT"}, "finish_reason": "stop"}], **usage}
+
+    assert _result(body({"usage": {"completion_tokens": 5}}), "u").usage_tokens == 5
+    for bad in ({}, {"usage": None}, {"usage": {"completion_tokens": -1}}, {"usage": {"completion_tokens": "5"}},
+                {"usage": {"completion_tokens": True}}):
+        assert _result(body(bad), "u").usage_tokens is None

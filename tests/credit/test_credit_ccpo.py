@@ -492,7 +492,9 @@ def test_v1_three_training_steps_change_both_policies(tiny_model_dir, tmp_path):
 
 def test_v2_with_the_alternating_schedule_trains_one_policy_at_a_time(tiny_model_dir, tmp_path):
     """trainer.alternate [think, solve], switch_every 1: step 0 and 2 train the thinker, step 1 the solver."""
-    team = build_team(validate_config(dyad_config(tiny_model_dir, {"method": "ccpo"}, alternate=["think", "solve"], switch_every=1)))
+    # seed 1: random tiny models whose rewards vary in each of the three steps (a group without
+    # variance gives the thinker no gradient, and AdamW then leaves it in place)
+    team = build_team(validate_config(dyad_config(tiny_model_dir, {"method": "ccpo"}, alternate=["think", "solve"], switch_every=1, seed=1)))
     team.engine.score = outcome_parity
     before = snapshot(team)
     result = train_step(team, 0)

@@ -241,7 +241,7 @@ def rr_team():
 def test_round_robin_rollouts_record_turns_per_agent_batched_and_seeded(rr_team):
     sizes: list[int] = []
     generate = rr_team.backend.generate_batch
-    rr_team.backend.generate_batch = lambda reqs: (sizes.append(len(reqs)), generate(reqs))[1]
+    rr_team.backend.generate_batch = lambda reqs, seed=None: (sizes.append(len(reqs)), generate(reqs, seed))[1]
     tasks = rr_team.env.sample_tasks(3)
     runs = []
     for _ in range(2):
@@ -257,7 +257,8 @@ def test_round_robin_rollouts_record_turns_per_agent_batched_and_seeded(rr_team)
 
 def test_sharp_coalitions_reuse_the_recorded_turns_token_for_token(rr_team):
     groups = rr_team.engine.rollout(rr_team.env.sample_tasks(2), 2, seed=4)
-    requests = plan_credit(groups, rr_team.cfg.credit)
+    # exclude nobody: both agents are players, so no agent is re-sampled and every unmasked turn is kept
+    requests = plan_credit(groups, rr_team.cfg.credit.model_copy(update={"exclude": ()}))
     assert requests and all(isinstance(r, InterventionRequest) for r in requests)
     results = rr_team.engine.execute(requests, seed=5)
     kept = 0
@@ -278,7 +279,9 @@ def test_sharp_coalitions_reuse_the_recorded_turns_token_for_token(rr_team):
 def test_round_robin_team_trains_two_steps(credit, tmp_path):
     from mas.trainer import train
 
-    team = build_team(validate_config(solver_verifier(credit)))
+    cfg = solver_verifier(credit)
+    cfg["trainer"].update(batch_size=4, group_size=4)  # enough episodes that some group's rewards differ in both steps
+    team = build_team(validate_config(cfg))
     before = {n: copy.deepcopy(p.model.state_dict()) for n, p in team.policies.items()}
     rows = []
     train(team, tmp_path / "run", callbacks=[type("Rec", (), {"on_step_end": lambda self, s, m, g, c: rows.append(m)})()])

@@ -137,7 +137,7 @@ def test_sync_and_async_nodes_of_many_episodes_batch_the_same_in_every_run(tiny_
     team = build_team(validate_config(graph_config("two_nodes", str(tiny_model_dir))))
     sizes: list[int] = []
     generate = team.backend.generate_batch
-    team.backend.generate_batch = lambda reqs: (sizes.append(len(reqs)), generate(reqs))[1]
+    team.backend.generate_batch = lambda reqs, seed=None: (sizes.append(len(reqs)), generate(reqs, seed))[1]
     runs = []
     for _ in range(3):
         sizes.clear()

@@ -1,0 +1,90 @@
+"""Runtimes: where a run's policies, rollout backends and learners live (``runtime.kind``).
+
+    local   one process: one ``PolicyWorker`` (mas/runtime/worker.py) holds every policy
+    ray     one Ray actor per policy (a LoRA family shares one; ``workers: N`` gives N), each a
+            ``PolicyWorker`` holding its weights, learner and rollout backend
+            (mas/runtime/ray_runtime.py); the driver keeps the engine, topologies, env and credit
+
+A runtime only decides where things live.  The trainer sees the same seams under both:
+
+    runtime.backend      a ``Backend`` serving every policy (the Ray one splits a batch per actor)
+    runtime.learners     per trainable policy, ``start_update(samples, seed) -> handle`` and ``version``;
+                         ``handle.result()`` waits for the metrics (local: already done)
+    runtime.tokenizers   per policy, what the engine renders prompts with
+    runtime.can_overlap  whether updates run while the driver rolls out (``trainer.max_staleness: 1``)
+    runtime.save_policies / load_policies   checkpoint files (mas/checkpoint.py), written where the
+                         policy lives
+    runtime.describe()   per policy: kind, device, parameter counts (and its actor under Ray)
+    runtime.close()      free everything (Ray: kill the actors, stop a Ray instance we started)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mas.backends.base import Backend, BackendUnavailable
+
+if TYPE_CHECKING:
+    from mas.config import RunConfig
+    from mas.learner import TrainSample, UpdateHandle
+
+
+class PolicyActorDied(BackendUnavailable):
+    """A policy's Ray actor died (killed, out of memory, node lost); the message names the policy,
+    the node and Ray's reason.  The run stops; its last checkpoint is intact."""
+
+    def __init__(self, message: str, policies: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.policies = policies
+
+
+class RemoteLearner(Protocol):
+    """What the trainer needs of a learner, wherever it runs."""
+
+    @property
+    def version(self) -> int: ...
+
+    def start_update(self, samples: list["TrainSample"], seed: int | None = None) -> "UpdateHandle": ...
+
+
+class Runtime(Protocol):
+    backend: Backend
+    learners: dict[str, Any]
+    tokenizers: dict[str, Any]
+    trainable: dict[str, bool]
+    can_overlap: bool
+
+    def describe(self) -> dict[str, dict[str, Any]]: ...
+
+    def save_policies(self, ckpt: Path, names: list[str]) -> None: ...
+
+    def load_policies(self, ckpt: Path, names: list[str], learner_state: bool = True) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def learner_args(cfg: "RunConfig") -> dict[str, dict[str, Any]]:
+    """Per policy, the trainer's loss settings its learner takes (flat builder arguments);
+    ``max_tokens`` is dr_grpo's constant: ``trainer.loss_agg_max_tokens``, else the largest
+    ``max_new_tokens`` of the policy's agents."""
+    t = cfg.trainer
+    shared = dict(total_steps=t.steps, clip_low=t.clip_low, clip_high=t.clip_high, kl_coef=t.kl_coef,
+                  loss_agg=t.loss_agg, ppo_epochs=t.ppo_epochs)
+    out = {}
+    for name in cfg.policies:
+        longest = max((a.sampling.max_new_tokens for a in cfg.agents if a.policy == name), default=None)
+        out[name] = {**shared, "max_tokens": t.loss_agg_max_tokens or longest}
+    return out
+
+
+def build_runtime(cfg: "RunConfig", train: set[str], run_dir: Path | None = None) -> Runtime:
+    """The runtime ``cfg.runtime.kind`` names, holding every policy; learners for the trainable
+    policies in ``train``.  ``run_dir``: where a local Ray instance keeps its temp files."""
+    if cfg.runtime.kind == "ray":
+        from mas.runtime.ray_runtime import RayRuntime
+
+        return RayRuntime(cfg, train, run_dir)
+    from mas.runtime.local import LocalRuntime
+
+    return LocalRuntime(cfg, train)

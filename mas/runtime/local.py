@@ -1,0 +1,40 @@
+"""The local runtime: every policy, its rollout backend and its learner in the driver process.
+
+Learners run one after another (``start_update`` returns a finished update), so nothing
+overlaps: ``trainer.max_staleness: 1`` runs at staleness 0 here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mas.runtime import learner_args
+from mas.runtime.worker import PolicyWorker
+
+if TYPE_CHECKING:
+    from mas.config import RunConfig
+
+
+class LocalRuntime:
+    can_overlap = False
+
+    def __init__(self, cfg: "RunConfig", train: set[str]):
+        self.worker = PolicyWorker(dict(cfg.policies), sorted(train), learner_args(cfg), seed=cfg.trainer.seed)
+        self.policies = self.worker.handles  # PolicyHandles by name (this process holds the weights)
+        self.backend = self.worker.backend
+        self.learners = self.worker.learners
+        self.tokenizers = {name: h.tokenizer for name, h in self.policies.items()}
+        self.trainable = {name: h.trainable for name, h in self.policies.items()}
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        return self.worker.info()["policies"]
+
+    def save_policies(self, ckpt: Path, names: list[str]) -> None:
+        self.worker.save(str(ckpt), names)
+
+    def load_policies(self, ckpt: Path, names: list[str], learner_state: bool = True) -> None:
+        self.worker.load(str(ckpt), names, learner_state)
+
+    def close(self) -> None:
+        """Nothing to free beyond what Python collects."""

@@ -1,0 +1,254 @@
+"""What one process holds of a run: some policies, the rollout backend serving them and their learners.
+
+The local runtime runs ONE ``PolicyWorker`` with every policy in the driver process; the Ray
+runtime runs one per actor (a full or frozen policy, or a LoRA family that shares a base),
+each in its own process.  The same class builds both, so the two runtimes load, sample, train
+and checkpoint with the same code.
+
+Serving while training (``trainer.max_staleness: 1``): the trainer asks a Ray actor to roll
+out the next step while it trains.  The ``hf`` backend samples from the very modules the
+learner updates, so such a worker keeps a serving copy (``serving_copy=True``): a deep copy of
+each trained model that the backend samples from, overwritten in place by ``sync`` with the
+trained weights.  Until ``sync``, the rollout sees the weights before the running update.
+The copy costs one more model in memory (for a LoRA family the base too).  A ``vllm`` engine
+already holds its own copy of the weights, so it needs none.
+
+Update order: the learners of one worker share its model (a LoRA family), so they never run at
+the same time; each update carries a ticket from the driver and runs in ticket order.  All
+data-parallel workers of a policy thus run the same updates in the same order, as their
+collective calls require.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+
+from mas.backends.base import Backend, GenRequest, GenResult
+from mas.learner import Learner, TrainSample, UpdateSpan, _host
+
+if TYPE_CHECKING:
+    from mas.agents.policy import PolicyHandle
+    from mas.config import PolicyConfig
+
+
+class PolicyWorker:
+    """Policies ``policies`` (config by name), the backend serving them and a learner for each
+    trainable one in ``train`` (policies some agent uses).  ``learner_args``: per policy, the
+    trainer's loss settings (``mas.runtime.learner_args``)."""
+
+    def __init__(
+        self,
+        policies: dict[str, "PolicyConfig"],
+        train: list[str],
+        learner_args: dict[str, dict[str, Any]],
+        seed: int,
+        serving_copy: bool = False,
+        num_threads: int | None = None,
+        deterministic: bool = False,
+        rank: int = 0,
+    ):
+        from mas.agents.policy import build_policies
+        from mas.backends import build_backend
+
+        _process_settings(num_threads, deterministic)
+        self.rank = rank
+        self.handles: dict[str, PolicyHandle] = build_policies(dict(policies), seed=seed)
+        self.learners: dict[str, Learner] = {
+            name: Learner(h, policies[name].optim, mixed_precision=policies[name].mixed_precision, **learner_args[name])
+            for name, h in self.handles.items()
+            if h.trainable and name in train
+        }
+        self.serving = self._serving_handles() if serving_copy else self.handles
+        self.backend: Backend = build_backend(self.serving) if rank == 0 else None  # other ranks only train
+        self._turn = threading.Condition()
+        self._next_ticket = 0
+
+    # ---------------------------------------------------------------- facts
+
+    def info(self) -> dict[str, Any]:
+        """Where this worker runs and what it holds: tokenizers (the driver renders prompts with
+        them) and, per policy, kind, device, parameter counts and weight version."""
+        node_id = None
+        try:
+            import ray
+
+            if ray.is_initialized():
+                node_id = ray.get_runtime_context().get_node_id()
+        except ImportError:
+            pass
+        return {
+            "pid": os.getpid(),
+            "host": _host(),
+            "node_id": node_id,
+            "rank": self.rank,
+            "tokenizers": {name: h.tokenizer for name, h in self.handles.items()},
+            "policies": {name: describe_policy(h) for name, h in self.handles.items()},
+        }
+
+    def versions(self) -> dict[str, int]:
+        return {name: h.version for name, h in self.handles.items()}
+
+    # ---------------------------------------------------------------- serving
+
+    def generate(self, requests: list[GenRequest], seed: int | None) -> list[GenResult]:
+        return self.backend.generate_batch(requests, seed=seed)
+
+    def sync(self, name: str) -> int:
+        """Serve the trained weights of ``name`` (copying them into the serving copy if there is one)."""
+        if self.serving is not self.handles:
+            trained, served = self.handles[name], self.serving[name]
+            if trained.trainable:
+                _copy_trainable(trained, served)
+            served.version = trained.version
+        if self.backend is not None:
+            self.backend.sync_weights(name)
+        return self.handles[name].version
+
+    def _serving_handles(self) -> dict[str, "PolicyHandle"]:
+        """Handles on deep copies of the models that hf samples from while the learners train."""
+        from mas.agents.policy import PolicyHandle
+
+        copies: dict[int, torch.nn.Module] = {}
+        out = {}
+        for name, h in self.handles.items():
+            if not h.trainable or h.backend != "hf":  # frozen weights never change; vLLM holds its own copy
+                out[name] = h
+                continue
+            if id(h.model) not in copies:  # a LoRA family: one copy of the shared PeftModel
+                copies[id(h.model)] = copy.deepcopy(h.model).eval()
+                for p in copies[id(h.model)].parameters():
+                    p.requires_grad_(False)
+            served = PolicyHandle(name, h.kind, copies[id(h.model)], h.tokenizer, h.device, adapter=h.adapter, backend=h.backend)
+            served.version = h.version
+            out[name] = served
+        return out
+
+    # ---------------------------------------------------------------- training
+
+    def update(self, name: str, samples: list[TrainSample], seed: int | None, ticket: int | None = None) -> tuple[dict, UpdateSpan, int]:
+        """One update of ``name`` on ``samples`` (this worker's shard); returns its metrics, where
+        and when it ran, and the new weight version.  Waits for its ``ticket`` (see the module
+        docstring); None: run now."""
+        with self._in_turn(ticket):
+            start = time.time()
+            metrics = self.learners[name].update(samples, seed=seed)
+            return metrics, UpdateSpan(os.getpid(), _host(), start, time.time()), self.handles[name].version
+
+    @contextlib.contextmanager
+    def _in_turn(self, ticket: int | None) -> Iterator[None]:
+        """Wait until ``ticket`` is the next one, run, then let the next ticket in (None: no waiting)."""
+        if ticket is None:
+            yield
+            return
+        with self._turn:
+            self._turn.wait_for(lambda: self._next_ticket == ticket)
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._next_ticket = ticket + 1
+                self._turn.notify_all()
+
+    def data_parallel_address(self) -> tuple[str, int]:
+        """Rank 0: this node's address and a free port for the group's rendezvous."""
+        from mas.runtime.data_parallel import free_address
+
+        return free_address()
+
+    def init_data_parallel(self, address: str, port: int, rank: int, world_size: int) -> None:
+        """Join the torch.distributed group of this policy's workers (see ``mas.runtime.data_parallel``)."""
+        from mas.runtime.data_parallel import join_group
+
+        sync = join_group(address, port, rank, world_size, self._device())
+        for learner in self.learners.values():
+            learner.sync = sync
+
+    def _device(self) -> torch.device:
+        return next(iter(self.handles.values())).device
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save(self, ckpt: str, names: list[str]) -> None:
+        """Write ``names``' weights (rank 0), optimizer and schedule (rank 0) and this process's RNG
+        state into checkpoint folder ``ckpt`` (``mas.checkpoint`` layout)."""
+        from mas.checkpoint import save_policy_state
+
+        for name in names:
+            save_policy_state(Path(ckpt), name, self.handles[name], self.learners.get(name), rank=self.rank)
+
+    def save_files(self, names: list[str]) -> dict[str, bytes]:
+        """``save`` into a private folder and return its files (relative path -> bytes), for a driver
+        that does not share this node's filesystem."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="mas-ckpt-") as tmp:
+            self.save(tmp, names)
+            return {str(p.relative_to(tmp)): p.read_bytes() for p in Path(tmp).rglob("*") if p.is_file()}
+
+    def load(self, ckpt: str, names: list[str], learner_state: bool = True) -> dict[str, int]:
+        """Restore ``names`` from checkpoint folder ``ckpt`` (weights; optimizer, schedule and RNG
+        with ``learner_state``) and serve them; returns the new weight versions."""
+        from mas.checkpoint import load_policy_state
+
+        for name in names:
+            learner = self.learners.get(name) if learner_state else None
+            load_policy_state(Path(ckpt), name, self.handles[name], learner, rank=self.rank)
+            self.sync(name)
+        return self.versions()
+
+    def load_files(self, files: dict[str, bytes], names: list[str], learner_state: bool = True) -> dict[str, int]:
+        """``load`` from checkpoint files sent by the driver (relative path -> bytes)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="mas-ckpt-") as tmp:
+            for rel, data in files.items():
+                path = Path(tmp) / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            return self.load(tmp, names, learner_state)
+
+    def ready(self) -> bool:
+        return True
+
+
+def describe_policy(h: "PolicyHandle") -> dict[str, Any]:
+    """Kind, device and parameter counts of one policy (``run_info.json``, the report's checklist)."""
+    named = list(h.model.named_parameters()) if h.model is not None else []  # None: a remote endpoint
+    return {
+        "kind": h.kind,
+        "device": str(h.device),
+        "parameters": sum(t.numel() for n, t in named if "lora_" not in n),  # a LoRA policy: the shared base only
+        "trainable_parameters": sum(t.numel() for t in h.trainable_parameters()),
+        "version": h.version,
+    }
+
+
+def _copy_trainable(src: "PolicyHandle", dst: "PolicyHandle") -> None:
+    """Copy ``src``'s trainable tensors (all weights, or its adapter) into the same-named ones of ``dst``."""
+    names = {id(p) for p in src.trainable_parameters()}
+    dst_params = dict(dst.model.named_parameters())
+    with torch.no_grad():
+        for n, p in src.model.named_parameters():
+            if id(p) in names:
+                dst_params[n].copy_(p)
+
+
+def _process_settings(num_threads: int | None, deterministic: bool) -> None:
+    """Settings a worker process needs before it builds models (the driver's ``apply_runtime``)."""
+    os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # alignment-independent MKL results, as the CLI sets
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
