@@ -130,7 +130,9 @@ def test_each_policy_keeps_its_own_lr_micro_batch_and_device(model_dirs, monkeyp
 
 def test_heterogeneous_team_trains_three_steps_and_only_trainable_policies_change(model_dirs, tmp_path, monkeypatch):
     monkeypatch.setattr(HotpotQAEnv, "score", varied)
-    team = build_team(hetero_config(model_dirs))
+    # groups of 4: Dr. MAS gives a turn 0 when its (group, agent) segment is one turn or one reward,
+    # and the scout speaks in only some episodes; 4 per group give it segments that vary
+    team = build_team(hetero_config(model_dirs, **{"trainer.group_size": "4"}))
     snapshot = {name: {k: v.detach().clone() for k, v in h.model.state_dict().items()} for name, h in team.policies.items()}
     train(team, tmp_path / "run")
     rows = [r for r in map(__import__("json").loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) if "step" in r]
