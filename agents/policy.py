@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import shutil
 from pathlib import Path
 from typing import Any, TYPE_CHECKING, Callable, Iterator, Literal
@@ -196,6 +197,7 @@ class PolicyHandle:
         full/frozen: the whole model.  lora: only this adapter, laid out flat
         (``path/adapter_config.json``, ``path/adapter_model.safetensors``) so that
         ``PeftModel.from_pretrained(base, path)`` and vLLM's LoRA loader read it directly.
+        A checkpoint then names the adapter's base portably (``mas.checkpoint.record_base_models``).
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -253,6 +255,16 @@ class PolicyHandle:
         self._pristine = False
 
 
+def portable_model_ref(model: str, anchor: str | Path) -> str:
+    """How a checkpoint names a model: a hub id or 'embedded' as it is; a local directory as a
+    path relative to ``anchor`` (e.g. the run directory), so no absolute machine path is kept."""
+    from mas.hub import is_local
+
+    if model == "embedded" or not is_local(model):
+        return model
+    return os.path.relpath(Path(model).expanduser().resolve(), Path(anchor).resolve())
+
+
 # -------------------------------------------------------------------- loading
 
 
@@ -274,12 +286,14 @@ def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_c
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        looks_local = model.startswith(("/", "./", "../", "~")) or Path(model).exists()
-        if looks_local and not Path(model).expanduser().is_dir():
+        from mas.hub import hub_access, is_local
+
+        if is_local(model) and not Path(model).expanduser().is_dir():
             raise ModelLoadError(f"model {model!r}: local path does not exist (or is not a directory)")
+        source = hub_access(model)  # the cached copy if the hub cannot be asked; fails in seconds if there is none
         try:
-            tok = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
-            lm = AutoModelForCausalLM.from_pretrained(model, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code)
+            tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            lm = AutoModelForCausalLM.from_pretrained(source, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:  # hub errors are OSError; malformed repo ids are ValueError
             raise ModelLoadError(
                 f"model {model!r}: could not load from a local directory or the Hugging Face hub "

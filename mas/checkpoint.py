@@ -64,6 +64,7 @@ def save_checkpoint(
     tmp.mkdir()
     (tmp / "learners").mkdir()
     team.runtime.save_policies(tmp, list(team.learners))
+    record_base_models(tmp, team.cfg.policies, list(team.learners), run_dir)  # LoRA: hub id or a path relative to the run
     method = get_credit(team.cfg.credit.method)
     credit_state = method.state.state_dict() if method.state is not None else None
     env = env_state if env_state is not None else team.env.state_dict()
@@ -82,6 +83,48 @@ def save_checkpoint(
     os.replace(latest_tmp, root / "latest")
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def record_base_models(ckpt: Path, policies: dict[str, Any], names: list[str], run_dir: Path) -> None:
+    """Name each LoRA adapter's base model in ``adapter_config.json`` as the config does, portably:
+    a hub id or ``embedded`` as it is, a local directory as a path relative to ``run_dir``
+    (peft writes the loaded model's own path, an absolute path of this machine or a cache)."""
+    from mas.agents.policy import portable_model_ref
+
+    for name in names:
+        config_file = Path(ckpt) / "policies" / name / "adapter_config.json"
+        if policies[name].kind != "lora" or not config_file.is_file():
+            continue
+        config = json.loads(config_file.read_text())
+        config["base_model_name_or_path"] = portable_model_ref(policies[name].model, run_dir)
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int | None) -> list[str]:
+    """Delete all but the newest ``keep_last`` complete checkpoints (None: keep all); returns
+    the names deleted.
+
+    The one ``latest`` names is never deleted, so ``latest`` never dangles and the final
+    checkpoint of a run is always kept.  Each old checkpoint is first renamed to
+    ``step_N.pruned`` (atomic), then removed: a crash in between leaves a ``.pruned`` folder
+    that no reader takes for a checkpoint, and that the next prune removes.  Leftover
+    ``.tmp`` / ``.old`` folders of other steps go too.
+    """
+    root = _ckpt_dir(run_dir)
+    if keep_last is None or not root.is_dir():
+        return []
+    latest = latest_checkpoint(run_dir)
+    complete = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and "." not in p.name)
+    keep = set(complete[-keep_last:]) | ({latest} if latest is not None else set())
+    doomed = [p for p in complete if p not in keep]
+    for path in doomed:
+        gone = path.with_name(path.name + ".pruned")
+        shutil.rmtree(gone, ignore_errors=True)
+        os.replace(path, gone)
+    for path in root.iterdir():  # leftovers: pruned folders and temp copies of earlier saves
+        if path.is_dir() and path.suffix in (".pruned", ".tmp", ".old") and (latest is None or path.name != latest.name):
+            shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in doomed]
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -1,10 +1,14 @@
-"""The ``mas`` command line: train, eval, validate, report, show, study, audit."""
+"""The ``mas`` command line: train, eval, validate, report, show, export, study, audit.
+
+Every command that reads a config takes ``key.sub=value`` overrides as bare arguments after it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -12,56 +16,117 @@ from pathlib import Path
 # in the last bits; conditional numerical reproducibility removes that (set before torch loads).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-from mas.config import ConfigError, RunConfig, dump_config, load_config
+from mas.config import ConfigError, RunConfig, _path, dump_config, load_config
 
 
 def _run_dir(cfg: RunConfig, override: str | None) -> Path:
     return Path(override or cfg.logging.run_dir.replace("{team}", cfg.team.name))
 
 
+def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
+    """(files, key.sub=value overrides) of a command's positional arguments: one syntax for every
+    command; an argument with '=' that is not an existing file is an override."""
+    files = [it for it in items if "=" not in it or Path(it).exists()]
+    return files, [it for it in items if it not in files]
+
+
+def _issue_lines(issues: list) -> list[str]:
+    return [f"{_path(p)}: {m} (found {v!r})" for p, v, m in issues]
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Each config: every error (exit 1), or the resolved config; warnings go to stderr."""
+    from mas.checks import config_warnings, data_issues, machine_issues
+    from mas.defaults import resolve_default_lrs
+
     status = 0
-    for path in args.configs:
+    files, overrides = split_overrides(args.configs)
+    overrides = [*args.overrides, *overrides]
+    if not files:
+        print("mas validate: give one or more config files", file=sys.stderr)
+        return 2
+    for path in files:
         try:
-            cfg = load_config(path, args.overrides)
+            cfg = load_config(path, overrides)
+            data = data_issues(cfg)
+            if data:
+                raise ConfigError(path, _issue_lines(data))
         except ConfigError as e:
             print(e, file=sys.stderr)
             status = 1
             continue
+        warnings = _issue_lines(config_warnings(cfg)) + [f"{line} [on this machine]" for line in _issue_lines(machine_issues(cfg))]
+        for line in warnings:
+            print(f"{path}: warning: {line}", file=sys.stderr)
+        if args.strict and warnings:
+            status = 1
+        cfg, notes = resolve_default_lrs(cfg, local_only=True)
         if args.quiet:
-            print(f"{path}: ok")
+            print(f"{path}: ok" + (f" ({len(warnings)} warning(s))" if warnings else ""))
         else:
-            print(f"# {path}: ok (resolved)\n{dump_config(cfg)}")
+            defaults = "".join(f"# {key}: {note}\n" for key, note in notes.items())
+            print(f"# {path}: ok (resolved)\n{defaults}{dump_config(cfg)}")
     return status
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from mas.callbacks import RunControl
+    from mas.checks import machine_issues
+    from mas.rundir import check_fresh, move_aside
+    from mas.runtime import PolicyActorDied
+    from mas.signals import StopOnSignal, abandon_message, mas_command
     from mas.team import build_team
     from mas.trainer import train
 
+    configs, overrides = split_overrides(args.items)
     if args.resume:
+        if args.overwrite:
+            print("mas train: --resume continues a run and --overwrite starts a new one; give one of them", file=sys.stderr)
+            return 2
         run_dir = Path(args.resume)
         cfg_path = run_dir / "config.yaml"
+        if configs:
+            print(f"mas train --resume: the run's own config.yaml is used; got {configs} too "
+                  "(give key.sub=value overrides only)", file=sys.stderr)
+            return 2
         if not cfg_path.exists():
             print(f"--resume {run_dir}: no config.yaml there; is it a run directory?", file=sys.stderr)
             return 2
-        cfg = load_config(cfg_path, args.overrides)
+        cfg = load_config(cfg_path, overrides)
     else:
-        if args.config is None:
-            print("mas train: give a CONFIG or --resume RUN_DIR", file=sys.stderr)
+        if len(configs) != 1:
+            print("mas train: give one CONFIG (or --resume RUN_DIR), then any key.sub=value overrides", file=sys.stderr)
             return 2
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(configs[0], overrides)
         run_dir = _run_dir(cfg, args.run_dir)
-    from mas.runtime import PolicyActorDied
-
+        if args.overwrite:
+            moved = move_aside(run_dir)
+            if moved is not None:
+                print(f"--overwrite: moved the old run to {moved}", file=sys.stderr)
+        check_fresh(run_dir, resume_hint=f" ({mas_command()} train --resume {shlex.quote(str(run_dir))})")
+    machine = machine_issues(cfg)
+    if machine:
+        raise ConfigError(str(args.resume or configs[0]), _issue_lines(machine))
     team = build_team(cfg, run_dir=run_dir)
+    for key, note in team.defaults.items():
+        print(f"{key} = {note}", file=sys.stderr)
+    resume_cmd = f"{mas_command()} train --resume {shlex.quote(str(run_dir))}"
+    control = RunControl()
     try:  # a Ray runtime's actors (and a Ray instance it started) are freed however the run ends
-        summary = train(team, run_dir, resume=bool(args.resume), stop_after=args.stop_after)
+        with StopOnSignal(control, lambda: abandon_message(run_dir, resume_cmd), cleanup=team.close) as stop:
+            summary = train(team, run_dir, resume=bool(args.resume), stop_after=args.stop_after, control=control)
     except PolicyActorDied as e:
-        print(f"{e}\nthe run stopped; its last checkpoint is intact: continue with mas train --resume {run_dir}", file=sys.stderr)
+        print(f"{e}\nthe run stopped; its last checkpoint is intact: continue with {resume_cmd}", file=sys.stderr)
         return 3
     finally:
         team.close()
+    if "stopped" in summary:
+        if summary["stopped"]["after_step"] is None:
+            print("stopped before the first step: nothing was trained, nothing to resume", file=sys.stderr)
+        else:
+            print(f"resume with: {resume_cmd}", file=sys.stderr)
+        if stop.exit_code is not None:
+            return stop.exit_code
     before = summary.get("eval_before", {}).get("accuracy")
     after = summary.get("eval_after", {}).get("accuracy")
     if before is not None and after is not None:
@@ -136,6 +201,31 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from mas.export import ExportError, export_run, push_to_hub
+
+    try:
+        exported = export_run(args.run_dir, args.out, merge_lora=args.merge_lora, checkpoint=args.checkpoint,
+                              policies=args.policy, log=lambda msg: print(msg, file=sys.stderr))
+    except ExportError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if not exported:
+        print(f"{args.run_dir}: the checkpoint holds no trained policy", file=sys.stderr)
+        return 2
+    print(f"exported {len(exported)} polic{'y' if len(exported) == 1 else 'ies'} to {args.out}")
+    if args.push_to_hub:
+        from huggingface_hub.errors import HfHubHTTPError
+
+        try:
+            url = push_to_hub(exported, args.out, args.push_to_hub, private=args.private)
+        except (HfHubHTTPError, OSError) as e:  # no network, no token, no permission: the export stays in --out
+            print(f"push to {args.push_to_hub} failed: {e}\nthe export is complete in {args.out}", file=sys.stderr)
+            return 1
+        print(f"pushed to {url}")
+    return 0
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     """Run (or continue) a grid of credit methods x seeds at a matched budget; write study.html/json."""
     from mas.study import StudySpec, study, write_outputs
@@ -190,9 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train a team from a YAML config")
-    t.add_argument("config", nargs="?", help="team YAML")
-    t.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. trainer.steps=5")
+    t.add_argument("items", nargs="*", metavar="CONFIG [key.sub=value ...]",
+                   help="team YAML, then overrides, e.g. trainer.steps=5 (with --resume: overrides only)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    t.add_argument("--overwrite", action="store_true",
+                   help="start afresh even if the run directory holds a run (the old run is moved aside, not deleted)")
     t.add_argument("--run-dir", help="where to write the run (default: logging.run_dir)")
     t.add_argument("--stop-after", type=int, help="stop after this many steps in total (checkpointing there)")
     t.set_defaults(fn=cmd_train)
@@ -216,6 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--svg", metavar="FILE", help="also write a picture of the topology")
     s.add_argument("--mermaid", metavar="FILE", help="also write LangGraph's Mermaid drawing of the compiled graph")
     s.set_defaults(fn=cmd_show)
+
+    x = sub.add_parser("export", help="write a run's trained policies as Hugging Face models; optionally push them to the hub")
+    x.add_argument("run_dir", metavar="RUN_DIR")
+    x.add_argument("--out", required=True, help="output folder (one sub-folder per policy)")
+    x.add_argument("--merge-lora", action="store_true", help="merge LoRA adapters into their base model (standalone models)")
+    x.add_argument("--checkpoint", metavar="STEP_DIR", help="a checkpoint of the run, e.g. step_000019 (default: the latest)")
+    x.add_argument("--policy", action="append", help="export only this policy (repeatable; default: every trained one)")
+    x.add_argument("--push-to-hub", metavar="REPO", help="upload the export to this hub repository (created if missing)")
+    x.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
+    x.set_defaults(fn=cmd_export)
 
     st = sub.add_parser("study", help="compare credit methods over seeds at a matched budget (study.html, study.json)")
     st.add_argument("config", help="team YAML")
@@ -249,35 +351,39 @@ def build_parser() -> argparse.ArgumentParser:
     au.set_defaults(fn=cmd_audit)
 
     v = sub.add_parser("validate", help="check configs; print the resolved config or every error")
-    v.add_argument("configs", nargs="+")
-    v.add_argument("--set", dest="overrides", action="append", default=[], help="key.sub=value override")
+    v.add_argument("configs", nargs="+", metavar="CONFIG [key.sub=value ...]",
+                   help="config files, and overrides applied to each")
+    v.add_argument("--set", dest="overrides", action="append", default=[], help="key.sub=value override (same as a bare one)")
     v.add_argument("-q", "--quiet", action="store_true", help="print only ok / errors")
+    v.add_argument("--strict", action="store_true", help="warnings fail too (exit 1)")
     v.set_defaults(fn=cmd_validate)
     return p
+
+
+# the positional list of each command that takes key.sub=value overrides
+_POSITIONALS = {"train": "items", "validate": "configs", "eval": "overrides", "show": "overrides", "study": "overrides"}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra:  # `mas study CONFIG --methods ... --out DIR key=value`: overrides may follow the options
-        if args.cmd == "study" and all("=" in e and not e.startswith("-") for e in extra):
-            args.overrides = [*args.overrides, *extra]
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.cmd == "train" and args.config and "=" in args.config and not args.resume:
-        args.overrides = [args.config, *args.overrides]
-        args.config = None
-    if args.cmd == "train" and args.resume and args.config:  # `mas train --resume RUN key=value`
-        args.overrides = [args.config, *args.overrides]
-        args.config = None
+    # options may come between CONFIG and its overrides: argparse leaves what follows them over
+    stray, unknown = [x for x in extra if not x.startswith("-")], [x for x in extra if x.startswith("-")]
+    if unknown or (stray and args.cmd not in _POSITIONALS):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if stray:
+        getattr(args, _POSITIONALS[args.cmd]).extend(stray)
     from mas.agents.policy import ModelLoadError
     from mas.metrics import MissingDependencyError
 
     try:
         return args.fn(args)
-    except (ConfigError, ModelLoadError, FileNotFoundError, MissingDependencyError) as e:
+    except (ConfigError, ModelLoadError, FileNotFoundError, FileExistsError, MissingDependencyError) as e:
         print(e, file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside training (loading models, evaluating): nothing to save
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

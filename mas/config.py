@@ -45,7 +45,11 @@ class LoraConfig(Section):
 
 
 class OptimConfig(Section):
-    lr: float = Field(1e-6, gt=0, description="Peak learning rate of this policy's AdamW.")
+    lr: float | None = Field(
+        None, gt=0,
+        description="Peak learning rate of this policy's AdamW. None: the default for the model, filled in when the team "
+        "is built: the embedded model's working rate, else a rate by the model's size and kind (mas/defaults.py; README table).",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
@@ -347,7 +351,16 @@ class TrainerConfig(Section):
         description="Also evaluate (eval_size tasks, greedy) every N steps, after the last step and when a run is stopped "
         "early, for held-out curves (mas study); metrics.jsonl gets {'eval': 'periodic', 'step': ...}. 0 disables.",
     )
-    save_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only at the end).")
+    save_every: int | None = Field(
+        None, ge=0,
+        description="Checkpoint every N steps (0: only at the end and when stopped). None: about every 10% of the steps "
+        "(max(1, round(steps / 10))), filled in when the config loads.",
+    )
+    keep_last: int | None = Field(
+        3, ge=1,
+        description="Keep the newest N checkpoints and delete older ones after each save (the final one is always kept). "
+        "None keeps them all.",
+    )
     sample_episodes: int = Field(2, ge=0, description="Episodes per step written to episodes.jsonl.")
     alternate: tuple[str, ...] = Field(
         (), description="Train these policies one at a time, switching every switch_every steps (CCPO); () trains all each step."
@@ -357,6 +370,16 @@ class TrainerConfig(Section):
         0, description="0: every rollout uses the newest weights. 1 (runtime.kind: ray): the rollout of step t+1 runs while "
         "step t's updates do, on weights one update old (each turn records its weight_version); the local runtime runs in turn (0)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_save_every(cls, data: Any) -> Any:
+        """save_every None -> about every 10% of the steps (a bad 'steps' is reported by its own field)."""
+        if isinstance(data, dict) and data.get("save_every") is None:
+            steps = data["steps"] if "steps" in data else cls.model_fields["steps"].default
+            if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
+                return {**data, "save_every": max(1, round(steps / 10))}
+        return data
 
 
 class RuntimeConfig(Section):
@@ -470,6 +493,10 @@ class RunConfig(Section):
         errors += _topology_refs(self.topology, names)
         errors += _tool_refs(self.agents, getattr(self, "env", None))
         errors += _credit_refs(getattr(self, "credit", None), names, policies, getattr(self, "trainer", None))
+        if not errors and "env" in self.model_fields_set:  # a fully validated config (not the partial pass below)
+            from mas.checks import config_errors  # local: the checks read these config types
+
+            errors += config_errors(self)
         if errors:
             raise CrossFieldErrors(errors)
         return self
@@ -744,10 +771,40 @@ def _model_in(ann: Any, parent: Any) -> Any:
     return models[0] if models else None
 
 
+def _switches_kind(item: str) -> bool:
+    """True for an override of a section's kind: credit.method, topology.kind, env.name, policies.<p>.kind."""
+    key = item.split("=", 1)[0].split(".")
+    return (len(key) == 2 and _UNION_TAGS.get(key[0]) == key[1]) or (len(key) == 3 and key[0] == "policies" and key[2] == "kind")
+
+
+# keys a policy of one kind may not carry (PolicyConfig._consistent): dropped when an override changes the kind
+_POLICY_KIND_KEYS = {"lora": (), "full": ("lora",), "frozen": ("lora", "optim")}
+_MISSING = object()
+
+
+def _switch_kind(section: dict, tag: str, value: Any, policy: bool) -> None:
+    """An override that changes a section's kind starts the section afresh: the old kind's keys
+    would be unknown keys of the new one (credit.method=sharp after dr_mas's invalid_penalty).
+    A policy keeps its model, device and the like, and drops only what the new kind forbids."""
+    if section.get(tag, _MISSING) == value:
+        return
+    if policy:
+        for key in _POLICY_KIND_KEYS.get(value, ()) if isinstance(value, str) else ():
+            section.pop(key, None)
+    else:
+        section.clear()
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply ``key.sub=value`` overrides (value parsed as YAML) to a raw config dict."""
+    """Apply ``key.sub=value`` overrides (value parsed as YAML) to a raw config dict.
+
+    Overrides of a section's kind (``credit.method``, ``topology.kind``, ``env.name``,
+    ``policies.<name>.kind``) are applied first, whatever their position, and replace the
+    old kind's settings instead of merging them in (``_switch_kind``); the other overrides
+    then set keys of the new section.
+    """
     data = copy.deepcopy(data)
-    for item in overrides:
+    for item in sorted(overrides, key=lambda it: not _switches_kind(it)):  # stable: kinds first
         if "=" not in item:
             raise ConfigError("overrides", [f"{item!r}: expected key.sub=value"])
         key, raw = item.split("=", 1)
@@ -771,6 +828,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if isinstance(cur, list):
             cur[_list_index(cur, parts[-1], key)] = value
         else:
+            if _switches_kind(item):
+                _switch_kind(cur, parts[-1], value, policy=parts[0] == "policies")
             cur[parts[-1]] = value
     return data
 

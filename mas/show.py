@@ -146,7 +146,7 @@ def team_text(cfg: RunConfig) -> str:
     lines += ["", "policies"]
     pw = max(len(n) for n in cfg.policies)
     for name, p in cfg.policies.items():
-        lr = f"  lr {p.optim.lr:g}  micro-batch {p.optim.micro_batch_size}" if p.optim else ""
+        lr = f"  lr {'default' if p.optim.lr is None else format(p.optim.lr, 'g')}  micro-batch {p.optim.micro_batch_size}" if p.optim else ""
         lines.append(f"  {name:<{pw}}  {p.kind:<6} {p.model}  {p.dtype} on {p.device}{lr}")
     nodes, edges, agent_of = topology_graph(cfg)
     bound = getattr(cfg.topology, "max_turns", None)

@@ -6,13 +6,14 @@ Builders take the few values they need; only this module reads the whole RunConf
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mas.agents.agent import Agent, build_agents
 from mas.backends.base import Backend
 from mas.config import ConfigError, RunConfig, RuntimeConfig
+from mas.defaults import resolve_default_lrs
 from mas.engine import Engine
 from mas.envs import build_env
 from mas.envs.base import Env
@@ -31,6 +32,7 @@ class Team:
     engine: Engine
     env: Env
     runtime: Runtime
+    defaults: dict[str, str] = field(default_factory=dict)  # YAML path -> the value build_team chose, and why
 
     @property
     def backend(self) -> Backend:
@@ -83,11 +85,11 @@ def apply_runtime(runtime: RuntimeConfig) -> None:
 
 def check_eval_size(env: Env, size: int, where: str) -> None:
     """A held-out size larger than the env's held-out split is a config error (named by ``where``)."""
-    if size:
-        try:
-            env.eval_tasks(size)
-        except ValueError as e:
-            raise ConfigError("config", [f"{where}: {size} is too many: {e}"]) from None
+    from mas.checks import eval_size_issues
+
+    issues = eval_size_issues(env, size, where)
+    if issues:
+        raise ConfigError("config", [f"{where}: {message}" for _, _, message in issues])
 
 
 def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir: Path | None = None) -> Team:
@@ -97,6 +99,7 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir
     apply_runtime(cfg.runtime)
     env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
     check_eval_size(env, *(eval_size or (cfg.trainer.eval_size, "trainer.eval_size")))
+    cfg, defaults = resolve_default_lrs(cfg)  # unset optim.lr -> the model's default (from its config, no weights)
     tools = getattr(env, "tools", {})  # an env with tools exposes them by name (envs/base.py)
     agents = build_agents(cfg.agents, cfg.team.name, tools)
     runtime = build_runtime(cfg, {a.policy for a in agents.values()}, run_dir)
@@ -117,7 +120,7 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir
     except BaseException:
         runtime.close()
         raise
-    return Team(cfg, agents, engine, env, runtime)
+    return Team(cfg, agents, engine, env, runtime, defaults)
 
 
 def describe_team(team: Team) -> dict:
@@ -139,6 +142,7 @@ def describe_team(team: Team) -> dict:
             "device": info["device"],
             "parameters": info["parameters"],
             "trainable_parameters": info["trainable_parameters"],
+            "lr": team.cfg.policies[name].optim.lr if team.cfg.policies[name].optim else None,
             "agents": [a.name for a in team.agents.values() if a.policy == name],
             **({"actor": info["actor"]} if "actor" in info else {}),
         }
@@ -156,4 +160,5 @@ def describe_team(team: Team) -> dict:
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "cpu_count": os.cpu_count(),
         "runtime": team.cfg.runtime.kind,
+        "defaults": team.defaults,  # values the config left unset and build_team chose (e.g. optim.lr)
     }

@@ -29,13 +29,16 @@ import torch
 
 from mas.backends.base import policy_seed
 from mas.callbacks import Callback, CallbackList, RunControl
-from mas.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from mas.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from mas.checks import config_warnings
+from mas.config import _path
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.embedded.fit import fit_checks
 from mas.fault_points import pause_point
 from mas.learner import TrainSample, UpdateSpan
 from mas.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
+from mas.rundir import check_fresh
 from mas.runtime import PolicyActorDied
 from mas.team import Team, describe_team
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
@@ -310,9 +313,14 @@ def train(
     """
     cfg = team.cfg
     control = control or RunControl()
+    if not resume:
+        check_fresh(run_dir)  # a new run never mixes its logs and checkpoints with an old one
     logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
     hooks = CallbackList([*fit_checks(cfg, logger.warn), *callbacks], control)  # + a warning if the embedded model cannot parse the team
     logger.write_run_info(describe_team(team))
+    if not resume:
+        for path, value, message in config_warnings(cfg):
+            logger.warn(f"{_path(path)}: {message} (found {value!r})", kind="config")
     start = 0
     summary: dict = {}
     if resume:
@@ -370,9 +378,10 @@ def train(
             # a rollout taken ahead is not in the checkpoint: a resumed run draws its tasks again
             env_state = upcoming.env_state if upcoming is not None else None
             hooks.on_checkpoint(step, save_checkpoint(run_dir, step, team, summary, env_state=env_state))
+            prune_checkpoints(run_dir, cfg.trainer.keep_last)
         if control.should_stop:
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step}
-            logger.info(f"stopped after step {step} ({control.stop_reason}); resume with: mas train --resume {run_dir}")
+            logger.info(f"stopped after step {step} ({control.stop_reason}); its checkpoint is written")
             break
         step += 1
     logger.close_progress()

@@ -16,7 +16,7 @@ from mas.trainer import train
 
 def build(model_dir, **trainer):
     cfg = team_config(model_dir, "chain")
-    cfg["trainer"] = {**cfg["trainer"], "steps": 4, **trainer}
+    cfg["trainer"] = {**cfg["trainer"], "steps": 4, "save_every": 0, **trainer}
     team = build_team(validate_config(cfg))
     team.engine.score = varied_reward
     return team

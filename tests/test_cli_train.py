@@ -75,7 +75,7 @@ def test_train_reports_config_errors_without_a_traceback(tmp_path, tiny_model_di
 def test_bad_models_devices_and_checkpoints_give_a_message_not_a_traceback(tmp_path, tiny_model_dir, capsys):
     cfg = write_config(tmp_path, tiny_model_dir)
     assert main(["train", str(cfg), f"policies.main.model={tmp_path / 'missing'}"]) == 2
-    assert "policy 'main'" in capsys.readouterr().err
+    assert "policies.main.model: local path does not exist" in capsys.readouterr().err  # before anything loads
     assert main(["train", str(cfg), "policies.main.device=cuda:7"]) == 2 or __import__("torch").cuda.is_available()
     assert main(["train", str(cfg), "policies.main.kind=lora", "policies.main.lora.target_modules=[nope]"]) == 2
     assert "cannot add a LoRA adapter" in capsys.readouterr().err

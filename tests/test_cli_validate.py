@@ -54,7 +54,11 @@ BAD_PATHS = ("trainer.stepz", "credit.method", "agents[1].policy", "policies.mai
 def test_validate_good_file_prints_the_resolved_config(good, capsys):
     assert main(["validate", str(good)]) == 0
     out, err = capsys.readouterr()
-    assert err == ""
+    # the only remark: the hub model cannot be had offline here (a warning: the config may be for another machine)
+    assert err.splitlines() == [f"{good}: warning: policies.main.model: not in the local Hugging Face cache and "
+                                "HF_HUB_OFFLINE is set; download it where there is network (`hf download some/hub-id`) "
+                                "or give a local path (found 'some/hub-id') [on this machine]"]
+    assert "# policies.main.optim.lr: unset: chosen by the model's size when its config is downloaded" in out
     assert f"# {good}: ok" in out
     assert "micro_batch_size: 8" in out  # a default the file does not set
     assert "max_new_tokens: 64" in out
@@ -77,8 +81,11 @@ def test_validate_quickstart_resolved_config(capsys):
 def test_validate_quiet_prints_only_ok(good, capsys):
     assert main(["validate", "-q", str(good)]) == 0
     out, err = capsys.readouterr()
-    assert out.strip() == f"{good}: ok"
-    assert err == ""
+    assert out.strip() == f"{good}: ok (1 warning(s))"  # the hub model is not in this machine's cache
+    assert err.count("warning:") == 1
+    assert main(["validate", "-q", str(good), "policies.main.model=embedded"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == f"{good}: ok" and err == ""
 
 
 def test_validate_bad_file_lists_every_error_with_its_path(bad, capsys):

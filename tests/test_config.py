@@ -391,8 +391,12 @@ LOOP_EDGES = [{"from": "a", "to": "b"}, {"from": "b", "to": "a", "when": "reject
 
 
 def with_topology(topology: dict) -> dict:
+    """The base team on ``topology``; a graph keeps only the agents its nodes use (an unused agent is an error)."""
     data = base()
     data["topology"] = topology
+    if topology["kind"] == "graph":
+        used = {n["agent"] for n in topology["nodes"]}
+        data["agents"] = [a for a in data["agents"] if a["name"] in used]
     return data
 
 
@@ -420,7 +424,7 @@ def test_graph_self_loop_without_max_turns():
 def test_graph_unreachable_node():
     nodes = LOOP_NODES + [("c", "orchestrator")]
     edges = [{"from": "a", "to": "b"}, {"from": "b", "to": "END"}, {"from": "c", "to": "END"}]
-    line = line_for(errors_of(with_topology(graph(nodes, edges))), "topology.nodes[2]")
+    line = line_for(errors_of(with_topology(graph(nodes, edges))), "topology.nodes[2].name")
     assert "unreachable" in line and "'c'" in line
 
 
@@ -435,8 +439,8 @@ def test_graph_node_that_cannot_reach_end():
     edges = [{"from": "a", "to": "END", "when": "accept"}, {"from": "a", "to": "b"}, {"from": "b", "to": "c"},
              {"from": "c", "to": "b"}]
     lines = errors_of(with_topology(graph(nodes, edges, max_turns=5)))
-    assert "cannot reach END" in line_for(lines, "topology.nodes[1]")
-    assert "cannot reach END" in line_for(lines, "topology.nodes[2]")
+    assert "cannot reach END" in line_for(lines, "topology.nodes[1].name")
+    assert "cannot reach END" in line_for(lines, "topology.nodes[2].name")
 
 
 def test_graph_edge_to_unknown_node_lists_nodes():
@@ -453,7 +457,7 @@ def test_graph_edge_from_unknown_node_lists_nodes():
 
 def test_graph_two_default_edges_out_of_one_node():
     edges = [{"from": "a", "to": "b"}, {"from": "a", "to": "END"}, {"from": "b", "to": "END"}]
-    line = line_for(errors_of(with_topology(graph(LOOP_NODES, edges))), "topology.edges[1]")
+    line = line_for(errors_of(with_topology(graph(LOOP_NODES, edges))), "topology.edges[1].when")
     assert "default edge" in line and "'a'" in line
 
 
@@ -652,7 +656,7 @@ def test_graph_cycle_in_an_unreachable_part_is_an_error_not_a_traceback():
     nodes = LOOP_NODES + [("c", "orchestrator"), ("d", "adder")]
     edges = [{"from": "a", "to": "b"}, {"from": "b", "to": "END"}, {"from": "c", "to": "d"}, {"from": "d", "to": "c"}]
     lines = errors_of(with_topology(graph(nodes, edges)))
-    assert "unreachable" in line_for(lines, "topology.nodes[2]")
+    assert "unreachable" in line_for(lines, "topology.nodes[2].name")
     assert "c -> d -> c" in line_for(lines, "topology.max_turns") or "d -> c -> d" in line_for(lines, "topology.max_turns")
 
 

@@ -43,6 +43,7 @@ def test_a_warm_started_team_or_a_hub_model_gets_no_warning():
 def test_a_warm_started_prompt_in_the_wrong_place_is_named():
     data = yaml.safe_load((ROOT / "configs" / "cpu_chain.yaml").read_text())
     data["agents"][1]["parser"] = "answer"  # the verifier's prompt with the answer parser
+    data["topology"]["loop_to"] = None  # (a loop judged by a parser that never rejects is a config error of its own)
     msgs = fit_warnings(validate_config(data), {"verifier": (30, 30)}, "step 0")
     assert len(msgs) == 1 and "configs/cpu_chain.yaml's verifier prompt, which was warm-started with the verdict parser" in msgs[0]
 

@@ -188,6 +188,7 @@ def test_masking_a_tool_using_agent_keeps_the_other_turns_at_their_positions(tin
 
 def test_chain_transcripts_show_tool_results_to_the_next_agent(tiny_tokenizer, env):
     cfg = research_config({"kind": "chain", "sequence": ["researcher", "answerer"]})
+    cfg["agents"] = cfg["agents"][1:]  # no lead in a chain (an unused agent is a config error)
 
     def respond(req):
         if req.agent == "researcher":

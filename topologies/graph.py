@@ -47,20 +47,22 @@ def graph_errors(cfg: Any) -> list[tuple[tuple, Any, str]]:
         if e.when is None:
             defaults[e.source] = defaults.get(e.source, 0) + 1
             if defaults[e.source] == 2:
-                errs.append((("topology", "edges", i), e.source, "a node may have only one default edge (without 'when')"))
+                errs.append((("topology", "edges", i, "when"), None,
+                             f"node {e.source!r} already has a default edge (without 'when'); a node may have only one: "
+                             "give this edge a 'when' (accept, reject, call, answer)"))
         g.add_edge(e.source, e.target)
     if errs:
         return errs
     reachable = nx.descendants(g, cfg.entry) | {cfg.entry}
     for i, n in enumerate(names):
         if n not in reachable:
-            errs.append((("topology", "nodes", i), n, f"unreachable from entry {cfg.entry!r}"))
+            errs.append((("topology", "nodes", i, "name"), n, f"unreachable: no path of edges leads here from entry {cfg.entry!r}"))
     if not any(e.target == TERMINAL for e in cfg.edges):
         errs.append((("topology", "edges"), [f"{e.source}->{e.target}" for e in cfg.edges], "no terminal: add an edge to END"))
     else:
         for i, n in enumerate(names):
             if n in reachable and not nx.has_path(g, n, TERMINAL):
-                errs.append((("topology", "nodes", i), n, "cannot reach END"))
+                errs.append((("topology", "nodes", i, "name"), n, "cannot reach END: no edge path from this node leads to END"))
     if cfg.max_turns is None and not nx.is_directed_acyclic_graph(g):
         cycle = [u for u, _ in nx.find_cycle(g)]
         errs.append((("topology", "max_turns"), None, f"the graph has a cycle {' -> '.join(cycle + cycle[:1])} but no turn bound; set max_turns"))

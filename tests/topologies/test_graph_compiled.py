@@ -19,6 +19,8 @@ REPO = Path(__file__).parents[2]
 def compiled(topology: dict):
     cfg = team_config("m", "graph")
     cfg["topology"] = topology
+    used = {n["agent"] for n in topology["nodes"]}
+    cfg["agents"] = [a for a in cfg["agents"] if a["name"] in used]  # an agent no node uses is a config error
     return build_topology(validate_config(cfg).topology).graph
 
 
@@ -49,6 +51,7 @@ def test_a_node_without_a_default_edge_ends_when_no_label_matches(tiny_tokenizer
                 "edges": [{"from": "draft", "to": "check", "when": "call"}, {"from": "check", "to": "END"}]}
     cfg = team_config("m", "graph")
     cfg["topology"] = topology
+    cfg["agents"] = [a for a in cfg["agents"] if a["name"] in ("lead", "checker")]  # an agent no node uses is a config error
     engine, _ = scripted_engine(cfg, lambda req: "ANSWER: 5", tiny_tokenizer)
     ep = engine.rollout([Task("t", "2+3", "5")], 1, seed=0)[0].episodes[0]
     assert [t.agent for t in ep.turns] == ["lead"] and ep.status == "ok" and ep.answer == "5"

@@ -1,0 +1,254 @@
+"""What a config means, checked before anything runs: the checks the schema alone cannot make.
+
+Three kinds, each a list of ``(yaml path, value found, message)`` like ``CrossFieldErrors``:
+
+- ``config_errors``: a team that cannot do what it says, e.g. an orchestrator whose parser
+  never delegates, a chain whose loop is decided by an agent that never gives a verdict, a
+  graph edge labelled with something its source can never produce, or an agent no topology
+  node uses.  They are config errors (``RunConfig`` runs them), so every command refuses.
+- ``config_warnings``: a team that runs but probably not as meant, said out loud: a policy
+  nothing uses, a team with nothing to train, a credit option that leaves agents out (SHARP's
+  ``exclude: null``), a trainable policy ``trainer.alternate`` never schedules.  ``mas
+  validate`` prints them; ``mas train`` prints them and keeps them in ``warnings.jsonl``.
+- ``data_issues`` and ``machine_issues``: what ``mas train`` checks before any model loads
+  (the data and ``eval_size``; local model paths, devices, hub models offline, optional
+  packages).  ``mas validate`` runs the same checks: data problems are errors there too,
+  machine-dependent ones are warnings (a config written for a GPU machine may well be
+  validated on a laptop).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+Issue = tuple[tuple, Any, str]
+
+# The routing labels each built-in parser can give a turn (agents/parsers.py); an edge's
+# ``when`` and a topology's routing read these.  A parser not listed here is not checked.
+PARSER_LABELS: dict[str, frozenset[str]] = {
+    "answer": frozenset({"answer"}),
+    "orchestrator": frozenset({"call", "answer"}),
+    "verdict": frozenset({"accept", "reject", "answer"}),
+    "raw": frozenset({"answer"}),
+}
+
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:  # imported already (or blocked with None)
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
+
+
+def _parsers_giving(label: str) -> list[str]:
+    return sorted(p for p, labels in PARSER_LABELS.items() if label in labels)
+
+
+def topology_agents(topo: Any) -> dict[str, str] | None:
+    """Agent -> the topology field that uses it; None for a topology kind this module does not know."""
+    kind = getattr(topo, "kind", None)
+    used: dict[str, str] = {}
+    if kind == "orchestrator":
+        used[topo.orchestrator] = "orchestrator"
+        used.update({s: "specialists" for s in topo.specialists if s not in used})
+    elif kind == "debate":
+        used.update(dict.fromkeys(topo.debaters, "debaters"))
+        if topo.aggregator is not None:
+            used.setdefault(topo.aggregator, "aggregator")
+    elif kind == "chain":
+        used.update(dict.fromkeys(topo.sequence, "sequence"))
+    elif kind == "graph":
+        used.update({n.agent: "nodes" for n in topo.nodes})
+    else:
+        return None
+    return used
+
+
+def last_speakers(topo: Any) -> list[str]:
+    """Agents that can take the last turn of an episode (where a topology makes that plain)."""
+    kind = getattr(topo, "kind", None)
+    if kind == "orchestrator":
+        return [topo.orchestrator]
+    if kind == "debate":
+        return [topo.aggregator or topo.debaters[-1]]
+    if kind == "chain":
+        return [topo.sequence[-1]]
+    if kind == "graph":
+        agent_of = {n.name: n.agent for n in topo.nodes}
+        has_default = {e.source for e in topo.edges if e.when is None}
+        ends = {e.source for e in topo.edges if e.target == "END"} | (set(agent_of) - has_default)
+        return sorted({agent_of[n] for n in ends if n in agent_of})
+    return []
+
+
+# --------------------------------------------------------------------------------------------
+# errors: the team cannot do what the config says
+# --------------------------------------------------------------------------------------------
+
+
+def config_errors(cfg: Any) -> list[Issue]:
+    """Parsers that cannot do their agent's job in the topology, and agents no topology node uses."""
+    agents = list(cfg.agents)
+    index = {a.name: i for i, a in enumerate(agents)}
+    topo = cfg.topology
+    errs: list[Issue] = []
+
+    def needs(agent: str, label: str, job: str) -> None:
+        if agent not in index:
+            return  # an unknown agent is reported by the reference checks
+        parser = agents[index[agent]].parser
+        labels = PARSER_LABELS.get(parser)
+        if labels is not None and label not in labels:
+            errs.append((("agents", index[agent], "parser"), parser,
+                         f"agent {agent!r} {job}, but parser {parser!r} never gives {label.upper()}; "
+                         f"valid: {_parsers_giving(label)}"))
+
+    kind = getattr(topo, "kind", None)
+    if kind == "orchestrator":
+        needs(topo.orchestrator, "call", "is topology.orchestrator and must delegate with CALL <agent>: <subtask> "
+              "(without it no specialist is ever called)")
+    elif kind == "chain" and topo.loop_to is not None:
+        judge = topo.verdict_from or topo.sequence[-1]
+        where = "topology.verdict_from" if topo.verdict_from else "the last agent of topology.sequence"
+        needs(judge, "reject", f"decides the loop back to topology.loop_to ({where}), so topology.loop_to is "
+              "never taken unless it says REJECT")
+    elif kind == "graph":
+        agent_of = {n.name: n.agent for n in topo.nodes}
+        for i, e in enumerate(topo.edges):
+            agent = agent_of.get(e.source)
+            if e.when is None or agent not in index:
+                continue
+            parser = agents[index[agent]].parser
+            labels = PARSER_LABELS.get(parser)
+            if labels is not None and e.when not in labels:
+                errs.append((("topology", "edges", i, "when"), e.when,
+                             f"node {e.source!r} is agent {agent!r}, whose parser {parser!r} only gives "
+                             f"{sorted(labels)}: this edge is never taken; use a parser that gives {e.when!r} "
+                             f"({_parsers_giving(e.when)}) or another label"))
+    used = topology_agents(topo)
+    if used is not None:
+        for i, a in enumerate(agents):
+            if a.name not in used:
+                errs.append((("agents", i, "name"), a.name,
+                             f"no part of the topology ({kind}) uses this agent, so it would never speak; "
+                             f"add it to the topology or remove it"))
+    return errs
+
+
+# --------------------------------------------------------------------------------------------
+# warnings: the team runs, but probably not as meant
+# --------------------------------------------------------------------------------------------
+
+
+def config_warnings(cfg: Any) -> list[Issue]:
+    """Policies nothing uses, nothing to train, credit and schedule options that leave agents out."""
+    warns: list[Issue] = []
+    used_policies = {a.policy for a in cfg.agents}
+    critic = getattr(cfg.credit, "critic", None)
+    for name, p in cfg.policies.items():
+        if name not in used_policies and name != critic:
+            warns.append((("policies", name), p.model,
+                          "no agent uses this policy (nor credit.critic): it would be loaded and never used; remove it"))
+    trainable = sorted(n for n in used_policies if n in cfg.policies and cfg.policies[n].kind != "frozen")
+    if not trainable:
+        warns.append((("policies",), sorted(used_policies),
+                      "every agent's policy is frozen: training would update nothing; set kind: full or lora on one"))
+    if cfg.trainer.alternate:
+        for name in trainable:
+            if name not in cfg.trainer.alternate:
+                warns.append((("trainer", "alternate"), list(cfg.trainer.alternate),
+                              f"policy {name!r} is trainable and used by agents but not listed here, so it never updates; "
+                              f"add it, or make it kind: frozen"))
+    topo = cfg.topology
+    if getattr(topo, "kind", None) == "chain" and topo.verdict_from is not None and topo.loop_to is None:
+        warns.append((("topology", "verdict_from"), topo.verdict_from, "has no effect without topology.loop_to"))
+    warns += _sharp_exclude(cfg)
+    return warns
+
+
+def _sharp_exclude(cfg: Any) -> list[Issue]:
+    """SHARP's ``exclude: null`` takes whoever speaks last out of the players (credit/sharp.py):
+    that agent gets no Shapley credit and is re-sampled in every coalition.  Said out loud."""
+    credit = cfg.credit
+    if getattr(credit, "method", None) != "sharp" or credit.exclude is not None or credit.lambda_s == 0:
+        return []
+    last = last_speakers(cfg.topology)
+    topo = cfg.topology
+    if getattr(topo, "kind", None) == "debate" and topo.aggregator is None:
+        why = (f"in this debate (majority vote) debater {last[0]!r} speaks last in every episode, so SHARP drops it "
+               f"from the players")
+    else:
+        who = ", ".join(repr(a) for a in last) or "the agent of each episode's last turn"
+        why = f"SHARP leaves out the agent who speaks last in each episode (here {who})"
+    say_so = f"write exclude: {list(last)} to say so" if last else "name the agents to leave out in exclude"
+    return [(("credit", "exclude"), None,
+             f"{why}: it gets no Shapley credit (φ = 0) and is re-sampled in every coalition; {say_so}, "
+             f"or write exclude: [] to make every agent a player")]
+
+
+# --------------------------------------------------------------------------------------------
+# before models load: what train checks on this machine
+# --------------------------------------------------------------------------------------------
+
+
+def data_issues(cfg: Any, eval_size: tuple[int, str] | None = None) -> list[Issue]:
+    """The env builds from its source and holds ``eval_size`` held-out tasks, as ``build_team``
+    checks (``eval_size``: (size, where it was set), default trainer.eval_size).  A ``datasets``
+    source is not downloaded here: its size is checked when it loads."""
+    from mas.envs import build_env
+
+    size, where = eval_size or (cfg.trainer.eval_size, "trainer.eval_size")
+    if getattr(cfg.env, "source", None) == "hf":
+        return []
+    try:
+        env = build_env(cfg.env)
+    except (OSError, ValueError) as e:
+        return [(("env",), getattr(cfg.env, "name", None), f"the data cannot be read: {e}")]
+    return eval_size_issues(env, size, where)
+
+
+def eval_size_issues(env: Any, size: int, where: str) -> list[Issue]:
+    """A held-out size larger than the env's held-out split (``where``: the YAML path or option
+    that set it); the one check ``build_team`` and ``mas validate`` both make."""
+    if size:
+        try:
+            env.eval_tasks(size)
+        except ValueError as e:
+            return [(tuple(where.split(".")), size, f"{size} is too many: {e}")]
+    return []
+
+
+def machine_issues(cfg: Any) -> list[Issue]:
+    """What stops ``cfg`` on this machine before a model loads: local model paths, devices,
+    hub models under ``HF_HUB_OFFLINE`` that are not cached (the network is not asked), and the
+    optional packages the config needs (datasets, vllm, wandb)."""
+    from huggingface_hub import constants
+
+    from mas.agents.policy import ModelLoadError, resolve_device
+    from mas.hub import in_cache, is_local
+
+    issues: list[Issue] = []
+    if getattr(cfg.env, "source", None) == "hf" and not _installed("datasets"):
+        issues.append((("env", "source"), "hf", "needs the datasets package: pip install -e '.[data]' "
+                       "(or EXTRAS=dev,data bash scripts/setup.sh), or use source: sample / local"))
+    for name, p in cfg.policies.items():
+        if p.backend == "openai":
+            continue  # a remote endpoint: nothing loads here
+        if p.model != "embedded" and is_local(p.model) and not Path(p.model).expanduser().is_dir():
+            issues.append((("policies", name, "model"), p.model, "local path does not exist (or is not a directory)"))
+        elif not is_local(p.model) and constants.is_offline_mode() and not in_cache(p.model):
+            issues.append((("policies", name, "model"), p.model,
+                           "not in the local Hugging Face cache and HF_HUB_OFFLINE is set; download it where there is "
+                           f"network (`hf download {p.model}`) or give a local path"))
+        try:
+            resolve_device(p.device)
+        except ModelLoadError as e:
+            issues.append((("policies", name, "device"), p.device, str(e).split(": ", 1)[-1]))
+        if p.backend == "vllm" and not _installed("vllm"):
+            issues.append((("policies", name, "backend"), "vllm",
+                           "vLLM is not installed (it needs a CUDA machine: pip install -e '.[vllm]'); or use backend: hf"))
+    if cfg.logging.wandb is not None and not _installed("wandb"):
+        issues.append((("logging", "wandb"), cfg.logging.wandb.project, "the wandb package is not installed: pip install wandb"))
+    return issues
