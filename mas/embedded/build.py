@@ -47,7 +47,7 @@ class Recipe:
     hidden_size: int = 96
     num_layers: int = 2
     num_heads: int = 4
-    steps: int = 2000
+    steps: int = 6000  # six formats need about 3x the quickstart-only model's 2,000 steps (docs/benchmarks.md)
     batch_size: int = 32
     lr: float = 3e-3
 
