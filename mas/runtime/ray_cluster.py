@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -66,13 +67,16 @@ class RaySession:
         self.started = False  # a local instance of our own: shut it down at the end
         self.connected = False  # we called ray.init: disconnect at the end
         self.client = bool(address and address.startswith("ray://"))
+        self.temp: Path | None = None  # Ray's directory for a local instance of ours
+        self.run_link: Path | None = None  # RUN_DIR/ray, a link to ``temp`` when that is a short temp dir
         if ray.is_initialized():
             return
         env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
         kwargs = dict(include_dashboard=False, runtime_env={"env_vars": env} if env else None,
                       logging_level="WARNING", log_to_driver=True)
         if address is None:
-            temp = ray_temp_dir(run_dir) if run_dir is not None else None
+            temp = self.temp = ray_temp_dir(run_dir) if run_dir is not None else None
+            self.run_link = Path(run_dir).resolve() / "ray" if run_dir is not None else None
             ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(num_cpus)),
                      **({"_temp_dir": str(temp)} if temp is not None else {}), **kwargs)
             self.started = True
@@ -89,3 +93,22 @@ class RaySession:
         if self.connected and self.ray.is_initialized():
             self.ray.shutdown()  # stops a local instance we started; only disconnects from a cluster
         self.connected = False
+        self._settle_temp()
+
+    def _settle_temp(self) -> None:
+        """A short temp dir (taken when RUN_DIR/ray was too long a path for Ray's sockets) is
+        moved into the run directory once Ray is down, so no temp dir outlives the run and the
+        actors' logs stay with it."""
+        temp, self.temp = self.temp, None
+        if temp is None or not self.started or temp.parent != Path(tempfile.gettempdir()):
+            return
+        link = self.run_link
+        try:
+            if link is not None and link.is_symlink() and link.resolve() == temp.resolve():
+                link.unlink()
+                shutil.move(str(temp), str(link))  # sockets are gone with Ray; logs move
+            else:
+                shutil.rmtree(temp)
+        except OSError:
+            shutil.rmtree(temp, ignore_errors=True)
+
