@@ -9,7 +9,13 @@ Three measurements, each a ratio of two runs of the same team from the same seed
    or more on one CPU core.  Local runs twice: with 1 torch thread (what each
    actor gets) and with every core (what a local run would use by default).
 2. A whole step under ray with ``trainer.max_staleness: 0`` against ``1`` (the next step's
-   rollout runs while this step's updates do), on the same team.
+   rollout runs while this step's updates do).  Overlap can only fill what a phase leaves
+   idle, so this team is one whose phases leave cores idle: a chain of 2 agents on 2 policies
+   (the rollout runs one agent at a time, so one actor samples while the other waits), longer
+   answers and 1 PPO epoch, so the rollout and the update phases take about as long.  The
+   gain is bounded by (rollout + update) / max(rollout, update) and, on c cores, by the work
+   that fits: a team of the first kind, whose 3 actors keep every core busy in both phases,
+   gains little from overlap on 2 cores (its figure is printed too).
 3. Ray's overhead per step on the quickstart team (embedded model): step time under ray
    against local, and where the time goes (phase by phase).
 
@@ -47,6 +53,17 @@ def parity_reward(episode) -> float:
     """A reward a random-weight model earns about half the time (so advantages are not all 0)."""
     turns = [t for t in episode.turns if t.completion_ids]
     return float(turns[0].completion_ids[0] % 2) if turns else 0.0
+
+
+def overlap_team(model_dir: Path, steps: int, staleness: int, args) -> dict:
+    """2 agents in a chain, each on its own trainable policy; phases of about equal length."""
+    cfg = scaling_team(model_dir, steps, "ray", 1, staleness, args)
+    names = POLICIES[:2]
+    cfg["policies"] = {p: cfg["policies"][p] for p in names}
+    cfg["agents"] = [{**a, "sampling": {"max_new_tokens": args.overlap_new_tokens}} for a in cfg["agents"][:2]]
+    cfg["topology"] = {"kind": "chain", "sequence": [a["name"] for a in cfg["agents"]]}
+    cfg["trainer"]["ppo_epochs"] = 1
+    return cfg
 
 
 def scaling_team(model_dir: Path, steps: int, kind: str, threads: int, staleness: int, args) -> dict:
@@ -109,6 +126,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--ppo-epochs", type=int, default=3)
     ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--overlap-new-tokens", type=int, default=48, help="answer length in the overlap team (part 2)")
     ap.add_argument("--quickstart-steps", type=int, default=6, help="steps per quickstart run (0: skip part 3)")
     ap.add_argument("--work-dir", default=str(ROOT / ".mas_tmp" / "bench_runtime"), help="models, run dirs, Ray temp dir")
     args = ap.parse_args()
@@ -148,6 +166,15 @@ def main() -> None:
         ray0 = scaling("ray", 1, 0, "ray-staleness0")
         ray1 = scaling("ray", 1, 1, "ray-staleness1")
 
+        def overlap(staleness):
+            cfg = validate_config(overlap_team(model_dir, args.steps, staleness, args))
+            t0 = time.perf_counter()
+            clock = run(cfg, work / f"chain-staleness{staleness}", parity_reward)
+            print(f"  ran chain-staleness{staleness} in {time.perf_counter() - t0:.0f} s")
+            return clock
+
+        chain0, chain1 = overlap(0), overlap(1)
+
         print("\n1. update phase (mean seconds per step)")
         print(f"{'run':34s}{'update phase':>14s}" + "".join(f"{'update/' + p:>12s}" for p in POLICIES))
         for name, c in ((f"local, 1 thread", local1), (f"local, {cores} threads", localn), ("ray, 1 thread per actor", ray0)):
@@ -157,11 +184,14 @@ def main() -> None:
 
         print("\n2. whole step under ray (mean wall seconds between step ends)")
         print(f"{'run':34s}{'step':>8s}{'rollout':>10s}{'credit':>8s}{'update':>8s}{'sync':>8s}")
-        for name, c in (("max_staleness 0", ray0), ("max_staleness 1", ray1)):
+        rows = (("chain of 2, max_staleness 0", chain0), ("chain of 2, max_staleness 1", chain1),
+                ("3 debaters, max_staleness 0", ray0), ("3 debaters, max_staleness 1", ray1))
+        for name, c in rows:
             rollout = c.mean("rollout_overlapped") if name.endswith("1") else c.mean("rollout")
             print(f"{name:34s}{c.step_seconds():8.2f}{rollout:10.2f}{c.mean('credit'):8.2f}{c.mean('update'):8.2f}{c.mean('sync'):8.2f}")
         print("  (with max_staleness 1 the rollout column is the next step's rollout, run inside the update phase)")
-        print(f"ratio staleness 0 / staleness 1:   {ray0.step_seconds() / ray1.step_seconds():.2f}x")
+        print(f"ratio staleness 0 / staleness 1, chain of 2:   {chain0.step_seconds() / chain1.step_seconds():.2f}x")
+        print(f"ratio staleness 0 / staleness 1, 3 debaters:   {ray0.step_seconds() / ray1.step_seconds():.2f}x")
 
         if args.quickstart_steps:
             overrides = [f"trainer.steps={args.quickstart_steps}", "trainer.eval_size=0", "logging.progress=false"]

@@ -443,6 +443,7 @@ class Learner:
         self.scheduler = build_scheduler(self.optimizer, optim.schedule, optim.warmup_steps, total_steps)
         self.sync: GradientSync | None = None  # set on data-parallel workers (mas.runtime.data_parallel)
         self._autocast = _autocast_for(mixed_precision, torch.device(policy.device), policy.name)
+        self._draws_random_numbers = draws_random_numbers(policy.model)
 
     # -- public API ----------------------------------------------------------------------
 
@@ -469,11 +470,13 @@ class Learner:
         the scheduler still steps (one step per update call, so the schedule follows the
         trainer's steps) and the same metric keys come back, at 0 (``lr``: this update's rate).
         With a ``seed`` the update draws its randomness (dropout) from it, and the process's
-        RNG state is left as it was.  On a data-parallel worker ``samples`` is its shard and
+        RNG state is left as it was; a model without dropout draws nothing, and its update does
+        not touch the RNG at all (so a Ray actor's overlapped rollout, sampling in another
+        thread from the same process-wide generator, is not reseeded under it).  On a data-parallel worker ``samples`` is its shard and
         every worker must call ``update`` (an empty shard too).
         """
-        if seed is None:
-            return self._update(samples)
+        if seed is None or not self._draws_random_numbers:
+            return self._update(samples)  # nothing random to seed: the process's RNG is not touched
         dev = torch.device(self.policy.device)
         devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -615,6 +618,21 @@ class Learner:
                 out["entropy_sum"] += float((entropy * mb["completion_mask"]).sum())
                 out["tokens"] += n
         return out
+
+
+def draws_random_numbers(model: nn.Module) -> bool:
+    """Whether a training forward pass of ``model`` may draw random numbers: a dropout module
+    with p > 0 (LoRA's ``lora_dropout`` included), or a rate named ``*drop*`` above 0 in a
+    module's config (transformers applies attention dropout functionally, with no module)."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        cfg = getattr(m, "config", None)
+        if hasattr(cfg, "to_dict"):
+            for key, value in cfg.to_dict().items():
+                if "drop" in key and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                    return True
+    return False
 
 
 def _autocast_for(mixed_precision: str, device: torch.device, policy: str) -> Callable[[], AbstractContextManager[Any]]:

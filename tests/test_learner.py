@@ -13,7 +13,16 @@ import pytest
 import torch
 from torch import nn
 
-from mas.learner import Learner, TrainSample, build_scheduler, collate, loss_norm, ppo_clip_loss, token_logprobs
+from mas.learner import (
+    Learner,
+    TrainSample,
+    build_scheduler,
+    collate,
+    draws_random_numbers,
+    loss_norm,
+    ppo_clip_loss,
+    token_logprobs,
+)
 from mas.tiny import tiny_causal_lm
 
 try:
@@ -482,6 +491,42 @@ def test_update_changes_parameters_and_restores_mode(tiny_model):
     assert policy.updates == 1 and policy.activations >= 1
     assert not tiny_model.training
     assert all(p.grad is None for p in tiny_model.parameters())  # gradient memory freed
+
+
+def test_models_that_draw_random_numbers_in_training_are_recognised(tiny_tokenizer):
+    model = tiny_causal_lm(tiny_tokenizer, seed=0)
+    assert not draws_random_numbers(model)  # Qwen2's attention dropout defaults to 0
+    model.config.attention_dropout = 0.1  # applied functionally: only the config says so
+    assert draws_random_numbers(model)
+    model.config.attention_dropout = 0.0
+    model.lm_head = nn.Sequential(nn.Dropout(0.05), model.lm_head)
+    assert draws_random_numbers(model)
+    model.lm_head[0].p = 0.0
+    assert not draws_random_numbers(model)
+
+
+def test_a_seeded_update_of_a_model_without_dropout_leaves_the_process_rng_to_other_threads(tiny_model):
+    """A Ray actor samples the next rollout in one thread from torch's process-wide generator
+    while its learner updates in another (max_staleness 1).  An update that reseeded and then
+    restored that generator would hand the sampler the update's numbers and, on restoring,
+    replay numbers already drawn.  Here a draw made during the update (inside ``activate``)
+    and one after it must continue the sampler's seeded stream."""
+    model = copy.deepcopy(tiny_model)
+    policy = TinyPolicy(model)
+    drawn: list[float] = []
+
+    @contextmanager
+    def activate():  # runs inside the update, as the other thread's sampling would
+        drawn.append(torch.rand(1).item())
+        yield model
+
+    policy.activate = activate
+    samples = make_samples(model, 3, seed=8)
+    torch.manual_seed(123)
+    learner(policy).update(samples, seed=7)
+    drawn.append(torch.rand(1).item())
+    torch.manual_seed(123)
+    assert drawn == torch.rand(len(drawn)).tolist()
 
 
 def test_zero_advantage_gives_zero_gradient_and_no_change(tiny_model):
