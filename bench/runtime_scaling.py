@@ -154,26 +154,18 @@ def main() -> None:
               f"{args.layers} layers), {args.batch_size} tasks x {args.group_size} episodes, {args.ppo_epochs} PPO epochs, "
               f"{args.steps} steps (step 0 left out)")
 
-        def scaling(kind, threads, staleness, name):
-            cfg = validate_config(scaling_team(model_dir, args.steps, kind, threads, staleness, args))
+        def timed(team: dict, name: str) -> StepClock:
             t0 = time.perf_counter()
-            clock = run(cfg, work / name, parity_reward)
+            clock = run(validate_config(team), work / name, parity_reward)
             print(f"  ran {name} in {time.perf_counter() - t0:.0f} s")
             return clock
 
-        local1 = scaling("local", 1, 0, "local-1thread")
-        localn = scaling("local", cores, 0, f"local-{cores}threads")
-        ray0 = scaling("ray", 1, 0, "ray-staleness0")
-        ray1 = scaling("ray", 1, 1, "ray-staleness1")
-
-        def overlap(staleness):
-            cfg = validate_config(overlap_team(model_dir, args.steps, staleness, args))
-            t0 = time.perf_counter()
-            clock = run(cfg, work / f"chain-staleness{staleness}", parity_reward)
-            print(f"  ran chain-staleness{staleness} in {time.perf_counter() - t0:.0f} s")
-            return clock
-
-        chain0, chain1 = overlap(0), overlap(1)
+        local1 = timed(scaling_team(model_dir, args.steps, "local", 1, 0, args), "local-1thread")
+        localn = timed(scaling_team(model_dir, args.steps, "local", cores, 0, args), f"local-{cores}threads")
+        ray0 = timed(scaling_team(model_dir, args.steps, "ray", 1, 0, args), "ray-staleness0")
+        ray1 = timed(scaling_team(model_dir, args.steps, "ray", 1, 1, args), "ray-staleness1")
+        chain0 = timed(overlap_team(model_dir, args.steps, 0, args), "chain-staleness0")
+        chain1 = timed(overlap_team(model_dir, args.steps, 1, args), "chain-staleness1")
 
         print("\n1. update phase (mean seconds per step)")
         print(f"{'run':34s}{'update phase':>14s}" + "".join(f"{'update/' + p:>12s}" for p in POLICIES))

@@ -443,7 +443,6 @@ class Learner:
         self.scheduler = build_scheduler(self.optimizer, optim.schedule, optim.warmup_steps, total_steps)
         self.sync: GradientSync | None = None  # set on data-parallel workers (mas.runtime.data_parallel)
         self._autocast = _autocast_for(mixed_precision, torch.device(policy.device), policy.name)
-        self._draws_random_numbers = draws_random_numbers(policy.model)
 
     # -- public API ----------------------------------------------------------------------
 
@@ -475,7 +474,7 @@ class Learner:
         thread from the same process-wide generator, is not reseeded under it).  On a data-parallel worker ``samples`` is its shard and
         every worker must call ``update`` (an empty shard too).
         """
-        if seed is None or not self._draws_random_numbers:
+        if seed is None or not draws_random_numbers(self.policy.model):
             return self._update(samples)  # nothing random to seed: the process's RNG is not touched
         dev = torch.device(self.policy.device)
         devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ray_helpers import local_ray
 from study_helpers import METHODS, tiny_team_yaml
 
 from mas.cli import main
@@ -136,15 +137,11 @@ def test_credit_blocks_per_method(tmp_path, tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    ray = pytest.importorskip("ray")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    tmp = Path(os.environ.get("MAS_CACHE_DIR", ".mas_tmp")).resolve().parent / "ray_study"
-    tmp.mkdir(parents=True, exist_ok=True)
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=str(tmp), log_to_driver=False,
-             runtime_env={"env_vars": {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MAS_CACHE_DIR") if k in os.environ}})
-    yield ray
-    ray.shutdown()
+def ray_cluster():
+    pytest.importorskip("ray")
+    offline = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MAS_CACHE_DIR") if k in os.environ}
+    with local_ray(num_cpus=2, log_to_driver=False, runtime_env={"env_vars": offline}) as ray:
+        yield ray
 
 
 def test_runs_go_out_as_ray_tasks(tmp_path, tiny_model_dir, ray_cluster):
