@@ -374,6 +374,7 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
                     lora_alpha=lc.alpha,
                     lora_dropout=lc.dropout,
                     target_modules=list(lc.target_modules),
+                    layers_to_transform=list(lc.layers) if lc.layers is not None else None,
                     bias="none",
                     task_type="CAUSAL_LM",
                 )

@@ -10,7 +10,8 @@ A truthy return from ``on_step_end`` or ``on_eval`` asks the run to stop.  Stopp
 abrupt: ``RunControl.request_stop`` only sets a flag, which ``mas.trainer.train`` reads at the
 next step boundary; the run then checkpoints the last completed step, writes its summary
 (with ``stopped`` set to the reason) and returns, so ``mas train --resume`` continues it.
-Signal handlers (Ctrl-C, SIGTERM) use the same flag.
+Signal handlers (Ctrl-C, SIGTERM) use the same flag, asking to abandon the step in progress
+at its next safe point (``RunControl``).
 """
 
 from __future__ import annotations
@@ -31,19 +32,33 @@ class Callback(Protocol):
 
 
 class RunControl:
-    """The stop flag of one run: set by callbacks or signal handlers, read between steps."""
+    """The stop flag of one run: set by callbacks or signal handlers.
+
+    A plain stop request is read between steps.  One that asks to ``abandon`` (a signal: a
+    scheduler's SIGTERM, the first Ctrl-C) is also read inside a step, at its safe points
+    (between generation batches, between micro-batches of an update before any optimizer
+    steps): the step in progress is dropped and the run is checkpointed as it was before it,
+    so a long real-model step does not hold the stop for minutes (``mas.trainer``).
+    """
 
     def __init__(self) -> None:
         self.stop_reason: str | None = None
+        self.abandon = False
 
-    def request_stop(self, reason: str) -> None:
-        """Ask the run to stop after the current step (the first reason given is kept)."""
+    def request_stop(self, reason: str, abandon: bool = False) -> None:
+        """Ask the run to stop after the current step, or (``abandon``) at the step's next safe
+        point (the first reason given is kept; asking to abandon may come later)."""
         if self.stop_reason is None:
             self.stop_reason = reason
+        self.abandon = self.abandon or abandon
 
     @property
     def should_stop(self) -> bool:
         return self.stop_reason is not None
+
+    def abandoning(self) -> bool:
+        """Whether the step in progress should be dropped at its next safe point."""
+        return self.abandon
 
 
 class CallbackList:

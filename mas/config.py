@@ -42,6 +42,9 @@ class LoraConfig(Section):
     target_modules: tuple[str, ...] = Field(
         ("q_proj", "k_proj", "v_proj", "o_proj"), description="Module names that get adapters."
     )
+    layers: tuple[int, ...] | None = Field(
+        None, description="Decoder layers (0-based) whose target modules get adapters (peft layers_to_transform); "
+        "None: all. Adapters in the top layers only also make the update cheaper: backward stops below the lowest one.")
 
 
 class OptimConfig(Section):
@@ -62,7 +65,22 @@ class OptimConfig(Section):
         description="Linear warm-up, in training steps (one update call per step), as transformers.get_scheduler counts it: "
         "update k < warmup_steps runs at lr * k / warmup_steps, so the first one runs at lr 0.",
     )
-    micro_batch_size: int = Field(8, ge=1, description="Turns per forward/backward pass; gradients accumulate.")
+    micro_batch_size: int = Field(
+        8, ge=1, description="Turns per forward/backward pass when packing is off; gradients accumulate.")
+    packing: bool = Field(
+        True, description="Score each conversation once: the update batch's turns are laid out as a prefix tree (a growing "
+        "conversation, a shared system prompt and task), so every distinct token runs through the model once, with a tree "
+        "attention mask (mas/scoring.py). false: one sequence per turn, micro_batch_size turns per pass (for debugging).")
+    micro_batch_tokens: int = Field(
+        4096, ge=16, description="With packing: most token positions per forward/backward pass (rows x their longest, padding "
+        "included); a packed row never exceeds it unless one turn alone does. Gradients accumulate over passes.")
+    logprob_chunk: int | None = Field(
+        1024, ge=1, description="Completion tokens whose full-vocabulary logits are made at once, under activation "
+        "checkpointing, so [tokens, vocab] logits never sit in memory for a whole micro-batch. null: all at once (for debugging).")
+    gradient_checkpointing: Literal["auto"] | bool = Field(
+        "auto", description="Recompute the decoder layers' activations in backward instead of keeping them (transformers' "
+        "gradient checkpointing, non-reentrant). auto: on for models of 50M parameters or more (real models), off for the "
+        "embedded tiny model, where it would only cost time.")
 
 
 class EndpointConfig(Section):
@@ -323,6 +341,29 @@ EnvConfig = Annotated[Union[env_configs()], Field(discriminator="name")]  # type
 # --------------------------------------------------------------------------------------------
 
 
+class WarmupConfig(Section):
+    """A supervised format warm-up before RL (mas/warmup.py): each trainable policy is fine-tuned on
+    demonstrations of its agents' turns in the team's protocol, so that a real model that cannot
+    yet follow it earns some reward for RL to learn from.  Demonstrations come from the team's
+    scripted teacher played on training tasks (never held-out ones), or from a JSONL file."""
+
+    steps: int = Field(0, ge=0, description="Supervised steps per trainable policy; 0: no warm-up.")
+    batch_size: int = Field(8, ge=1, description="Demonstration turns per policy per step.")
+    lr: float = Field(2e-4, gt=0, description="AdamW learning rate of the warm-up (its optimizer is dropped after it).")
+    episodes: int = Field(
+        64, ge=1, description="Teacher episodes played for demonstrations, on training tasks drawn from a stream of their "
+        "own (the run's task stream is untouched).")
+    teacher: dict[str, float] = Field(
+        default_factory=dict, description="Knobs of the team's scripted teacher (mas/embedded/teachers.py), e.g. "
+        "{p_direct: 0.6}: teach the protocol, and leave the choices RL should make to RL.")
+    demonstrations: str | None = Field(
+        None, description="A JSONL file of demonstrations instead of the teacher: one {agent, messages, completion} per "
+        "line (messages: the chat before the turn; completion: the agent's reply), rendered with the agent's chat template.")
+    agents: tuple[str, ...] = Field(
+        (), description="Agents whose turns are trained on; (): every agent of a trainable policy.")
+    eval: bool = Field(True, description="Evaluate (trainer.eval_size tasks) after the warm-up: its own phase in the report.")
+
+
 class TrainerConfig(Section):
     steps: int = Field(10, ge=0, description="Training steps (rollout -> credit -> update).")
     batch_size: int = Field(4, ge=1, description="Tasks per step (B).")
@@ -370,6 +411,8 @@ class TrainerConfig(Section):
         0, description="0: every rollout uses the newest weights. 1 (runtime.kind: ray): the rollout of step t+1 runs while "
         "step t's updates do, on weights one update old (each turn records its weight_version); the local runtime runs in turn (0)."
     )
+    warmup: WarmupConfig = Field(
+        default_factory=WarmupConfig, description="Supervised format warm-up before the first RL step (steps: 0 = none).")
 
     @model_validator(mode="before")
     @classmethod

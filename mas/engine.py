@@ -50,9 +50,11 @@ from mas.agents.agent import Agent
 from mas.agents.prompts import render_prompt
 from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
 from mas.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
+from mas.fault_points import pause_point
 from mas.sandbox import Sandbox
 from mas.types import (
     CritiqueRequest,
+    StepAbandoned,
     Episode,
     EpisodeGroup,
     InterventionRequest,
@@ -200,8 +202,10 @@ class Batcher:
     """
 
     def __init__(self, backend: Backend, seed: int, settle_yields: int = 4, faults: Faults | None = None,
-                 count_tokens: Callable[[GenRequest, GenResult], int] | None = None):
+                 count_tokens: Callable[[GenRequest, GenResult], int] | None = None,
+                 abort: Callable[[], bool] | None = None):
         self.backend = backend
+        self.abort = abort  # asked before each batch: True drops the whole run (StepAbandoned)
         self.faults = faults if faults is not None else Faults()
         self.seed = seed
         self.settle_yields = settle_yields
@@ -215,7 +219,7 @@ class Batcher:
         self._wake = asyncio.Event()
         self.batches = 0
         self.requests = 0
-        self.fatal: BackendUnavailable | None = None  # the backend is gone; the rollout raises it
+        self.fatal: BackendUnavailable | StepAbandoned | None = None  # the backend is gone, or a stop: the run raises it
 
     async def generate(self, key: tuple[int, int], request: GenRequest) -> GenResult:
         if self.dead is not None:
@@ -263,6 +267,13 @@ class Batcher:
             self._inflight = batch
             self._pending = []  # (a future is done already only if its episode was cancelled by a timeout)
             if not batch:
+                continue
+            if self.batches and self.abort is not None:
+                pause_point("mid_rollout", None, resume_when=self.abort)  # a test's signal lands here (fault_points)
+            if self.abort is not None and self.abort():  # a stop was asked: no more generation in this run
+                self.fatal = self.dead = StepAbandoned(f"generation stopped before batch {self.batches + 1}")
+                for _, _, fut in batch:
+                    _settle(fut, error=self.dead)
                 continue
             seed = self.seed * 1_000_003 + self.batches
             self.batches += 1
@@ -559,17 +570,19 @@ class Engine:
 
     # -- public API ------------------------------------------------------------------------
 
-    def rollout(self, tasks: list[Task], group_size: int, seed: int, greedy: bool = False) -> list[EpisodeGroup]:
-        """G joint episodes for each of B tasks, run concurrently."""
+    def rollout(self, tasks: list[Task], group_size: int, seed: int, greedy: bool = False,
+                abort: Callable[[], bool] | None = None) -> list[EpisodeGroup]:
+        """G joint episodes for each of B tasks, run concurrently.  ``abort`` is asked before
+        every generation batch: True stops the rollout with ``StepAbandoned``."""
         groups = [
             EpisodeGroup(task, [Episode(task=task, group_id=b, sample_id=g, seed=seed) for g in range(group_size)])
             for b, task in enumerate(tasks)
         ]
         jobs = [(ep, None) for grp in groups for ep in grp.episodes]
-        self._run(jobs, seed, greedy)
+        self._run(jobs, seed, greedy, abort=abort)
         return groups
 
-    def execute(self, requests: list[Request], seed: int) -> Results:
+    def execute(self, requests: list[Request], seed: int, abort: Callable[[], bool] | None = None) -> Results:
         """Run replay, intervention and critique requests in one concurrent pass.
 
         A request key names one evaluation: requests with a key already seen are not run again
@@ -600,7 +613,7 @@ class Engine:
             for i in range(n):
                 jobs.append((Episode(task=src.task, group_id=src.group_id, sample_id=i, seed=seed, info={"request": req.key}), script))
                 owners.append(req.key)
-        texts = self._run(jobs, seed, greedy=False, critiques=critiques)
+        texts = self._run(jobs, seed, greedy=False, critiques=critiques, abort=abort)
         out: Results = {}
         for key, (ep, _) in zip(owners, jobs):
             out.setdefault(key, []).append(ep)
@@ -610,21 +623,23 @@ class Engine:
         self.stats["critiques"] += len(critiques)
         return out
 
-    def evaluate(self, tasks: list[Task], seed: int) -> list[Episode]:
+    def evaluate(self, tasks: list[Task], seed: int, abort: Callable[[], bool] | None = None) -> list[Episode]:
         """One greedy episode per task."""
-        return [g.episodes[0] for g in self.rollout(tasks, 1, seed, greedy=True)]
+        return [g.episodes[0] for g in self.rollout(tasks, 1, seed, greedy=True, abort=abort)]
 
     # -- internals -------------------------------------------------------------------------
 
     def _run(
-        self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest] = ()
+        self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest] = (),
+        abort: Callable[[], bool] | None = None,
     ) -> list[str]:
-        return asyncio.run(self._run_async(jobs, seed, greedy, list(critiques)))
+        return asyncio.run(self._run_async(jobs, seed, greedy, list(critiques), abort))
 
     async def _run_async(
-        self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest]
+        self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest],
+        abort: Callable[[], bool] | None = None,
     ) -> list[str]:
-        batcher = Batcher(self.backend, seed, faults=self.faults, count_tokens=self._generated_tokens)
+        batcher = Batcher(self.backend, seed, faults=self.faults, count_tokens=self._generated_tokens, abort=abort)
         batcher.active = set(range(len(jobs) + len(critiques)))
         # Sync framework code (a LangGraph node written with `def`) runs in the loop's default
         # executor and blocks its thread while it waits for a model call; the batch it waits

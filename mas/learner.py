@@ -70,6 +70,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 from torch import nn
 
+from mas.fault_points import pause_point
+from mas.scoring import Pass, TokenLogprob, distinct_tokens, pack, passes, split_model, token_logprobs_packed
+from mas.types import StepAbandoned
+
 if TYPE_CHECKING:  # the learner reads only a few fields of it (flat builder arguments)
     from mas.config import OptimConfig
 
@@ -119,16 +123,19 @@ class TrainSample:
 
 @dataclass(frozen=True)
 class UpdateSpan:
-    """Where and when one update ran (wall-clock seconds since the epoch, process id, host)."""
+    """Where and when one update ran (wall-clock seconds since the epoch, process id, host).
+    ``work``: its own seconds when other work ran between its start and end (the local
+    runtime computes every policy's gradients before any steps); None: all of it."""
 
     pid: int
     host: str
     start: float
     end: float
+    work: float | None = None
 
     @property
     def seconds(self) -> float:
-        return self.end - self.start
+        return self.end - self.start if self.work is None else self.work
 
 
 class UpdateHandle(Protocol):
@@ -220,7 +227,7 @@ def token_logprobs(
     Memory (the [N, S, V] logits dominate at large V): at most one float32 copy of the
     model's logits is made (none when they are float32 and every T is 1; a half-precision
     output is converted, then scaled in place), and it is the only [N, S, V] tensor kept for
-    backward.  ``_TokenLogprob`` gives autograd's gradient of gather − logsumexp with one
+    backward.  ``TokenLogprob`` gives autograd's gradient of gather − logsumexp with one
     [N, S, V] temporary instead of three.  All S positions are scored (the last one predicts
     nothing and is dropped from the [N, S] result), so no gradient is padded back from a
     sliced [N, S-1, V] view.  Entropy is a detached diagnostic computed under no_grad over at
@@ -242,36 +249,10 @@ def token_logprobs(
     del raw  # the model's own (half-precision) logits are not needed for backward
     # position t predicts t+1; the last position predicts nothing (any in-vocabulary id, dropped)
     targets = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)  # [N, S]
-    logp, lse = _TokenLogprob.apply(logits, targets)  # [N, S] each
+    logp, lse = TokenLogprob.apply(logits, targets)  # [N, S] each
     entropy = _entropy(logits[:, :-1], lse[:, :-1], entropy_chunk)  # [N, S-1]
     zero = logp.new_zeros(logp.shape[0], 1)  # [N, 1]  column 0 predicts nothing
     return torch.cat([zero, logp[:, :-1]], dim=1), torch.cat([zero, entropy], dim=1)  # [N, S] each
-
-
-class _TokenLogprob(torch.autograd.Function):
-    """``logits.gather(-1, targets) - logsumexp(logits, -1)`` and the (non-differentiable) lse.
-
-    Same values and, bit for bit, the same gradient as autograd's composition
-    (``-g * exp(logits - lse)``, plus ``g`` scattered onto each target), but the backward
-    builds it in a single [..., V] buffer rather than the softmax, its product with the
-    gradient, the gather's zero-filled scatter and their sum.  Saves ``logits`` (no copy).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lse = torch.logsumexp(logits, dim=-1)  # [...]
-        logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # [...]
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.mark_non_differentiable(lse)
-        return logp, lse
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _grad_lse: torch.Tensor | None) -> tuple[torch.Tensor, None]:
-        logits, targets, lse = ctx.saved_tensors
-        out = (logits - lse.unsqueeze(-1)).exp_()  # [..., V]  softmax
-        out.mul_(grad.neg().unsqueeze(-1))  # logsumexp's share: -g * softmax
-        out.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))  # gather's share: +g at the target
-        return out, None
 
 
 @torch.no_grad()
@@ -407,7 +388,17 @@ def _mode(module: nn.Module, training: bool) -> Iterator[None]:
 
 
 class Learner:
-    """AdamW + schedule + PPO-clip updates for one trainable policy."""
+    """AdamW + schedule + PPO-clip updates for one trainable policy.
+
+    Scoring (``optim`` fields, each with an off switch for debugging): ``packing`` lays the
+    batch's turns out as a prefix tree, so every distinct token runs through the model once,
+    at most ``micro_batch_tokens`` tokens per forward pass (``mas.scoring.pack``; off: one
+    sequence per turn, ``micro_batch_size`` turns per pass); ``logprob_chunk`` makes the
+    output head's logits that many completion tokens at a time, under activation
+    checkpointing (off: all at once); ``gradient_checkpointing`` recomputes the decoder
+    layers' activations in backward instead of keeping them ("auto": on for models of at
+    least ``CHECKPOINT_AUTO_PARAMS`` parameters, where activations outgrow the weights).
+    """
 
     def __init__(
         self,
@@ -434,6 +425,10 @@ class Learner:
         if not self.params:
             raise ValueError(f"policy {policy.name!r} has no trainable parameters; frozen policies get no learner")
         self.micro_batch_size = optim.micro_batch_size
+        self.packing = optim.packing
+        self.micro_batch_tokens = optim.micro_batch_tokens
+        self.logprob_chunk = optim.logprob_chunk
+        self.checkpointing = _wants_checkpointing(optim.gradient_checkpointing, policy.model) and enable_checkpointing(policy.model)
         self.max_grad_norm = optim.max_grad_norm
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_coef, self.loss_agg, self.ppo_epochs, self.max_tokens = kl_coef, loss_agg, ppo_epochs, max_tokens
@@ -443,6 +438,7 @@ class Learner:
         self.scheduler = build_scheduler(self.optimizer, optim.schedule, optim.warmup_steps, total_steps)
         self.sync: GradientSync | None = None  # set on data-parallel workers (mas.runtime.data_parallel)
         self._autocast = _autocast_for(mixed_precision, torch.device(policy.device), policy.name)
+        self._heads = split_model(policy.model)  # None: the model is scored whole (no chunked head)
 
     # -- public API ----------------------------------------------------------------------
 
@@ -451,74 +447,42 @@ class Learner:
         """Version of the weights this learner updates (counts updates and loads)."""
         return self.policy.version
 
-    def start_update(self, samples: list[TrainSample], seed: int | None = None) -> UpdateHandle:
-        """Run ``update`` now and return its completed handle (errors are raised by ``result()``,
-        as a remote learner's are)."""
+    def start_update(self, samples: list[TrainSample], seed: int | None = None,
+                     abort: Callable[[], bool] | None = None) -> UpdateHandle:
+        """Start an update: its gradients are computed now, its optimizer steps when the
+        handle's ``result()`` is asked for (errors are raised there too, as a remote learner's
+        are).  So a trainer that starts every policy's update before collecting any can still
+        drop the whole step (``abort``) until the first optimizer steps: ``StepAbandoned``
+        comes straight out of this call, and no weight has changed."""
         start = time.time()
         try:
-            metrics, error = self.update(samples, seed=seed), None
+            pending = self._begin(samples, seed, abort)
+        except StepAbandoned:
+            raise
         except Exception as e:  # noqa: BLE001 - handed to the caller through result()
-            metrics, error = None, e
-        return CompletedUpdate(metrics, UpdateSpan(os.getpid(), _host(), start, time.time()), error)
+            return CompletedUpdate(None, UpdateSpan(os.getpid(), _host(), start, time.time()), e)
+        return _LocalUpdate(self, pending, start, time.time() - start)
 
-    def update(self, samples: list[TrainSample], seed: int | None = None) -> dict[str, float]:
+    def update(self, samples: list[TrainSample], seed: int | None = None,
+               abort: Callable[[], bool] | None = None) -> dict[str, float]:
         """``ppo_epochs`` optimizer steps over ``samples``, then one scheduler step.
 
         Metrics are token-weighted means over all epochs (``grad_norm``: mean pre-clip norm);
-        ``lr`` is the rate these steps used.  With no samples no optimizer step is taken, but
-        the scheduler still steps (one step per update call, so the schedule follows the
-        trainer's steps) and the same metric keys come back, at 0 (``lr``: this update's rate).
-        With a ``seed`` the update draws its randomness (dropout) from it, and the process's
-        RNG state is left as it was; a model without dropout draws nothing, and its update does
-        not touch the RNG at all (so a Ray actor's overlapped rollout, sampling in another
-        thread from the same process-wide generator, is not reseeded under it).  On a data-parallel worker ``samples`` is its shard and
-        every worker must call ``update`` (an empty shard too).
+        ``lr`` is the rate these steps used; ``forward_tokens`` counts the token positions run
+        through the model per epoch (padding included) and ``distinct_tokens`` the batch's
+        distinct token positions (``mas.scoring.distinct_tokens``), the floor of that.  With
+        no samples no optimizer step is taken, but the scheduler still steps (one step per
+        update call, so the schedule follows the trainer's steps) and the same metric keys
+        come back, at 0 (``lr``: this update's rate).  With a ``seed`` the update draws its
+        randomness (dropout) from it, and the process's RNG state is left as it was; a model
+        without dropout draws nothing, and its update does not touch the RNG at all (so a Ray
+        actor's overlapped rollout, sampling in another thread from the same process-wide
+        generator, is not reseeded under it).  ``abort`` is asked before each micro-batch of
+        the first epoch: True drops the update (``StepAbandoned``; nothing stepped).  On a
+        data-parallel worker ``samples`` is its shard and every worker must call ``update``
+        (an empty shard too).
         """
-        if seed is None or not draws_random_numbers(self.policy.model):
-            return self._update(samples)  # nothing random to seed: the process's RNG is not touched
-        dev = torch.device(self.policy.device)
-        devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            return self._update(samples)
-
-    def _update(self, samples: list[TrainSample]) -> dict[str, float]:
-        total = len(samples) if self.sync is None else int(self._sum([float(len(samples))])[0])
-        if not total:
-            lr = self.optimizer.param_groups[0]["lr"]
-            with warnings.catch_warnings():  # stepping before any optimizer.step() is intended here
-                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
-                self.scheduler.step()
-            metrics = dict.fromkeys(_METRIC_KEYS, 0.0)
-            metrics["lr"] = float(lr)
-            return metrics
-        micro, norm, ref = self._prepare(samples)
-        lr = self.optimizer.param_groups[0]["lr"]
-        totals: dict[str, float] = {}
-        grad_norms: list[float] = []
-        try:
-            for _ in range(self.ppo_epochs):
-                stats = self._accumulate(micro, norm, ref)
-                if self.sync is not None:  # every worker now holds the whole batch's gradient and stats
-                    self._sum_gradients()
-                    stats = dict(zip(stats, self._sum(list(stats.values()))))
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-                if not torch.isfinite(grad_norm):
-                    raise FloatingPointError(
-                        f"policy {self.policy.name!r}: non-finite gradient norm {float(grad_norm)}; this optimizer step is not taken"
-                    )
-                self.optimizer.step()
-                grad_norms.append(float(grad_norm))  # one per optimizer step taken
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v
-        finally:
-            self.optimizer.zero_grad(set_to_none=True)  # free gradient memory between updates
-            if grad_norms:  # the weights changed, even if a later epoch then failed
-                self.policy.mark_updated()
-        self.scheduler.step()
-        metrics = _means(totals, self.ppo_epochs)
-        metrics.update(grad_norm=sum(grad_norms) / self.ppo_epochs, lr=float(lr), samples=float(total))
-        return metrics
+        return self._finish(self._begin(samples, seed, abort))
 
     def compute_gradients(self, samples: list[TrainSample]) -> dict[str, float]:
         """Zero the gradients and accumulate one epoch's over ``samples`` (no step, no clip).
@@ -526,8 +490,8 @@ class Learner:
         What ``update`` does before clipping, exposed for gradient checks; gradients stay in
         ``.grad``.  Returns the loss metrics of ``update`` (no grad_norm, lr or samples).
         """
-        micro, norm, ref = self._prepare(samples)
-        return _means(self._accumulate(micro, norm, ref), 1)
+        batch = self._prepare(samples)
+        return _means(self._accumulate(batch), 1)
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
@@ -536,18 +500,99 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
+    # -- the two phases of an update -------------------------------------------------------
+
+    def _begin(self, samples: list[TrainSample], seed: int | None, abort: Callable[[], bool] | None) -> "_Pending":
+        """Phase 1: the first epoch's gradients (abortable between micro-batches)."""
+        total = len(samples) if self.sync is None else int(self._sum([float(len(samples))])[0])
+        pending = _Pending(total=total, seed=seed)
+        if not total:
+            return pending
+        with self._rng(pending):
+            pending.batch = self._prepare(samples)
+            pending.stats = self._accumulate(pending.batch, abort)
+        return pending
+
+    def _finish(self, pending: "_Pending") -> dict[str, float]:
+        """Phase 2: clip and step, the remaining epochs, the scheduler; the metrics."""
+        lr = self.optimizer.param_groups[0]["lr"]
+        if not pending.total:
+            with warnings.catch_warnings():  # stepping before any optimizer.step() is intended here
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+                self.scheduler.step()
+            metrics = dict.fromkeys(_METRIC_KEYS, 0.0)
+            metrics["lr"] = float(lr)
+            return metrics
+        totals: dict[str, float] = {}
+        grad_norms: list[float] = []
+        try:
+            with self._rng(pending):
+                stats = pending.stats
+                for epoch in range(self.ppo_epochs):
+                    if epoch:
+                        stats = self._accumulate(pending.batch)
+                    if self.sync is not None:  # every worker now holds the whole batch's gradient and stats
+                        self._sum_gradients()
+                        stats = dict(zip(stats, self._sum(list(stats.values()))))
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+                    if not torch.isfinite(grad_norm):
+                        raise FloatingPointError(
+                            f"policy {self.policy.name!r}: non-finite gradient norm {float(grad_norm)}; this optimizer step is not taken"
+                        )
+                    self.optimizer.step()
+                    grad_norms.append(float(grad_norm))  # one per optimizer step taken
+                    for k, v in stats.items():
+                        totals[k] = totals.get(k, 0.0) + v
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)  # free gradient memory between updates
+            if grad_norms:  # the weights changed, even if a later epoch then failed
+                self.policy.mark_updated()
+        self.scheduler.step()
+        metrics = _means(totals, self.ppo_epochs)
+        metrics.update(grad_norm=sum(grad_norms) / self.ppo_epochs, lr=float(lr), samples=float(pending.total),
+                       forward_tokens=float(pending.batch.forward_tokens),
+                       distinct_tokens=float(pending.batch.distinct_tokens))
+        return metrics
+
+    @contextmanager
+    def _rng(self, pending: "_Pending") -> Iterator[None]:
+        """Run a phase on the update's own random stream (seeded in phase 1, carried to phase 2),
+        leaving the process's RNG as it was; nothing at all when the model draws no random numbers."""
+        if pending.seed is None or not draws_random_numbers(self.policy.model):
+            yield
+            return
+        dev = torch.device(self.policy.device)
+        devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if pending.rng is None:
+                torch.manual_seed(pending.seed)
+            else:
+                torch.set_rng_state(pending.rng[0])
+                if devices:
+                    torch.cuda.set_rng_state(pending.rng[1], devices[0])
+            try:
+                yield
+            finally:
+                pending.rng = (torch.get_rng_state(), torch.cuda.get_rng_state(devices[0]) if devices else None)
+
     # -- internals -----------------------------------------------------------------------
 
-    def _prepare(
-        self, samples: list[TrainSample]
-    ) -> tuple[list[dict[str, torch.Tensor]], float, list[torch.Tensor | None]]:
-        """Micro-batches in input order, the whole batch's divisor, and reference logprobs."""
-        size = self.micro_batch_size
+    def _prepare(self, samples: list[TrainSample]) -> "_Batch":
+        """The forward passes (packed, or one sequence per turn), the per-token data of every
+        completion token, the whole batch's divisor, and reference logprobs for the KL term."""
+        kept = [s for s in samples if s.completion_ids]  # a turn with no completion token adds nothing
+        for i, s in enumerate(kept):
+            if not s.prompt_ids:
+                raise ValueError(f"sample {i}: empty prompt_ids; the first completion token needs a context")
+            if len(s.old_logprobs) != len(s.completion_ids):
+                raise ValueError(f"sample {i}: {len(s.old_logprobs)} old_logprobs for {len(s.completion_ids)} completion tokens")
+        sequences = [list(s.prompt_ids) + list(s.completion_ids) for s in kept]
+        packing = pack(sequences, [len(s.prompt_ids) for s in kept], self.micro_batch_tokens, share=self.packing)
+        if self.packing:
+            groups = passes(packing, max_tokens=self.micro_batch_tokens, pad_id=PAD_ID)
+        else:
+            groups = passes(packing, rows_per_pass=self.micro_batch_size, pad_id=PAD_ID)
         device = self.policy.device
-        micro = [
-            {k: v.to(device) for k, v in collate(samples[i : i + size]).items()}
-            for i in range(0, len(samples), size)
-        ]
         lengths = [len(s.completion_ids) for s in samples]
         if self.sync is None:
             norm = float(loss_norm(lengths, self.loss_agg, self.max_tokens))
@@ -556,11 +601,30 @@ class Learner:
             norm = max(1.0, self._sum([float(local)])[0])
             if self.loss_agg == "dr_grpo":  # turns x the constant
                 norm *= self.max_tokens
-        ref: list[torch.Tensor | None] = [None] * len(micro)
+        sample = torch.tensor(packing.sample, dtype=torch.long)  # [K]
+        own = torch.tensor([float(len(s.completion_ids)) for s in kept])  # [n]  completion tokens of each kept turn
+        weights = torch.full((len(packing.sample),), 1.0 / norm)  # [K]  each token's share of the aggregated loss
+        if self.loss_agg == "seq_mean":  # a turn's token mean: 1 / its length
+            weights = weights / own[sample]
+        old = torch.tensor([kept[i].old_logprobs[j] for i, j in zip(packing.sample, packing.index)], dtype=torch.float32)
+        per_token = {
+            "old_logprobs": old,  # [K]
+            "advantages": torch.tensor([float(kept[i].advantage) for i in packing.sample], dtype=torch.float32),  # [K]
+            "temperatures": torch.tensor([kept[i].temperature if kept[i].temperature > 0 else 1.0 for i in packing.sample],
+                                         dtype=torch.float32),  # [K]
+            "weights": weights,  # [K]
+        }
+        batch = _Batch([g.to(device) for g in groups], {k: v.to(device) for k, v in per_token.items()},
+                       forward_tokens=sum(g.tokens for g in groups), distinct_tokens=distinct_tokens(sequences))
         if self.kl_coef > 0:  # the reference never changes within an update: one pass
             with torch.no_grad(), self.policy.reference() as ref_model, _mode(ref_model, False), self._autocast():
-                ref = [token_logprobs(ref_model, mb)[0] for mb in micro]
-        return micro, norm, ref
+                heads = split_model(ref_model)
+                batch.ref = [self._logprobs(ref_model, heads, g, batch)[0] for g in batch.passes]
+        return batch
+
+    def _logprobs(self, model: nn.Module, heads: Any, group: Pass, batch: "_Batch") -> tuple[torch.Tensor, torch.Tensor]:
+        temps = batch.per_token["temperatures"][group.pairs]  # [Kp]
+        return token_logprobs_packed(model, group, temps, chunk=self.logprob_chunk, heads=heads)
 
     def _sum(self, values: list[float]) -> list[float]:
         """``values`` summed over the data-parallel workers."""
@@ -577,30 +641,29 @@ class Learner:
                 p.grad = torch.zeros_like(p)
         self.sync.sum_([p.grad for p in self.params])
 
-    def _accumulate(
-        self, micro: list[dict[str, torch.Tensor]], norm: float, ref: list[torch.Tensor | None]
-    ) -> dict[str, float]:
-        """Zero grads, then forward/backward every micro-batch; returns stats summed over them."""
+    def _accumulate(self, batch: "_Batch", abort: Callable[[], bool] | None = None) -> dict[str, float]:
+        """Zero grads, then forward/backward every micro-batch; returns stats summed over them.
+        ``abort`` is asked before each micro-batch: True zeroes the gradients and raises
+        ``StepAbandoned``."""
         self.optimizer.zero_grad(set_to_none=True)
         keys = ("loss", "pg_loss", "kl_sum", "clip_sum", "ratio_sum", "entropy_sum", "tokens")
         out = dict.fromkeys(keys, 0.0)
         model = self.policy.model
         with self.policy.activate(), _mode(model, True):
-            for mb, ref_lp in zip(micro, ref):
+            for i, group in enumerate(batch.passes):
+                if i and abort is not None:
+                    pause_point("mid_update", None, resume_when=abort)  # a test's signal lands here (fault_points)
+                if abort is not None and abort():
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise StepAbandoned(f"policy {self.policy.name!r}: update dropped before micro-batch {i + 1} of "
+                                        f"{len(batch.passes)}; no optimizer step was taken")
                 with self._autocast():
-                    logprobs, entropy = token_logprobs(model, mb)  # [N, S] each
-                loss, stats = ppo_clip_loss(
-                    logprobs,
-                    mb["old_logprobs"],
-                    mb["advantages"],
-                    mb["completion_mask"],
-                    self.clip_low,
-                    self.clip_high,
-                    self.loss_agg,
-                    ref_logprobs=ref_lp,
-                    kl_coef=self.kl_coef,
-                    norm=norm,
-                    max_tokens=self.max_tokens,
+                    logprobs, entropy = self._logprobs(model, self._heads, group, batch)  # [Kp] each
+                data = {k: v[group.pairs] for k, v in batch.per_token.items()}  # [Kp] each
+                loss, stats = ppo_clip_tokens(
+                    logprobs, data["old_logprobs"], data["advantages"], data["weights"],
+                    self.clip_low, self.clip_high,
+                    ref_logprobs=batch.ref[i] if batch.ref is not None else None, kl_coef=self.kl_coef,
                 )
                 if not torch.isfinite(loss) and self.sync is None:  # with workers: the summed gradient norm fails on all
                     raise FloatingPointError(
@@ -614,9 +677,133 @@ class Learner:
                 out["kl_sum"] += stats["kl"] * n
                 out["clip_sum"] += stats["clip_frac"] * n
                 out["ratio_sum"] += stats["ratio"] * n
-                out["entropy_sum"] += float((entropy * mb["completion_mask"]).sum())
+                out["entropy_sum"] += float(entropy.sum())
                 out["tokens"] += n
         return out
+
+
+@dataclass
+class _Batch:
+    """A prepared update batch: forward passes and the per-token data of their completion tokens."""
+
+    passes: list[Pass]
+    per_token: dict[str, torch.Tensor]  # [K] each: old_logprobs, advantages, temperatures, weights
+    forward_tokens: int  # token positions run per epoch (padding included)
+    distinct_tokens: int  # the batch's distinct token positions
+    ref: list[torch.Tensor] | None = None  # reference logprobs per pass (KL term)
+
+
+@dataclass
+class _Pending:
+    """An update between its two phases."""
+
+    total: int
+    seed: int | None
+    batch: _Batch | None = None
+    stats: dict[str, float] | None = None
+    rng: tuple[torch.Tensor, torch.Tensor | None] | None = None  # the update's RNG after phase 1
+
+
+class _LocalUpdate:
+    """A started update of this process: gradients done; ``result()`` steps the optimizer."""
+
+    def __init__(self, learner: Learner, pending: _Pending, start: float, seconds: float):
+        self._learner, self._pending = learner, pending
+        self._start, self._seconds = start, seconds
+        self._metrics: dict[str, float] | None = None
+        self._error: BaseException | None = None
+        self.span: UpdateSpan | None = None
+
+    def result(self) -> dict[str, float]:
+        if self.span is None:
+            t0 = time.time()
+            try:
+                self._metrics = self._learner._finish(self._pending)
+            except Exception as e:  # noqa: BLE001 - raised here, and again on every later call
+                self._error = e
+            self._pending = None
+            work = self._seconds + time.time() - t0
+            self.span = UpdateSpan(os.getpid(), _host(), self._start, time.time(), work=work)
+        if self._error is not None:
+            raise self._error
+        assert self._metrics is not None
+        return self._metrics
+
+
+def ppo_clip_tokens(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``ppo_clip_loss`` over a flat list of K completion tokens: ``sum_k weights[k] * loss_k``.
+
+    Each token carries its turn's advantage, and its share of the aggregated loss in
+    ``weights`` (1/norm, or 1/(norm * its turn's length) for seq_mean), so the same sum gives
+    every ``loss_agg``.  Stats as ``ppo_clip_loss``'s, over these K tokens (``pg_loss`` is
+    this call's share of the aggregated surrogate).
+    """
+    log_ratio = logprobs - old_logprobs  # [K]
+    ratio = torch.exp(log_ratio)  # [K]
+    adv = advantages.to(logprobs.dtype)  # [K]
+    pg_unclipped = -ratio * adv  # [K]
+    pg_clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # [K]
+    pg = torch.maximum(pg_unclipped, pg_clipped)  # [K]  = -min(ratio*A, clip(ratio)*A)
+    per_token = pg
+    kl = torch.zeros_like(pg)  # [K]
+    if ref_logprobs is not None:
+        d = ref_logprobs - logprobs  # [K]
+        kl = torch.exp(d) - d - 1.0  # [K]  k3
+        per_token = pg + kl_coef * kl
+    w = weights.to(logprobs.dtype)
+    loss = (per_token * w).sum()
+    with torch.no_grad():
+        n = float(logprobs.numel())
+        denom = max(n, 1.0)
+        stats = {
+            "pg_loss": float((pg * w).sum()),
+            "kl": float(kl.sum()) / denom,
+            "clip_frac": float((pg_clipped > pg_unclipped).sum()) / denom,
+            "ratio": float(ratio.sum()) / denom,
+            "tokens": n,
+        }
+    return loss, stats
+
+
+CHECKPOINT_AUTO_PARAMS = 50_000_000  # "auto" checkpoints models this large (SmolLM2-135M: yes; the embedded 0.2M: no)
+
+
+def _wants_checkpointing(setting: Any, model: nn.Module) -> bool:
+    if setting == "auto":
+        return sum(p.numel() for p in model.parameters()) >= CHECKPOINT_AUTO_PARAMS
+    return bool(setting)
+
+
+def enable_checkpointing(model: nn.Module) -> bool:
+    """Switch on transformers' activation (gradient) checkpointing of the decoder layers,
+    non-reentrant (so a frozen LoRA base needs no input gradient); False if the model has none.
+
+    It stays on: transformers' layers checkpoint only in train mode, which the learner sets
+    for its passes, so sampling (eval mode) is untouched.  A LoRA family shares one base model,
+    so one of its learners asking is enough for all of them.
+    """
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(hf, "supports_gradient_checkpointing", False):
+        return False
+    on = getattr(hf, "is_activation_checkpointing", None)
+    if on is None:
+        on = getattr(hf, "is_gradient_checkpointing", False)
+    if not on:
+        enable = getattr(hf, "activation_checkpointing_enable", None)  # transformers >= 5.x
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return True
 
 
 def draws_random_numbers(model: nn.Module) -> bool:
@@ -650,7 +837,8 @@ def _autocast_for(mixed_precision: str, device: torch.device, policy: str) -> Ca
     return Accelerator(mixed_precision="bf16", cpu=device.type == "cpu").autocast
 
 
-_METRIC_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "tokens", "grad_norm", "lr", "samples")
+_METRIC_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "tokens", "grad_norm", "lr", "samples",
+                "forward_tokens", "distinct_tokens")
 
 
 def _means(totals: dict[str, float], epochs: int) -> dict[str, float]:

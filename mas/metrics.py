@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from mas.config import RunConfig, dump_config
+from mas.memory import peak_rss_mb, rss_mb
 from mas.types import Credit, CreditBatch, Episode, EpisodeGroup, flatten_turns
 
 
@@ -116,7 +117,19 @@ def step_metrics(
         "generated": generated or {},
         "faults": dict(faults or {}),
         "time": timings,
+        "memory": memory_metrics(updates),
     }
+
+
+def memory_metrics(updates: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Resident memory of the run (MiB): this process's peak so far and now, and the peak of each
+    process that updated a policy in another process (a Ray actor's, taken out of its update
+    metrics so that those stay about learning)."""
+    out: dict[str, Any] = {"peak_rss_mb": peak_rss_mb(), "rss_mb": rss_mb()}
+    actors = {name: u.pop("peak_rss_mb") for name, u in updates.items() if "peak_rss_mb" in u}
+    if actors:
+        out["actor_peak_rss_mb"] = actors
+    return out
 
 
 def credit_cost(requests: list, results: dict | None) -> dict[str, int]:
@@ -345,6 +358,10 @@ class RunLogger:
 
     def log_eval(self, name: str, metrics: dict) -> None:
         self._append(self.metrics_path, {"eval": name, **metrics})
+
+    def log_warmup(self, record: dict) -> None:
+        """The format warm-up's record (``mas.warmup``): per policy its losses, tokens and time."""
+        self._append(self.metrics_path, {"warmup": record})
 
     def write_summary(self, summary: dict) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,10 +1,16 @@
-"""Ctrl-C and SIGTERM during ``mas train``: stop at a step boundary, or abandon the step.
+"""Ctrl-C and SIGTERM during ``mas train``: stop at the step's next safe point, or at once.
 
-The first signal asks the run to stop (``RunControl.request_stop``): the trainer finishes the
-step under way, checkpoints it, records ``summary["stopped"]`` and returns, and the command
-prints how to resume and exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
+The first signal asks the run to stop and to abandon the step in progress
+(``RunControl.request_stop(..., abandon=True)``): at the step's next safe point (a generation
+batch, a micro-batch of an update's gradients; seconds even for a real model on a CPU) the
+trainer drops the step, checkpoints the state the step started from (no optimizer has
+stepped yet, so the weights still are that state), records ``summary["stopped"]`` and
+returns; the command prints how to resume and exits with 128 + the signal number (130 for
+SIGINT, 143 for SIGTERM).  ``--resume`` then repeats the dropped step exactly.  A step whose
+optimizers have stepped (the short phase after every gradient is in; under Ray, once the
+actors' updates started) runs to its end first.
 
-A second signal abandons the step at once.  The process ends there with ``os._exit``, as a
+A second signal abandons the process at once.  The process ends there with ``os._exit``, as a
 crash would, which a run is built to survive: checkpoints are written to a temporary folder
 and renamed, ``latest`` is replaced atomically, and ``--resume`` drops log lines written
 after the checkpoint it continues from.  Raising ``KeyboardInterrupt`` instead would land in
@@ -48,9 +54,10 @@ class StopOnSignal:
             finally:
                 os._exit(128 + self.signum)
         self.signum = signum
-        self.control.request_stop(name)
-        os.write(2, f"\n{name}: stopping after the current step, which is then checkpointed "
-                    f"(press Ctrl-C again to abandon the step and keep the last checkpoint)\n".encode())
+        self.control.request_stop(name, abandon=True)
+        os.write(2, f"\n{name}: stopping at the next safe point: the step in progress is dropped and the run is "
+                    f"checkpointed as it was before it (press Ctrl-C again to quit at once and keep the last "
+                    f"checkpoint)\n".encode())
 
     @property
     def exit_code(self) -> int | None:

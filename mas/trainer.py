@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,13 +35,14 @@ from mas.config import _path
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.embedded.fit import fit_checks
-from mas.fault_points import pause_point
+from mas.fault_points import enter_step, pause_point
 from mas.learner import TrainSample, UpdateSpan
 from mas.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
 from mas.rundir import check_fresh
 from mas.runtime import PolicyActorDied
 from mas.team import Team, describe_team
-from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, flatten_turns
+from mas.warmup import warm_up
+from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, StepAbandoned, flatten_turns
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -78,20 +79,28 @@ class StepResult:
     spans: dict[str, UpdateSpan] = field(default_factory=dict)  # where and when each policy's update ran
 
 
-def rollout(team: Team, step: int) -> Rollout:
+def rollout(team: Team, step: int, abort: Callable[[], bool] | None = None) -> Rollout:
     """B tasks, G joint episodes each; the engine scores each episode with env.score as it ends."""
     env_state = team.env.state_dict()
     t0 = time.perf_counter()
     tokens = team.engine.stats["generated_tokens"]
     tasks = team.env.sample_tasks(team.cfg.trainer.batch_size)
-    groups = team.engine.rollout(tasks, team.cfg.trainer.group_size, seed=step_seed(team.cfg.trainer.seed, step))
+    groups = team.engine.rollout(tasks, team.cfg.trainer.group_size, seed=step_seed(team.cfg.trainer.seed, step), abort=abort)
     tokens = team.engine.stats["generated_tokens"] - tokens
     return Rollout(step, groups, time.perf_counter() - t0, env_state, tokens, team.engine.take_faults())
 
 
-def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bool = False) -> StepResult:
+def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bool = False,
+               abort: Callable[[], bool] | None = None) -> StepResult:
     """One training step.  ``ready``: this step's rollout if it was taken already (max_staleness 1);
-    ``prefetch``: take the next step's rollout while this step's updates run."""
+    ``prefetch``: take the next step's rollout while this step's updates run.
+
+    ``abort`` is asked at the step's safe points: before each generation batch of the rollout
+    and the credit's evaluations, and before each micro-batch of the updates' gradients while
+    no optimizer has stepped (every policy's gradients are computed before any steps, in the
+    local runtime).  True raises ``StepAbandoned``: nothing of the step reached the weights.
+    Once the updates are committed (Ray actors update on their own; or every gradient is in),
+    the step runs to its end."""
     cfg = team.cfg
     seed = step_seed(cfg.trainer.seed, step)
     seed_everything(seed)
@@ -100,7 +109,7 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
 
     # 1. rollout + score: G joint episodes for each of B tasks (replays and interventions are
     #    scored the same way); with max_staleness 1 it ran during the previous step's updates
-    current = ready if ready is not None else rollout(team, step)
+    current = ready if ready is not None else rollout(team, step, abort)
     assert current.step == step, f"rollout of step {current.step} handed to step {step}"
     groups = current.groups
     timings["rollout"] = current.seconds
@@ -112,10 +121,10 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
     batch = build_credit_batch(groups, list(team.agents))
     requests = plan_credit(groups, cfg.credit)
     timings.update(dict.fromkeys(CREDIT_TIMERS, 0.0))
-    results = execute_timed(team.engine, requests, seed + 1, timings) if requests else None
+    results = execute_timed(team.engine, requests, seed + 1, timings, abort) if requests else None
     more = followup_credit(groups, cfg.credit, results)  # e.g. a critic's format retries
     if more:
-        results.update(execute_timed(team.engine, more, seed + 2, timings))
+        results.update(execute_timed(team.engine, more, seed + 2, timings, abort))
         requests += more
     cost = credit_cost(requests, results)
     generated.mark("credit_tokens")  # the method's own generations: replays, coalitions, removal runs, critic replies
@@ -132,7 +141,10 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
     t0 = time.perf_counter()
     active = active_learners(team, step)
     samples, staleness = training_batches(team, groups, credit, active)
-    started = {name: learner.start_update(samples[name], seed=policy_seed(seed, name)) for name, learner in active.items()}
+    abort_updates = abort if team.runtime.can_abandon_updates else None  # Ray actors step on their own
+    started = {}
+    for name, learner in active.items():  # local: each policy's gradients now (abortable); its step at result()
+        started[name] = learner.start_update(samples[name], seed=policy_seed(seed, name), abort=abort_updates)
     try:
         #    with max_staleness 1 the next step's rollout runs now, on the weights these updates started from
         upcoming = rollout(team, step + 1) if prefetch else None
@@ -204,7 +216,7 @@ REQUEST_TIMERS = {ReplayRequest: "credit_replays", InterventionRequest: "credit_
 CREDIT_TIMERS = (*REQUEST_TIMERS.values(), "credit_assign")
 
 
-def execute_timed(engine, requests: list, seed: int, timings: dict[str, float]) -> dict:
+def execute_timed(engine, requests: list, seed: int, timings: dict[str, float], abort: Callable[[], bool] | None = None) -> dict:
     """``engine.execute`` one request kind at a time, adding each kind's wall time to ``timings``
     (replays, interventions such as SHARP coalitions or CCPO solo runs, critic calls)."""
     unknown = sorted({type(r).__name__ for r in requests if not isinstance(r, tuple(REQUEST_TIMERS))})
@@ -215,7 +227,7 @@ def execute_timed(engine, requests: list, seed: int, timings: dict[str, float]) 
         batch = [r for r in requests if isinstance(r, kind)]
         if batch:
             t0 = time.perf_counter()
-            results.update(engine.execute(batch, seed=seed))
+            results.update(engine.execute(batch, seed=seed, abort=abort))
             timings[timer] += time.perf_counter() - t0
     return results
 
@@ -283,8 +295,8 @@ def restart_actors(team: Team, run_dir: Path, logger: RunLogger, error: Exceptio
     return step
 
 
-def evaluate(team: Team, size: int, seed: int) -> dict:
-    episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed)
+def evaluate(team: Team, size: int, seed: int, abort: Callable[[], bool] | None = None) -> dict:
+    episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed, abort=abort)
     faults, _ = team.engine.take_faults()
     return {**eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools]), "faults": faults}
 
@@ -307,12 +319,18 @@ def train(
     """Run (or continue) training; returns a summary with held-out accuracy before/after.
 
     ``callbacks`` are called after each step, evaluation and checkpoint (``mas.callbacks``).
-    ``control`` carries the stop flag that callbacks and signal handlers set; when it is set
-    the run stops at the next step boundary with a checkpoint of the last completed step, and
-    the summary's ``stopped`` names the reason.
+    ``control`` carries the stop flag that callbacks and signal handlers set.  A plain stop
+    request is read at the next step boundary: the run checkpoints the last completed step,
+    records ``summary["stopped"]`` and returns.  A request to abandon (a signal) is read at
+    the safe points inside a step (``train_step``) and inside evaluations: the step in
+    progress is dropped, and the checkpoint written is the state it started from (its
+    weights, which no optimizer touched yet, the task stream's position and the credit
+    method's state before it), so ``--resume`` repeats that step exactly.  A dropped
+    periodic evaluation is recorded as due and run first on resume.
     """
     cfg = team.cfg
     control = control or RunControl()
+    abort = control.abandoning
     if not resume:
         check_fresh(run_dir)  # a new run never mixes its logs and checkpoints with an old one
     logger = RunLogger(run_dir, cfg, show_progress=cfg.logging.progress)
@@ -323,6 +341,7 @@ def train(
             logger.warn(f"{_path(path)}: {message} (found {value!r})", kind="config")
     start = 0
     summary: dict = {}
+    method = get_credit(cfg.credit.method)
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
@@ -332,15 +351,32 @@ def train(
         summary = state["summary"]
         summary.pop("stopped", None)
         logger.truncate_after(state["step"])
-    else:
-        method = get_credit(cfg.credit.method)
-        if method.state is not None:  # a fresh run starts without history from earlier runs
-            method.state.reset()
+    elif method.state is not None:  # a fresh run starts without history from earlier runs
+        method.state.reset()
     if not resume and cfg.trainer.eval_size and cfg.trainer.eval_before:
-        summary["eval_before"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
+        try:
+            summary["eval_before"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort)
+        except StepAbandoned:  # nothing was trained: nothing to checkpoint
+            return _stopped(summary, logger, control, None, "during the evaluation before training")
         logger.info(f"held-out team {eval_summary(summary['eval_before'])} before training")
         logger.log_eval("before", summary["eval_before"])
         hooks.on_eval("before", summary["eval_before"])
+    if cfg.trainer.warmup.steps and "warmup" not in summary:  # the format warm-up: its own phase, before RL
+        try:
+            summary["warmup"] = warm_up(team, logger.info, abort)
+            if cfg.trainer.warmup.eval and cfg.trainer.eval_size:
+                summary["eval_warmup"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort)
+        except StepAbandoned:  # nothing RL-trained yet and nothing checkpointed: a new run starts again
+            return _stopped(summary, logger, control, None, "during the format warm-up")
+        logger.log_warmup(summary["warmup"])
+        if "eval_warmup" in summary:
+            logger.info(f"held-out team {eval_summary(summary['eval_warmup'])} after the warm-up")
+            logger.log_eval("warmup", summary["eval_warmup"])
+            hooks.on_eval("warmup", summary["eval_warmup"])
+    due = summary.pop("eval_due", None)  # a periodic evaluation a stop dropped: it comes first
+    if due is not None and not _periodic_eval(team, summary, logger, hooks, due, abort):
+        summary["eval_due"] = due
+        return _stopped(summary, logger, control, due, f"during the evaluation after step {due}")
     end = cfg.trainer.steps if stop_after is None else min(cfg.trainer.steps, stop_after)
     overlap = cfg.trainer.max_staleness >= 1 and team.runtime.can_overlap
     upcoming: Rollout | None = None  # the next step's rollout when it ran during the updates
@@ -352,15 +388,26 @@ def train(
         if control.should_stop:  # asked before this step started (e.g. by an evaluation callback)
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
             break
+        enter_step(step)
         pause_point("step_start", step)
+        start_env = upcoming.env_state if upcoming is not None else team.env.state_dict()  # what the step draws from
+        credit_before = method.state.state_dict() if method.state is not None else None
         try:
-            result = train_step(team, step, ready=upcoming, prefetch=overlap and step + 1 < end)
+            result = train_step(team, step, ready=upcoming, prefetch=overlap and step + 1 < end, abort=abort)
         except PolicyActorDied as e:  # without runtime.restart_actors the run stops; its last checkpoint is intact
             if not cfg.runtime.restart_actors or restarts >= cfg.runtime.max_restarts:
                 raise
             restarts += 1
             step, upcoming = restart_actors(team, run_dir, logger, e, restarts, (start, initial_env)), None
             continue
+        except StepAbandoned:  # no optimizer stepped: the weights are still the state before this step
+            team.engine.take_faults()  # the dropped step's generations
+            if method.state is not None:
+                method.state.load_state_dict(credit_before)
+            hooks.on_checkpoint(step - 1, save_checkpoint(run_dir, step - 1, team, summary, env_state=start_env))
+            prune_checkpoints(run_dir, cfg.trainer.keep_last)
+            return _stopped(summary, logger, control, step - 1, f"in step {step}, which was dropped; "
+                            f"the checkpoint holds the state before it", close_progress=True)
         upcoming = result.upcoming
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
         logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
@@ -368,10 +415,10 @@ def train(
             logger.warn(message, kind=kind, step=step)
         pause_point("after_log", step)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
-        if periodic_eval_due(cfg, step, end, control.should_stop):  # held-out curve (trainer.eval_every)
-            summary["eval_last"] = {"step": step, **evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)}
-            logger.log_eval("periodic", summary["eval_last"])
-            hooks.on_eval("periodic", summary["eval_last"])
+        if periodic_eval_due(cfg, step, end, control.should_stop and not control.abandon):  # held-out curve (trainer.eval_every)
+            if control.abandon or not _periodic_eval(team, summary, logger, hooks, step, abort):
+                if periodic_eval_due(cfg, step, end, False):  # a regular one: resume runs it first
+                    summary["eval_due"] = step
         last = step == cfg.trainer.steps - 1
         periodic = cfg.trainer.save_every and (step + 1) % cfg.trainer.save_every == 0
         if last or step == end - 1 or periodic or control.should_stop:
@@ -390,9 +437,36 @@ def train(
         if last_eval.get("step") == end - 1:  # the periodic evaluation after the last step is the same greedy run
             summary["eval_after"] = {k: v for k, v in last_eval.items() if k != "step"}
         else:
-            summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed)
+            try:
+                summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort)
+            except StepAbandoned:  # the last checkpoint is written: a resume evaluates again
+                return _stopped(summary, logger, control, end - 1, "during the evaluation after training")
         logger.info(f"held-out team {eval_summary(summary['eval_after'])} after training")
         logger.log_eval("after", summary["eval_after"])
         hooks.on_eval("after", summary["eval_after"])
+    logger.write_summary(summary)
+    return summary
+
+
+def _periodic_eval(team: Team, summary: dict, logger: RunLogger, hooks: CallbackList, step: int,
+                   abort: Callable[[], bool]) -> bool:
+    """The held-out evaluation after ``step`` (``trainer.eval_every``); False if a stop dropped it."""
+    try:
+        summary["eval_last"] = {"step": step, **evaluate(team, team.cfg.trainer.eval_size, team.cfg.trainer.seed, abort)}
+    except StepAbandoned:
+        return False
+    logger.log_eval("periodic", summary["eval_last"])
+    hooks.on_eval("periodic", summary["eval_last"])
+    return True
+
+
+def _stopped(summary: dict, logger: RunLogger, control: RunControl, after_step: int | None, where: str,
+             close_progress: bool = False) -> dict:
+    """End a run that a stop cut short ``where``; ``after_step``: the step its last checkpoint holds
+    (-1: the state before step 0; None: no checkpoint)."""
+    if close_progress:
+        logger.close_progress()
+    summary["stopped"] = {"reason": control.stop_reason, "after_step": after_step}
+    logger.info(f"stopped {where} ({control.stop_reason})")
     logger.write_summary(summary)
     return summary

@@ -17,6 +17,13 @@ from typing import Any, Literal
 
 import torch
 
+class StepAbandoned(Exception):
+    """A stop request (SIGTERM, the first Ctrl-C) cut the training step short at a safe point:
+    between generation batches, or between micro-batches of an update before any optimizer
+    stepped.  Nothing of the step reached the weights; the trainer checkpoints the state the
+    step started from (``mas.trainer``)."""
+
+
 TurnStatus = Literal["stop", "length", "replayed", "masked", "removed", "error"]
 EpisodeStatus = Literal["ok", "truncated", "error"]
 

@@ -83,8 +83,8 @@ def test_a_signal_checkpoints_the_last_completed_step_and_exits_cleanly(tmp_path
     assert "Traceback" not in err and "Traceback" not in out
     steps = logged_steps(run)
     last = steps[-1]
-    assert steps == list(range(last + 1))  # the step under way when the signal came was finished
-    assert latest_checkpoint(run).name == f"step_{last:06d}"  # ... and checkpointed (save_every is 0)
+    assert steps == list(range(last + 1))  # the step under way when the signal came was dropped, not logged
+    assert latest_checkpoint(run).name == f"step_{last:06d}"  # the state before it is checkpointed (save_every is 0)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped"] == {"reason": sig.name, "after_step": last}
     resume = f"resume with: {sys.executable} -m mas.cli train --resume {run}"
@@ -102,15 +102,15 @@ def test_a_second_ctrl_c_abandons_the_step_and_keeps_the_last_checkpoint(tmp_pat
     reader.start()
     wait_for_first_step(proc, run, checkpointed=True)  # so there is a checkpoint to keep
     proc.send_signal(signal.SIGINT)
-    while "stopping after the current step" not in lines.get(timeout=DEADLINE_S):  # the first one was heard
+    while "stopping at the next safe point" not in lines.get(timeout=DEADLINE_S):  # the first one was heard
         pass
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=DEADLINE_S)
     reader.join(timeout=DEADLINE_S)
     err = "".join(iter_queue(lines))
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
-    # usually the second signal lands mid-step ("abandoned"); if the step had just ended, the run
-    # stopped normally: either way the last checkpoint is complete and the run resumes from it
+    # usually the second signal lands mid-step ("abandoned"); if the first had already dropped the
+    # step, the run stopped normally: either way the last checkpoint is complete and the run resumes from it
     assert "abandoned the current step" in err or "resume with:" in err
     ckpt = latest_checkpoint(run)
     assert ckpt is not None and (ckpt / "trainer_state.json").exists()

@@ -33,6 +33,7 @@ from mas.embedded import embedded_path
 
 ROOT = Path(__file__).parents[1]
 OVERRIDES = ["trainer.steps=4", "trainer.batch_size=2", "trainer.group_size=4", "trainer.eval_size=0",
+             "policies.planner.optim.micro_batch_tokens=64", "policies.workers.optim.micro_batch_tokens=64",
              "trainer.save_every=1", "trainer.sample_episodes=2", "logging.progress=false", "runtime.num_threads=1",
              "runtime.deterministic=true"]
 # (point, step): in the order a run passes them; each resume runs up to the next one
@@ -101,11 +102,44 @@ def records(path: Path, drop: tuple[str, ...] = ()) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in drop} for r in rows]
 
 
-def test_ten_sigkills_lose_at_most_the_current_step_and_resume_bit_for_bit(tmp_path):
+CONFIG = str(ROOT / "configs" / "quickstart.yaml")
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """The run every interrupted one must equal: the same config, never stopped."""
     embedded_path(log=lambda *_: None)  # build the embedded model once (cached), before any timing-free waits
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    config = str(ROOT / "configs" / "quickstart.yaml")
-    finish([config, *OVERRIDES, "--run-dir", str(straight)])
+    run = tmp_path_factory.mktemp("straight") / "run"
+    finish([CONFIG, *OVERRIDES, "--run-dir", str(run)])
+    return run
+
+
+def assert_same_run(a: Path, b: Path) -> float:
+    """Two runs of the quickstart equal bit for bit: metrics (timings and memory aside), episodes,
+    the final weights and optimizer states.  Returns the largest weight difference (0.0)."""
+    drop = ("time", "memory")
+    assert records(a / "metrics.jsonl", drop=drop) == records(b / "metrics.jsonl", drop=drop)
+    assert records(a / "episodes.jsonl") == records(b / "episodes.jsonl")
+    ca, cb = latest_checkpoint(a), latest_checkpoint(b)
+    assert ca.name == cb.name == "step_000003"
+    max_diff = 0.0
+    for name in ("planner", "workers"):
+        from safetensors.torch import load_file
+
+        wa, wb = load_file(ca / "policies" / name / "model.safetensors"), load_file(cb / "policies" / name / "model.safetensors")
+        assert wa.keys() == wb.keys()
+        max_diff = max([max_diff] + [float((wa[k] - wb[k]).abs().max()) for k in wa])
+        for part in ("optimizer.bin", "scheduler.bin"):  # accelerate's files of the learner's state
+            oa = torch.load(ca / "learners" / name / part, weights_only=False)
+            ob = torch.load(cb / "learners" / name / part, weights_only=False)
+            assert_same(oa, ob, part)
+    assert max_diff == 0.0
+    return max_diff
+
+
+def test_ten_sigkills_lose_at_most_the_current_step_and_resume_bit_for_bit(tmp_path, straight):
+    killed = tmp_path / "killed"
+    config = CONFIG
 
     resumed_from = []
     for i, (point, step) in enumerate(KILLS):
@@ -116,23 +150,41 @@ def test_ten_sigkills_lose_at_most_the_current_step_and_resume_bit_for_bit(tmp_p
     # where each resume started: a kill before `latest` moves loses the step in progress, no more
     assert resumed_from == [0, 0, 0, 0, 0, 1, 1, 1, 2, 2]
 
-    assert records(killed / "metrics.jsonl", drop=("time",)) == records(straight / "metrics.jsonl", drop=("time",))
-    assert records(killed / "episodes.jsonl") == records(straight / "episodes.jsonl")
-    a, b = latest_checkpoint(straight), latest_checkpoint(killed)
-    assert a.name == b.name == "step_000003"
-    max_diff = 0.0
-    for name in ("planner", "workers"):
-        from safetensors.torch import load_file
-
-        wa, wb = load_file(a / "policies" / name / "model.safetensors"), load_file(b / "policies" / name / "model.safetensors")
-        assert wa.keys() == wb.keys()
-        max_diff = max([max_diff] + [float((wa[k] - wb[k]).abs().max()) for k in wa])
-        for part in ("optimizer.bin", "scheduler.bin"):  # accelerate's files of the learner's state
-            oa = torch.load(a / "learners" / name / part, weights_only=False)
-            ob = torch.load(b / "learners" / name / part, weights_only=False)
-            assert_same(oa, ob, part)
-    assert max_diff == 0.0
+    max_diff = assert_same_run(killed, straight)
     print(f"{len(KILLS)}/{len(KILLS)} kills recovered, max abs weight diff {max_diff}")
+
+
+@pytest.mark.parametrize("point, step, kept", [("mid_update", 2, 1), ("mid_rollout", 0, -1)],
+                         ids=["mid-update-of-step-2", "mid-rollout-of-step-0"])
+def test_a_sigterm_inside_a_step_drops_it_checkpoints_the_state_before_it_and_resumes_bit_for_bit(
+        tmp_path, straight, point, step, kept):
+    """A real SIGTERM to a real ``mas train`` paused inside a step's work (between two
+    micro-batches of an update's gradients, or two generation batches of a rollout): the run
+    stops at that safe point without finishing the step, its checkpoint is the state before
+    the step, and ``--resume`` then gives the straight run bit for bit."""
+    run, flag = tmp_path / "run", tmp_path / "paused"
+    env = {**os.environ, "MAS_PAUSE_AT": f"{point}:{step}", "MAS_PAUSE_FILE": str(flag)}
+    proc = mas_train([CONFIG, *OVERRIDES, "--run-dir", str(run)], env)
+    deadline = time.monotonic() + WAIT_S
+    while not flag.exists():  # the event: the run is inside the step's work
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"mas train ended (exit {proc.returncode}) before pausing at {point}:{step}\n{err[-3000:]}")
+        assert time.monotonic() < deadline, f"mas train never reached {point}:{step}"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert f"stopped in step {step}, which was dropped" in out
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and json.loads((ckpt / "trainer_state.json").read_text())["step"] == kept
+    metrics = run / "metrics.jsonl"
+    logged = [r["step"] for r in records(metrics) if "step" in r and "eval" not in r] if metrics.exists() else []
+    assert logged == list(range(kept + 1))  # the dropped step left no record
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped"] == {"reason": "SIGTERM", "after_step": kept}
+    finish(["--resume", str(run)])
+    assert_same_run(run, straight)
 
 
 def assert_same(a, b, path: str = "") -> None:

@@ -649,7 +649,8 @@ def test_empty_batch_takes_no_optimizer_step_but_steps_the_schedule(tiny_model, 
     metrics = lrn.update([])
     full = learner(TinyPolicy(copy.deepcopy(tiny_model))).update(make_samples(tiny_model, 2, seed=13))
     assert set(metrics) == set(full) == {
-        "loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "grad_norm", "lr", "tokens", "samples"
+        "loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "grad_norm", "lr", "tokens", "samples",
+        "forward_tokens", "distinct_tokens",
     }
     assert metrics == {**dict.fromkeys(full, 0.0), "lr": 0.0}  # warm-up step 0: 0.01 * 0/2
     assert lrn.scheduler.last_epoch == 1 and lrn.optimizer.param_groups[0]["lr"] == pytest.approx(0.005)

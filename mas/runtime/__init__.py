@@ -20,6 +20,7 @@ A runtime only decides where things live.  The trainer sees the same seams under
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,7 +46,8 @@ class RemoteLearner(Protocol):
     @property
     def version(self) -> int: ...
 
-    def start_update(self, samples: list["TrainSample"], seed: int | None = None) -> "UpdateHandle": ...
+    def start_update(self, samples: list["TrainSample"], seed: int | None = None,
+                     abort: Callable[[], bool] | None = None) -> "UpdateHandle": ...
 
 
 class Runtime(Protocol):
@@ -54,6 +56,7 @@ class Runtime(Protocol):
     tokenizers: dict[str, Any]
     trainable: dict[str, bool]
     can_overlap: bool
+    can_abandon_updates: bool  # a stop can drop a step while its updates compute gradients
 
     def describe(self) -> dict[str, dict[str, Any]]: ...
 

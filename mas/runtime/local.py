@@ -1,7 +1,9 @@
 """The local runtime: every policy, its rollout backend and its learner in the driver process.
 
-Learners run one after another (``start_update`` returns a finished update), so nothing
-overlaps: ``trainer.max_staleness: 1`` runs at staleness 0 here.
+Learners run one after another, so nothing overlaps: ``trainer.max_staleness: 1`` runs at
+staleness 0 here.  ``start_update`` computes a policy's gradients at once and its handle's
+``result()`` steps its optimizer, so the trainer has every policy's gradients before any
+weight changes, and a stop can drop the step until then.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
 
 class LocalRuntime:
     can_overlap = False
+    can_abandon_updates = True  # every policy's gradients come before any optimizer step (Learner.start_update)
 
     def __init__(self, cfg: "RunConfig", train: set[str]):
         self.worker = PolicyWorker(dict(cfg.policies), sorted(train), learner_args(cfg), seed=cfg.trainer.seed)
@@ -35,6 +38,10 @@ class LocalRuntime:
 
     def load_policies(self, ckpt: Path, names: list[str], learner_state: bool = True) -> None:
         self.worker.load(str(ckpt), names, learner_state)
+
+    def warm_up(self, name: str, demonstrations: list, **kwargs: Any) -> dict[str, Any]:
+        """``name``'s supervised format warm-up (``PolicyWorker.warm_up``)."""
+        return self.worker.warm_up(name, demonstrations, **kwargs)
 
     def close(self) -> None:
         """Nothing to free beyond what Python collects."""

@@ -31,6 +31,7 @@ travel back to the driver through Ray; loading sends files the other way.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,7 +159,10 @@ class RayLearner:
         self.name, self.group = name, group
         self.version = version  # of the weights it trains; mirrored from the actor
 
-    def start_update(self, samples: list[TrainSample], seed: int | None = None) -> RayUpdate:
+    def start_update(self, samples: list[TrainSample], seed: int | None = None,
+                     abort: Callable[[], bool] | None = None) -> RayUpdate:
+        """Start the actors' update; ``abort`` is not passed on: an actor's update runs to its
+        end (its optimizer steps on its own), so a stop waits for it (the trainer's bound)."""
         actors = self.group.actors
         ticket = next(self.group.tickets)
         refs = [a.update.options(concurrency_group="train").remote(self.name, samples[rank :: len(actors)], seed, ticket)
@@ -168,6 +172,7 @@ class RayLearner:
 
 class RayRuntime:
     can_overlap = True
+    can_abandon_updates = False  # actors step their optimizers themselves: a stop waits for the updates
 
     def __init__(self, cfg: "RunConfig", train: set[str], run_dir: Path | None = None):
         self.cfg = cfg
@@ -342,6 +347,17 @@ class RayRuntime:
             for name in group.names:
                 if name in self.learners:
                     self.learners[name].version = versions[name]
+
+    def warm_up(self, name: str, demonstrations: list, **kwargs: Any) -> dict[str, Any]:
+        """``name``'s supervised format warm-up, in its actor (a stop is not passed on: the
+        warm-up's steps are short); with data-parallel workers each takes the whole warm-up
+        from the same seed, so their weights stay equal."""
+        kwargs.pop("abort", None)
+        group = next(g for g in self.groups if name in g.names)
+        refs = [a.warm_up.remote(name, demonstrations, **kwargs) for a in group.actors]
+        got = [group.get(r) for r in refs][0]
+        self.learners[name].version = group.get(group.actors[0].versions.remote())[name]
+        return got
 
     def close(self) -> None:
         """Kill the actors and leave Ray (shutting down a local instance this run started)."""

@@ -26,6 +26,7 @@ import copy
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -33,6 +34,8 @@ import torch
 
 from mas.backends.base import Backend, GenRequest, GenResult
 from mas.learner import Learner, TrainSample, UpdateSpan, _host
+from mas.memory import peak_rss_mb
+from mas.sft import supervised_steps
 
 if TYPE_CHECKING:
     from mas.agents.policy import PolicyHandle
@@ -140,7 +143,19 @@ class PolicyWorker:
         with self._in_turn(ticket):
             start = time.time()
             metrics = self.learners[name].update(samples, seed=seed)
+            metrics["peak_rss_mb"] = peak_rss_mb()  # this actor's memory (the step's ``memory`` record)
             return metrics, UpdateSpan(os.getpid(), _host(), start, time.time()), self.handles[name].version
+
+    def warm_up(self, name: str, demonstrations: list, steps: int, batch_size: int, lr: float, seed: int,
+                abort: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """The supervised format warm-up of ``name`` (``mas.sft``), scored as its learner scores
+        turns; the serving copy (if any) then gets the new weights."""
+        learner = self.learners[name]
+        got = supervised_steps(self.handles[name], demonstrations, steps, batch_size, lr, seed,
+                               micro_batch_tokens=learner.micro_batch_tokens, logprob_chunk=learner.logprob_chunk,
+                               abort=abort)
+        self.sync(name)
+        return got
 
     @contextlib.contextmanager
     def _in_turn(self, ticket: int | None) -> Iterator[None]:

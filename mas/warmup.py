@@ -1,0 +1,159 @@
+"""The format warm-up: a short supervised stage on demonstrations of the team's protocol, before RL.
+
+RL cannot start from zero reward.  A small real model (SmolLM2-135M-Instruct) asked to
+orchestrate writes prose instead of ``CALL adder: 3+4``, and nothing it does parses, so every
+episode scores 0 and every advantage is 0.  ``trainer.warmup`` fine-tunes each trainable
+policy for a few steps on demonstrations of its agents' turns, in the team's own messages and
+the model's own chat template, so that RL starts from a team that follows the protocol.
+
+Where demonstrations come from (``WarmupConfig``):
+
+* the team's **scripted teacher**: the teachers the embedded model is warm-started on
+  (``mas.embedded.teachers``), generalised to the team's own agent names and played through the
+  real engine and topology with the team's own role prompts and tokenizers, so every
+  demonstration is exactly a turn the team would produce.  Each teacher teaches the protocol
+  but keeps a deliberate weakness (``p_direct``: answering at once instead of delegating or
+  working it out) for RL to fix;
+* or a JSONL file the user supplies (``{agent, messages, completion}`` per line).
+
+The warm-up never sees a held-out task: the teacher plays training tasks from a task stream of
+its own (the env's training split, seeded apart from the run's stream, which stays untouched).
+It is recorded in the run as its own phase: its steps, losses and time, and the held-out
+accuracy after it (``summary["warmup"]``, ``{"eval": "warmup"}`` in metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mas.agents.prompts import render_prompt
+from mas.backends.base import GenRequest
+from mas.backends.scripted import ScriptedBackend
+from mas.config import ChainTopology, ConfigError, DebateTopology, OrchestratorTopology, RunConfig
+from mas.embedded.teachers import ChainTeacher, ConjunctiveTeacher, DebateTeacher, OrchestratorTeacher, SaboteurTeacher
+from mas.engine import Engine
+from mas.envs import build_env
+from mas.sft import Demonstration
+from mas.topologies import build_topology
+
+Teacher = Callable[[GenRequest, random.Random], str]
+DEMO_STREAM = 1_000_003  # the teacher's task stream: the env's seed plus this (training split, apart from the run's)
+OPS = {"+": ("add", "plus", "sum"), "-": ("sub", "minus", "diff")}  # how a specialist's name says what it does
+
+
+def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
+    """The scripted teacher of ``cfg``'s team, with its agents' own names; a ``ConfigError`` naming
+    ``trainer.warmup.demonstrations`` when the team has none (a framework team, another task)."""
+    top, env = cfg.topology, getattr(cfg.env, "name", None)
+    p_direct = float(knobs.get("p_direct", 0.6))
+
+    def unsupported(why: str) -> ConfigError:
+        return ConfigError("config", [f"trainer.warmup: no scripted teacher for this team ({why}); give "
+                                      "trainer.warmup.demonstrations, a JSONL file of {agent, messages, completion}"])
+
+    if env == "synthetic_math" and isinstance(top, OrchestratorTopology):
+        routes = []
+        for op, words in OPS.items():
+            name = next((s for s in top.specialists if any(w in s.lower() for w in words)), None)
+            if name is None:
+                raise unsupported(f"no specialist named for {op!r} among {list(top.specialists)}")
+            routes.append((op, name))
+        teacher = OrchestratorTeacher(p_direct=p_direct, specialist_for=tuple(routes))
+        return _renamed(teacher, {top.orchestrator: "orchestrator"})
+    if env == "synthetic_math" and isinstance(top, DebateTopology):
+        return DebateTeacher(p_direct=p_direct, judge=top.aggregator or "")
+    if env == "synthetic_math" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
+        return ChainTeacher(p_direct=p_direct, p_slip=float(knobs.get("p_slip", 0.3)),
+                            p_lazy=float(knobs.get("p_lazy", 0.8)), solver=top.sequence[0])
+    if env == "team_conjunctive" and isinstance(top, ChainTopology) and len(top.sequence) == 3:
+        return ConjunctiveTeacher(p_direct=p_direct, first=top.sequence[0], second=top.sequence[1])
+    if env == "team_saboteur" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
+        return SaboteurTeacher(p_direct=p_direct, p_overrule=float(knobs.get("p_overrule", 0.6)), reviewer=top.sequence[1])
+    raise unsupported(f"topology {top.kind!r} on env {env!r}")
+
+
+def _renamed(teacher: Teacher, names: dict[str, str]) -> Teacher:
+    """``teacher`` asked as if the agents had the names it was written for (e.g. the team's
+    orchestrator under whatever name the YAML gives it)."""
+    if all(a == b for a, b in names.items()):
+        return teacher
+    return lambda req, rng: teacher(dataclasses.replace(req, agent=names.get(req.agent, req.agent)), rng)
+
+
+def teacher_demonstrations(team: Any, episodes: int, teacher: Teacher, seed: int) -> tuple[list[tuple[str, Demonstration]], float]:
+    """``(agent, (prompt_ids, completion_ids))`` of every turn of ``episodes`` teacher episodes
+    played through the team's own topology, agents and tokenizers on training tasks of a task
+    stream of its own; and the teacher's mean reward."""
+    cfg = team.cfg
+    env_cfg = cfg.env.model_copy(update={"seed": cfg.env.seed + DEMO_STREAM}) if hasattr(cfg.env, "seed") else cfg.env
+    env = build_env(env_cfg)
+    rng = random.Random(f"warmup/{seed}")
+    tokenizers = team.runtime.tokenizers
+    backend = ScriptedBackend(lambda req: teacher(req, rng), tokenizers)
+    engine = Engine(build_topology(cfg.topology), team.agents, tokenizers, dict.fromkeys(tokenizers, False), backend, env.score)
+    out: list[tuple[str, Demonstration]] = []
+    rewards = []
+    for group in engine.rollout(env.sample_tasks(episodes), group_size=1, seed=seed):
+        ep = group.episodes[0]
+        rewards.append(ep.reward)
+        out += [(t.agent, (list(t.prompt_ids), list(t.completion_ids))) for t in ep.turns if t.completion_ids]
+    return out, sum(rewards) / max(len(rewards), 1)
+
+
+def file_demonstrations(team: Any, path: str) -> list[tuple[str, Demonstration]]:
+    """Demonstrations from a JSONL file of ``{agent, messages, completion}``, rendered with each
+    agent's chat template (the completion ends with the tokenizer's EOS, as a sampled turn does)."""
+    out = []
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError("config", [f"trainer.warmup.demonstrations: no such file {path!r}"])
+    for n, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            agent, messages, completion = row["agent"], row["messages"], row["completion"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ConfigError("config", [f"trainer.warmup.demonstrations: {path}:{n}: expected "
+                                          f"{{agent, messages, completion}} ({type(e).__name__}: {e})"]) from None
+        if agent not in team.agents:
+            raise ConfigError("config", [f"trainer.warmup.demonstrations: {path}:{n}: unknown agent {agent!r}; "
+                                         f"valid: {sorted(team.agents)}"])
+        tok = team.runtime.tokenizers[team.agents[agent].policy]
+        prompt = render_prompt(tok, messages)
+        out.append((agent, (prompt, tok.encode(completion, add_special_tokens=False) + [tok.eos_token_id])))
+    return out
+
+
+def warm_up(team: Any, log: Callable[[str], None], abort: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Fine-tune every trainable policy on its agents' demonstrations (``trainer.warmup``);
+    returns the phase's record: per policy its steps, losses, tokens and seconds."""
+    cfg = team.cfg
+    w = cfg.trainer.warmup
+    if w.demonstrations is not None:
+        demos, teacher_reward = file_demonstrations(team, w.demonstrations), None
+    else:
+        demos, teacher_reward = teacher_demonstrations(team, w.episodes, scripted_teacher(cfg, w.teacher), cfg.trainer.seed)
+    chosen = set(w.agents) or set(team.agents)
+    unknown = sorted(chosen - set(team.agents))
+    if unknown:
+        raise ConfigError("config", [f"trainer.warmup.agents: unknown agents {unknown}; valid: {sorted(team.agents)}"])
+    by_policy: dict[str, list[Demonstration]] = {}
+    for agent, demo in demos:
+        policy = team.agents[agent].policy
+        if agent in chosen and policy in team.learners:
+            by_policy.setdefault(policy, []).append(demo)
+    record: dict[str, Any] = {"steps": w.steps, "batch_size": w.batch_size, "lr": w.lr,
+                              "source": w.demonstrations or "teacher", "teacher_reward": teacher_reward, "policies": {}}
+    for name, items in by_policy.items():
+        log(f"warm-up: policy {name!r} on {len(items)} demonstration turns, {w.steps} steps")
+        got = team.runtime.warm_up(name, items, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
+                                   seed=cfg.trainer.seed, abort=abort)
+        team.backend.sync_weights(name)
+        record["policies"][name] = {**got, "loss_first": got["losses"][0], "loss_last": got["losses"][-1]}
+    return record
