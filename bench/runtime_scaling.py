@@ -133,7 +133,7 @@ def main() -> None:
 
     import ray
 
-    from mas.runtime.ray_cluster import ray_temp_dir
+    from mas.runtime.ray_cluster import ray_temp_dir, start_local_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     work = Path(args.work_dir)
@@ -141,7 +141,7 @@ def main() -> None:
     work.mkdir(parents=True)
     cores = os.cpu_count() or 1
     temp = ray_temp_dir(work)
-    ray.init(num_cpus=max(cores, len(POLICIES)), include_dashboard=False, _temp_dir=str(temp), logging_level="WARNING")
+    start_local_ray(ray, num_cpus=max(cores, len(POLICIES)), include_dashboard=False, _temp_dir=str(temp), logging_level="WARNING")
     try:
         tok = train_tokenizer(CORPUS, vocab_size=300)
         model = tiny_causal_lm(tok, hidden_size=args.hidden, num_layers=args.layers, num_heads=4, seed=0)

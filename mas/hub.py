@@ -10,13 +10,22 @@ request (``HEAD .../resolve/main/config.json``) that loading makes first:
 - the hub answers (with any status): load as usual;
 - the hub cannot be reached: load from the cached copy's folder if the model is in the cache,
   else a ``ModelLoadError`` that names the model and says what to do.
+
+The answer is kept per URL, so a run that loads several policies asks once: an unreachable hub
+for ``FAILURE_TTL_S`` (a notebook or a long study sees the network come back within a minute),
+a reachable one for ``SUCCESS_TTL_S`` (a hub that goes away then fails at loading, as it would
+without this check).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+FAILURE_TTL_S = 30.0  # how long "unreachable" is believed
+SUCCESS_TTL_S = 600.0  # how long "it answered" is believed
 WHAT_TO_DO = ("give a local path in policies.<name>.model, or download it where there is network "
               "(`hf download {model}`) and set HF_HUB_OFFLINE=1 to use that cache")
 
@@ -43,8 +52,7 @@ def cached_folder(model: str) -> str:
     return snapshot_download(model, local_files_only=True)
 
 
-@lru_cache(maxsize=None)
-def _unreachable(url: str, timeout: float) -> str | None:
+def _head(url: str, timeout: float) -> str | None:
     """Why ``url`` cannot be reached (None if it answered with any HTTP status); one try."""
     from huggingface_hub.utils import get_session
 
@@ -53,6 +61,32 @@ def _unreachable(url: str, timeout: float) -> str | None:
     except Exception as e:  # connection refused, DNS, timeout, TLS: anything short of an answer
         return f"{type(e).__name__}: {e}"
     return None
+
+
+class Reachability:
+    """``check(url, timeout)``'s answers, each kept for a while: a failure for ``failure_ttl``
+    seconds, an answer for ``success_ttl`` seconds, by ``clock`` (monotonic seconds)."""
+
+    def __init__(self, check: Callable[[str, float], str | None] = _head, clock: Callable[[], float] = time.monotonic,
+                 failure_ttl: float = FAILURE_TTL_S, success_ttl: float = SUCCESS_TTL_S):
+        self.check, self.clock = check, clock
+        self.failure_ttl, self.success_ttl = failure_ttl, success_ttl
+        self._answers: dict[tuple[str, float], tuple[float, str | None]] = {}  # -> (expiry, why)
+        self._lock = threading.Lock()  # policies may load on several threads
+
+    def __call__(self, url: str, timeout: float) -> str | None:
+        """Why ``url`` cannot be reached (None if it answered), asked again once the kept answer expired."""
+        key = (url, timeout)
+        with self._lock:
+            kept = self._answers.get(key)
+            if kept is not None and self.clock() < kept[0]:
+                return kept[1]
+            why = self.check(url, timeout)
+            self._answers[key] = (self.clock() + (self.success_ttl if why is None else self.failure_ttl), why)
+            return why
+
+
+_unreachable = Reachability()
 
 
 def hub_access(model: str, local_only: bool = False) -> str:

@@ -31,7 +31,8 @@ def closed_port():
 
 
 class FakeHub:
-    def __init__(self) -> None:
+    def __init__(self, sock: socket.socket | None = None) -> None:
+        """``sock``: serve on this bound socket (a port that refused connections until now)."""
         self.repos: dict[str, dict[str, bytes]] = {}
         self.created: list[dict] = []
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, headers)
@@ -92,7 +93,13 @@ class FakeHub:
                                              "pullRequestUrl": None, "success": True})
                 self._reply(404, {"error": f"not in the stub: {path}"})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if sock is None:
+            self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        else:
+            self.server = ThreadingHTTPServer(sock.getsockname(), Handler, bind_and_activate=False)
+            self.server.socket.close()
+            self.server.socket = sock
+            self.server.server_activate()  # listen
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

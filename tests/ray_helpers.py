@@ -23,17 +23,17 @@ def work_tree_temp(prefix: str) -> Path:
 
 @contextlib.contextmanager
 def local_ray(**init_kwargs: Any) -> Iterator[Any]:
-    """``ray.init(**init_kwargs)`` with its temp dir in a fresh work-tree folder (or a short
+    """``ray.init(**init_kwargs)`` (as the runs start Ray: every port picked free) with its temp dir in a fresh work-tree folder (or a short
     folder that links there: Ray's socket paths are limited); on exit Ray is shut down and
     both folders are removed."""
     import ray
 
-    from mas.runtime.ray_cluster import ray_temp_dir
+    from mas.runtime.ray_cluster import ray_temp_dir, start_local_ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # read when Ray starts
     base = work_tree_temp("ray")
     temp = ray_temp_dir(base)
-    ray.init(include_dashboard=False, _temp_dir=str(temp), **init_kwargs)
+    start_local_ray(ray, include_dashboard=False, _temp_dir=str(temp), **init_kwargs)  # ports picked free
     try:
         yield ray
     finally:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
-from hub_stub import closed_port  # noqa: F401 (a fixture)
+from hub_stub import FakeHub, closed_port  # noqa: F401 (a fixture)
 from team_helpers import team_config
 
+from mas import hub
 from mas.cli import main
 
 HUB_ID = "mas-test/tiny-model"
@@ -69,3 +72,30 @@ def test_a_cached_hub_model_loads_from_the_cache_when_the_hub_is_unreachable(tmp
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("loaded ") and "Retrying" not in done.stderr
+
+
+def test_an_unreachable_hub_is_asked_again_after_a_while_and_an_answer_is_kept_longer(monkeypatch):
+    """A notebook or a long study sees the network come back; a run loading many policies asks once."""
+    from huggingface_hub import constants
+
+    now = [1000.0]
+    monkeypatch.setattr(hub._unreachable, "clock", lambda: now[0], raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused, as with no network
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{sock.getsockname()[1]}")
+    with pytest.raises(hub.HubUnreachable, match="cannot be reached"):
+        hub.require_hub("upload")
+    with FakeHub(sock) as fake:  # the network is back, on the same address
+        now[0] += hub.FAILURE_TTL_S - 1
+        with pytest.raises(hub.HubUnreachable):  # the failure is still believed: nothing is asked
+            hub.require_hub("upload")
+        assert fake.requests == []
+        now[0] += 2
+        hub.require_hub("upload")  # asked again: it answers
+        now[0] += 2 * hub.FAILURE_TTL_S
+        hub.require_hub("upload")  # an answer is kept longer than a failure
+        assert [method for method, _, _ in fake.requests] == ["HEAD"]
+    now[0] += hub.SUCCESS_TTL_S
+    with pytest.raises(hub.HubUnreachable, match="cannot be reached"):  # gone again, and asked again
+        hub.require_hub("upload")

@@ -187,7 +187,7 @@ def _warm_start(model, examples: list[tuple[list[int], list[int]]], recipe: Reci
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        running += float(loss)
+        running += loss.item()
         if (step + 1) % log_every == 0:
             log(f"  warm start step {step + 1}/{recipe.steps}: loss {running / log_every:.3f} ({time.perf_counter() - t0:.0f}s)")
             running = 0.0

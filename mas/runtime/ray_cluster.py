@@ -2,7 +2,8 @@
 
     address: null          start a local Ray instance for this run: its temp dir is ``RUN_DIR/ray``
                            (logs of every actor), its CPUs are at least what the policies ask for
-                           (logical CPUs: a laptop runs a 3-policy team on 2 cores), no dashboard;
+                           (logical CPUs: a laptop runs a 3-policy team on 2 cores), no dashboard,
+                           every port picked free (two runs on one machine do not collide);
                            it is shut down when the run ends, however it ends
     address: auto          join the cluster that ``ray start`` started on this machine
     address: host:port     join the cluster whose head listens there
@@ -15,11 +16,13 @@ flags, caches, MKL's reproducibility switch) are forwarded to every worker of th
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # forwarded to the workers of the job (a cluster's workers do not inherit the driver's environment)
 FORWARDED_ENV = (
@@ -41,6 +44,37 @@ def import_ray():
             "runtime.kind: ray needs Ray: pip install 'mas-rl[ray]' (or EXTRAS=dev,ray bash scripts/setup.sh)"
         ) from None
     return ray
+
+
+def start_local_ray(ray: Any, **init_kwargs: Any) -> Any:
+    """``ray.init(**init_kwargs)`` starting a new local instance whose dashboard agent listens
+    on a port the OS picks, like every other port of a local instance.
+
+    Left alone, Ray gives the agent's HTTP server the fixed port 52365, so the second Ray on a
+    machine (two runs, a run beside a test suite or a notebook's Ray) finds it taken: its agent
+    retries for about 3 s, then runs without its HTTP service (the job and state APIs' way in),
+    with only a traceback in dashboard_agent.log to say so.  ``ray.init`` takes no argument for
+    that port (``ray start --dashboard-agent-listen-port`` does; Ray's maintainers point there,
+    ray-project/ray#34886), so while this call runs, the node parameters ``ray.init`` builds
+    default to port 0, "any free port", which the agent supports.  A Ray whose parameters lack
+    that field is started as is.
+    """
+    from ray._private import parameter
+
+    params = parameter.RayParams
+    if "dashboard_agent_listen_port" not in inspect.signature(params.__init__).parameters:
+        return ray.init(**init_kwargs)
+
+    class FreeAgentPort(params):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = FreeAgentPort
+    try:
+        return ray.init(**init_kwargs)
+    finally:
+        parameter.RayParams = params
 
 
 def ray_temp_dir(run_dir: Path) -> Path:
@@ -77,8 +111,8 @@ class RaySession:
         if address is None:
             temp = self.temp = ray_temp_dir(run_dir) if run_dir is not None else None
             self.run_link = Path(run_dir).resolve() / "ray" if run_dir is not None else None
-            ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(num_cpus)),
-                     **({"_temp_dir": str(temp)} if temp is not None else {}), **kwargs)
+            start_local_ray(ray, num_cpus=max(os.cpu_count() or 1, math.ceil(num_cpus)),
+                            **({"_temp_dir": str(temp)} if temp is not None else {}), **kwargs)
             self.started = True
         else:
             kwargs.pop("include_dashboard")  # a joined cluster's dashboard is its own business

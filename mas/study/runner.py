@@ -47,6 +47,7 @@ from typing import Any, Literal
 import yaml
 
 from mas.config import ConfigError, apply_overrides, validate_config
+from mas.runtime.ray_cluster import start_local_ray
 
 BudgetKind = Literal["steps", "tokens", "seconds"]
 BUDGET_KINDS: tuple[str, ...] = ("steps", "tokens", "seconds")
@@ -319,8 +320,11 @@ def _run_ray(jobs: list[Job], address: str | None, cpus_per_run: float, log) -> 
     if not ray.is_initialized():
         keep = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MAS_CACHE_DIR", "HF_HOME", "TOKENIZERS_PARALLELISM", "MKL_CBWR")
         env = {k: os.environ[k] for k in keep if k in os.environ}
-        ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": env} if env else None,
-                 log_to_driver=False)
+        kwargs = dict(include_dashboard=False, runtime_env={"env_vars": env} if env else None, log_to_driver=False)
+        if address is None:
+            start_local_ray(ray, **kwargs)  # its ports picked free: another run's Ray may be up
+        else:
+            ray.init(address=address, **kwargs)
         started = True
     try:
         task = ray.remote(num_cpus=cpus_per_run)(run_job)

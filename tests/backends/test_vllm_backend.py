@@ -523,6 +523,36 @@ def test_frozen_shares_the_lora_engine_full_gets_its_own(lora_handles, full_hand
         torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=1e-4, rtol=0)
 
 
+def test_results_carry_the_version_of_the_weights_that_sampled_them(lora_handles, full_handle, tiny_model_dir, fake_vllm):
+    """Staleness under vLLM: each result names the weights its engine served (as hf does), which
+    move on a sync, not when the learner updates."""
+    fake_vllm()
+    model, tok = load_model_and_tokenizer(str(tiny_model_dir), "float32", "cpu", False)
+    critic = PolicyHandle("critic", "frozen", model, tok, "cpu")
+    beta = lora_handles["beta"]
+    backend = vb.VLLMBackend({**lora_handles, "critic": critic, "solver": full_handle})
+    requests = [req(name, prompts(tok)[0], 0.0, max_new_tokens=3) for name in ("solver", "alpha", "beta", "critic")]
+
+    def versions():
+        return {q.policy: r.weight_version for q, r in zip(requests, backend.generate_batch(requests))}
+
+    assert versions() == {"solver": 0, "alpha": 0, "beta": 0, "critic": 0}
+    perturb(full_handle.model.parameters())
+    full_handle.mark_updated()
+    perturb(beta.trainable_parameters(), seed=2)
+    beta.mark_updated()
+    assert versions() == {"solver": 0, "alpha": 0, "beta": 0, "critic": 0}  # updated, still served: one behind
+    backend.sync_weights("solver")
+    backend.sync_weights("beta")
+    assert versions() == {"solver": 1, "alpha": 0, "beta": 1, "critic": 0}
+    full_handle.mark_updated()
+    backend.sync_weights("solver")
+    assert versions()["solver"] == 2
+
+    resumed = vb.VLLMBackend({"solver": full_handle})  # a policy already at version 2 when the engine starts
+    assert [r.weight_version for r in resumed.generate_batch(requests[:1])] == [2]
+
+
 def test_old_vllm_raw_logprobs_and_legacy_weight_push(full_handle, fake_vllm):
     llm_cls = fake_vllm("0.6.3", OLD_ARGS)
     backend = vb.VLLMBackend({"solver": full_handle})
