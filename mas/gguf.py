@@ -25,7 +25,6 @@ import mmap
 import os
 import re
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -119,10 +118,12 @@ def read_header(path: str | Path) -> GGUFHeader:
                 header = _parse(path, blob, gguf)
     except OSError as e:
         raise GGUFError(f"{path}: cannot be read: {e}") from None
-    except (struct.error, UnicodeDecodeError, ValueError, OverflowError) as e:
+    except struct.error:  # a read past the end of the file
+        raise GGUFError(f"{path}: truncated or corrupt: the file ends inside its GGUF header ({size:,} bytes)") from None
+    except (UnicodeDecodeError, ValueError, OverflowError) as e:
         if isinstance(e, GGUFError):
             raise
-        raise GGUFError(f"{path}: the GGUF header is corrupt or cut short ({type(e).__name__}: {e})") from None
+        raise GGUFError(f"{path}: the GGUF header is corrupt ({type(e).__name__}: {e})") from None
     end = max((header.data_start + t.offset + t.nbytes for t in header.tensors), default=header.data_start)
     if end > size:
         raise GGUFError(f"{path}: truncated: its tensors end at byte {end:,} but the file has {size:,} bytes "
@@ -142,7 +143,7 @@ def _parse(path: Path, blob: mmap.mmap, gguf) -> GGUFHeader:
         nonlocal pos
         (n,) = struct.unpack_from("<Q", blob, pos)
         if pos + 8 + n > len(blob):
-            raise struct.error("string runs past the end of the file")
+            raise struct.error("a string runs past the end of the file")
         value = blob[pos + 8 : pos + 8 + n].decode("utf-8")
         pos += 8 + n
         return value
@@ -372,8 +373,7 @@ def write_gguf(model, tokenizer, path: str | Path, dtype: str = "f16", name: str
     tensors = _gguf_tensors(model, writer_spec, dtype)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))  # opened by the writer: the usual file mode
     try:
         w = gguf.GGUFWriter(tmp, arch)
         w.add_name(name or getattr(config, "_name_or_path", "") or arch)

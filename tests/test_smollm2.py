@@ -36,6 +36,23 @@ def test_smollm2_loads_from_its_wheel_and_answers_through_its_chat_template(smol
     assert "Paris" in answer, answer  # a real instruct model, de-quantised correctly
 
 
+def test_every_weight_of_the_dequantised_model_is_a_trainable_float_tensor(smollm2):
+    """Full fine-tuning needs plain float weights: none left in quantised blocks, every one
+    reached by the gradient of a next-token loss."""
+    model, tok = smollm2
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert all(type(m) is torch.nn.Linear for n, m in model.named_modules() if n.endswith("_proj"))
+    ids = tok("The capital of France is Paris.", return_tensors="pt")["input_ids"]
+    try:
+        model.requires_grad_(True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads.values())
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.requires_grad_(False)
+
+
 def test_lora_policies_on_the_short_name_and_on_the_file_share_one_base(smollm2):
     path = str(gguf_file("smollm2-135m-instruct"))
     handles = build_policies({
@@ -54,8 +71,7 @@ def test_a_tiny_llama_with_the_smollm2_tokenizer_round_trips_through_gguf(tmp_pa
     adapted = with_trained_lora(tiny_llama(tok))
     ids = torch.tensor([tok(TEXTS[0] + " " + TEXTS[2])["input_ids"]])
     expected = logits(adapted, ids)
-    path = write_tiny_gguf(tmp_path / "tiny-smollm2.gguf", adapted.merge_and_unload(), tok,
-                           "f32")
+    path = write_tiny_gguf(tmp_path / "tiny-smollm2.gguf", adapted.merge_and_unload(), tok, "f32")
     model, loaded_tok = read_back(path)
     assert (logits(model, ids) - expected).abs().max() < 1e-5
     chat = tok.apply_chat_template([{"role": "user", "content": "Hi 12"}], tokenize=False, add_generation_prompt=True)
