@@ -212,11 +212,13 @@ def _config(tmp_path, model: str, kind: str = "full") -> Path:
     return path
 
 
-def test_validate_and_train_say_what_is_wrong_with_a_gguf_in_one_line(tmp_path, cache, tiny_gguf, capsys):
+def test_validate_and_train_say_what_is_wrong_with_a_gguf_in_one_line(tmp_path, cache, tiny_gguf, capsys, monkeypatch):
     truncated = tmp_path / "cut.gguf"
     truncated.write_bytes(tiny_gguf.read_bytes()[:-64])
+    monkeypatch.setitem(WHEEL_MODELS, "ghost-1m", WheelModel("no-such-wheel-xyz", "ghost/ghost.gguf"))
     for model, why in ((str(truncated), "truncated"), (str(_alien_gguf(tmp_path / "alien.gguf")), "architecture 'notamodel' "
-                       "cannot be loaded from GGUF by the installed transformers"), (str(tmp_path / "no.gguf"), "does not exist")):
+                       "cannot be loaded from GGUF by the installed transformers"), (str(tmp_path / "no.gguf"), "does not exist"),
+                       ("ghost-1m", "needs packages that are not installed: pip install --no-deps no-such-wheel-xyz")):
         config = _config(tmp_path, model)
         assert main(["validate", "-q", str(config)]) == 0  # machine problems are warnings for validate
         err = capsys.readouterr().err
