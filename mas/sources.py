@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
+
+import torch
 
 from mas import gguf as gguf_files  # the module (not its names): tests replace its conversion
 
@@ -178,7 +181,7 @@ def gguf_folder(model: str, dtype: str, log=None) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=root))  # unique: concurrent first loads
         try:
             try:
-                gguf_files.convert_to_folder(file, tmp, dtype if dtype == "auto" else _torch_dtype(dtype))
+                gguf_files.convert_to_folder(file, tmp, dtype if dtype == "auto" else getattr(torch, dtype))
             except gguf_files.GGUFError as e:
                 raise ModelLoadError(f"model {model!r}: {e}") from e
             record = {"model": model, "file": file.name, "sha256": digest, "bytes": file.stat().st_size, "dtype": dtype,
@@ -194,15 +197,7 @@ def gguf_folder(model: str, dtype: str, log=None) -> Path:
     return out
 
 
-def _torch_dtype(name: str):
-    import torch
-
-    return getattr(torch, name)
-
-
 def _stderr(msg: str) -> None:
-    import sys
-
     print(msg, file=sys.stderr)
 
 
