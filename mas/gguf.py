@@ -388,6 +388,9 @@ def write_gguf(model, tokenizer, path: str | Path, dtype: str = "f16", name: str
         w.add_layer_norm_rms_eps(config.rms_norm_eps)
         w.add_rope_freq_base(rope_theta)
         w.add_rope_dimension_count(_head_dim(config))
+        if arch == "llama":  # llama.cpp's converter states the head size too (it may differ from hidden / heads)
+            w.add_key_length(_head_dim(config))
+            w.add_value_length(_head_dim(config))
         w.add_vocab_size(config.vocab_size)
         _add_tokenizer(w, gguf, tokenizer, config.vocab_size, tokenizer_pre)
         for gguf_name, array in tensors:
