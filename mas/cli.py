@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -276,6 +277,25 @@ def _default_executor(config: str, overrides: list[str]) -> str:
     return "ray" if getattr(load_config(config, overrides).runtime, "kind", "local") == "ray" else "local"
 
 
+def cmd_build_embedded(args: argparse.Namespace) -> int:
+    """Build the embedded model: into the cache (used when the shipped artifact is stale), or
+    with --ship as the shipped artifact, after a change to its recipe (formats, teachers)."""
+    from mas.embedded.build import build_embedded, ship
+    from mas.embedded.artifact import cache_folder
+    from mas.embedded.recipe import Recipe
+
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    if args.ship:
+        print(f"shipped artifact: {ship(log=log)}")
+        return 0
+    out = cache_folder(Recipe())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    build_embedded(Recipe(), out, log=log)
+    print(f"cached: {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mas", description="Train teams of LLM agents with RL.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -354,6 +374,11 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--permutations", type=int, default=64, help="Monte-Carlo orderings P beyond 8 players (default 64)")
     au.add_argument("--seed", type=int, default=0, help="seed of the re-runs and the bootstrap")
     au.set_defaults(fn=cmd_audit)
+
+    b = sub.add_parser("build-embedded", help="build the embedded model from the project's recipe (about 6 minutes on 2 cores)")
+    b.add_argument("--ship", action="store_true",
+                   help="write it as the shipped artifact (mas/embedded/artifact/) instead of into the cache")
+    b.set_defaults(fn=cmd_build_embedded)
 
     v = sub.add_parser("validate", help="check configs; print the resolved config or every error")
     v.add_argument("configs", nargs="+", metavar="CONFIG [key.sub=value ...]",

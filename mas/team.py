@@ -6,6 +6,7 @@ Builders take the few values they need; only this module reads the whole RunConf
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from mas.agents.agent import Agent, build_agents
 from mas.backends.base import Backend
 from mas.config import ConfigError, RunConfig, RuntimeConfig
 from mas.defaults import resolve_default_lrs
+from mas.embedded.build import ensure_embedded
 from mas.engine import Engine
 from mas.envs import build_env
 from mas.envs.base import Env
@@ -100,6 +102,8 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir
     env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
     check_eval_size(env, *(eval_size or (cfg.trainer.eval_size, "trainer.eval_size")))
     cfg, defaults = resolve_default_lrs(cfg)  # unset optim.lr -> the model's default (from its config, no weights)
+    if any(p.model == "embedded" for p in cfg.policies.values()):  # the shipped model, or one built now (and said so)
+        ensure_embedded(log=lambda msg: print(msg, file=sys.stderr))
     tools = getattr(env, "tools", {})  # an env with tools exposes them by name (envs/base.py)
     agents = build_agents(cfg.agents, cfg.team.name, tools)
     runtime = build_runtime(cfg, {a.policy for a in agents.values()}, run_dir)

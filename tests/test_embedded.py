@@ -14,7 +14,9 @@ import yaml
 
 from mas.backends.base import GenRequest
 from mas.config import validate_config
-from mas.embedded import FORMATS, Recipe, build_embedded, embedded_path, format_transcripts, warm_started_roles
+from mas.embedded import FORMATS, Recipe, warm_started_roles
+from mas.embedded.build import build_embedded, ensure_embedded, format_transcripts
+from mas.embedded.artifact import write_manifest
 from mas.embedded.teachers import chain_steps, value, worked
 from mas.tiny import train_tokenizer
 
@@ -152,11 +154,18 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
     monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
     built = []
-    monkeypatch.setattr("mas.embedded.build.build_embedded", lambda r, out, log: (built.append(out), out.mkdir(parents=True), (out / "recipe.json").write_text("{}")))
-    p1 = embedded_path(SMALL)
-    p2 = embedded_path(SMALL)
+
+    def fake_build(recipe, out, log):
+        built.append(out)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        write_manifest(out, recipe)
+
+    monkeypatch.setattr("mas.embedded.build.build_embedded", fake_build)
+    p1 = ensure_embedded(SMALL, log=lambda *_: None)
+    p2 = ensure_embedded(SMALL, log=lambda *_: None)
     assert p1 == p2 and len(built) == 1 and str(p1).startswith(str(tmp_path / "cache"))
-    assert embedded_path(Recipe(seed=1)) != p1  # a different recipe is a different cache entry
+    assert ensure_embedded(Recipe(seed=1), log=lambda *_: None) != p1  # a different recipe is a different cache entry
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from mas.checkpoint import latest_checkpoint
-from mas.embedded import embedded_path
+from mas.embedded.build import ensure_embedded
 
 ROOT = Path(__file__).parents[1]
 OVERRIDES = ["trainer.steps=4", "trainer.batch_size=2", "trainer.group_size=4", "trainer.eval_size=0",
@@ -108,7 +108,7 @@ CONFIG = str(ROOT / "configs" / "quickstart.yaml")
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> Path:
     """The run every interrupted one must equal: the same config, never stopped."""
-    embedded_path(log=lambda *_: None)  # build the embedded model once (cached), before any timing-free waits
+    ensure_embedded(log=lambda *_: None)  # build the embedded model once (cached), before any timing-free waits
     run = tmp_path_factory.mktemp("straight") / "run"
     finish([CONFIG, *OVERRIDES, "--run-dir", str(run)])
     return run

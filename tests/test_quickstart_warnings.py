@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mas.embedded.build import embedded_path
+from mas.embedded.build import ensure_embedded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ sys.exit(code)
 
 
 def test_the_quickstart_trains_without_a_warning_from_our_code(tmp_path):
-    embedded_path(log=lambda *_: None)  # the cached model (built once if missing, outside the check)
+    ensure_embedded(log=lambda *_: None)  # the cached model (built once if missing, outside the check)
     run, report = tmp_path / "run", tmp_path / "warnings.json"
     args = [str(ROOT / "configs" / "quickstart.yaml"), "trainer.steps=2", "trainer.eval_size=8", "trainer.batch_size=2", "trainer.group_size=4", "--run-dir", str(run)]
     done = subprocess.run([sys.executable, "-c", DRIVER, str(report), "train", *args],

@@ -8,21 +8,20 @@
 3. A small random ``Qwen2ForCausalLM`` is fine-tuned on all formats' assistant turns, pooled,
    for a fixed number of AdamW steps (loss on completion tokens only; batches drawn from
    length-sorted pools, so little of each batch is padding).
-4. Model and tokenizer are saved in Hugging Face format under the cache directory
-   (``$MAS_CACHE_DIR`` or ``~/.cache/mas``), keyed by a hash of the recipe and of every
-   format's spec, and loaded from there afterwards.
+4. Model and tokenizer are saved in Hugging Face format with a manifest (the recipe key and
+   every file's sha256; ``artifact.py``): into the cache (``$MAS_CACHE_DIR`` or
+   ``~/.cache/mas``) when a run needs a model that was not shipped (``ensure_embedded``), or
+   into the shipped artifact (``mas build-embedded --ship``), which a fresh clone uses at once.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -33,40 +32,9 @@ from mas.agents.prompts import render_prompt
 from mas.backends.scripted import ScriptedBackend
 from mas.config import SamplingConfig
 
+from .artifact import ARTIFACT_DIR, EmbeddedUnavailable, MANIFEST, cache_folder, embedded_path, write_manifest
 from .formats import FORMATS, Format
-
-DEFAULT_MIX: tuple[tuple[str, int], ...] = tuple((f.name, f.episodes) for f in FORMATS.values())
-
-
-@dataclass(frozen=True)
-class Recipe:
-    version: int = 3  # bump when the build code changes, so stale caches are not reused
-    seed: int = 0
-    formats: tuple[tuple[str, int], ...] = DEFAULT_MIX  # (format name, teacher episodes)
-    vocab_size: int = 384
-    hidden_size: int = 96
-    num_layers: int = 2
-    num_heads: int = 4
-    steps: int = 6000  # six formats need about 3x the quickstart-only model's 2,000 steps (docs/benchmarks.md)
-    batch_size: int = 32
-    lr: float = 3e-3
-
-    def __post_init__(self) -> None:
-        unknown = [name for name, _ in self.formats if name not in FORMATS]
-        if unknown:
-            raise ValueError(f"unknown warm-start formats {unknown}; valid: {sorted(FORMATS)}")
-
-    def format_specs(self) -> dict:
-        return {name: FORMATS[name].spec() for name, _ in self.formats}
-
-    def key(self) -> str:
-        blob = json.dumps({"recipe": asdict(self), "formats": self.format_specs()}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MAS_CACHE_DIR") or Path.home() / ".cache" / "mas")
-
+from .recipe import Recipe
 
 # ---------------------------------------------------------------------------------------------
 # teacher transcripts
@@ -145,11 +113,11 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))  # unique: concurrent first runs
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    (tmp / "recipe.json").write_text(json.dumps({**asdict(recipe), "format_specs": recipe.format_specs()}, indent=2))
+    write_manifest(tmp, recipe, {"torch": torch.__version__, "transformers": _version("transformers")})
     try:
         os.replace(tmp, out)
     except OSError:  # another process finished the same (deterministic) build first
-        if not (out / "recipe.json").exists():
+        if not (out / MANIFEST).exists():
             raise
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"embedded model ready in {time.perf_counter() - t0:.0f}s: {out}")
@@ -193,21 +161,32 @@ def _warm_start(model, examples: list[tuple[list[int], list[int]]], recipe: Reci
             running = 0.0
 
 
-def embedded_path(recipe: Recipe | None = None, log=print) -> Path:
-    """Directory of the embedded model for ``recipe``, building it on first use."""
+def ensure_embedded(recipe: Recipe | None = None, log=print) -> Path:
+    """The verified embedded model for ``recipe`` (``artifact.embedded_path``): the shipped one,
+    or one built into the cache now when none may be used (saying why first)."""
     recipe = recipe or Recipe()
-    path = cache_dir() / "embedded" / recipe.key()
-    if not (path / "recipe.json").exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        build_embedded(recipe, path, log=log)
-    return path
+    try:
+        return embedded_path(recipe)
+    except EmbeddedUnavailable as e:
+        log(f"{e}\nbuilding it now")
+    out = cache_folder(recipe)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # a refused copy (stale or corrupt) is replaced, never used
+    build_embedded(recipe, out, log=log)
+    return embedded_path(recipe)
 
 
-def load_embedded(recipe: Recipe | None = None):
-    """(model, tokenizer) of the embedded model, building and caching it on first use."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def ship(log=print) -> Path:
+    """Build the project's recipe and make it the shipped artifact (``mas build-embedded --ship``)."""
+    fresh = ARTIFACT_DIR.with_name(ARTIFACT_DIR.name + ".new")
+    shutil.rmtree(fresh, ignore_errors=True)
+    build_embedded(Recipe(), fresh, log=log)
+    shutil.rmtree(ARTIFACT_DIR, ignore_errors=True)
+    os.replace(fresh, ARTIFACT_DIR)
+    return ARTIFACT_DIR
 
-    path = embedded_path(recipe)
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.padding_side = "left"
-    return AutoModelForCausalLM.from_pretrained(path), tok
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)

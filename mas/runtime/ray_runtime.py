@@ -189,7 +189,6 @@ class RayRuntime:
             import ray
 
             self.ray = ray
-            self._warm_embedded(plan)
             gpus = ray.cluster_resources().get("GPU", 0) > 0
             for names in plan:
                 group = ActorGroup(tuple(names), _resources(policies[names[0]], gpus))
@@ -264,14 +263,6 @@ class RayRuntime:
                 address, port = group.get(group.actors[0].data_parallel_address.remote())
                 n = len(group.actors)
                 group.get([a.init_data_parallel.remote(address, port, rank, n) for rank, a in enumerate(group.actors)])
-
-    def _warm_embedded(self, plan: list[list[str]]) -> None:
-        """Build the embedded model's cache once here, so the actors on this node load it instead
-        of each building it at the same time."""
-        if any(self.cfg.policies[n].model == "embedded" for names in plan for n in names):
-            from mas.agents.policy import load_model_and_tokenizer
-
-            load_model_and_tokenizer("embedded", "float32", "cpu", False)
 
     def restart(self, everything: bool = False) -> list[str]:
         """Start again every actor group that has a dead actor (a data-parallel group as a whole;

@@ -1,0 +1,81 @@
+"""The shipped embedded model: built from the current recipe, verified before use, never used when
+stale or corrupt (then rebuilt into the cache), and MAS_CACHE_DIR still first."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mas.embedded import ARTIFACT_DIR, EmbeddedUnavailable, Recipe, embedded_path
+from mas.embedded.artifact import MANIFEST, cache_folder, problem, write_manifest
+from mas.embedded.build import ensure_embedded
+
+
+@pytest.fixture()
+def empty_cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_the_shipped_artifact_is_the_current_recipe_and_verifies():
+    """Fails when a format, a teacher's knob or a recipe number changed and the artifact was not
+    rebuilt: run `mas build-embedded --ship` (README, "The embedded model")."""
+    manifest = json.loads((ARTIFACT_DIR / MANIFEST).read_text())
+    assert manifest["recipe_key"] == Recipe().key(), (
+        f"the shipped embedded model was built from recipe {manifest['recipe_key']}, the recipe is now "
+        f"{Recipe().key()}: rebuild it with `mas build-embedded --ship`")
+    assert problem(ARTIFACT_DIR, Recipe().key()) is None
+
+
+def test_a_fresh_machine_uses_the_shipped_artifact(empty_cache):
+    assert embedded_path() == ARTIFACT_DIR
+    assert ensure_embedded(log=lambda *_: None) == ARTIFACT_DIR  # nothing to build
+
+
+def copy_of_artifact(dest: Path) -> Path:
+    shutil.copytree(ARTIFACT_DIR, dest)
+    return dest
+
+
+def test_a_corrupt_file_is_refused_with_its_name(tmp_path):
+    folder = copy_of_artifact(tmp_path / "model")
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF  # one flipped byte in the weights
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    assert problem(folder, Recipe().key()) == "model.safetensors does not match the manifest's sha256 (corrupt or edited)"
+    (folder / "tokenizer.json").unlink()
+    assert "missing ['tokenizer.json']" in problem(folder, Recipe().key())
+
+
+def test_a_stale_manifest_is_refused_naming_both_keys(tmp_path):
+    folder = copy_of_artifact(tmp_path / "model")
+    assert problem(folder, "0123456789ab") == f"it was built from recipe {Recipe().key()}, and the recipe is now 0123456789ab"
+    (folder / MANIFEST).unlink()
+    assert problem(folder, Recipe().key()) == "it has no manifest.json"
+
+
+def test_a_corrupt_cached_copy_is_never_used_and_is_rebuilt(empty_cache, monkeypatch):
+    cached = copy_of_artifact(cache_folder(Recipe()))
+    (cached / "config.json").write_text("{}")  # edited after the build
+    monkeypatch.setattr("mas.embedded.artifact.ARTIFACT_DIR", empty_cache / "no-artifact")  # as if none shipped
+    with pytest.raises(EmbeddedUnavailable, match=r"cached copy .* was refused: config.json does not match"):
+        embedded_path()
+    built = []
+
+    def fake_build(recipe, out, log):  # stands in for the 6-minute build: a sealed folder
+        built.append(out)
+        shutil.copytree(ARTIFACT_DIR, out)
+        write_manifest(out, recipe)
+
+    monkeypatch.setattr("mas.embedded.build.build_embedded", fake_build)
+    said = []
+    assert ensure_embedded(log=said.append) == cached and built == [cached]
+    assert problem(cached, Recipe().key()) is None and "config.json does not match" in said[0]
+
+
+def test_a_valid_copy_in_mas_cache_dir_comes_first(empty_cache):
+    cached = copy_of_artifact(cache_folder(Recipe()))
+    assert embedded_path() == cached
