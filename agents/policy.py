@@ -21,6 +21,7 @@ import contextlib
 import copy
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, TYPE_CHECKING, Callable, Iterator, Literal
 
@@ -384,10 +385,13 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
                     task_type="CAUSAL_LM",
                 )
                 try:
-                    if peft_model is None:
-                        peft_model = get_peft_model(base, pcfg, adapter_name=name)
-                    else:
-                        peft_model.add_adapter(name, pcfg)
+                    with warnings.catch_warnings():  # peft itself still reads transformers' deprecated alias
+                        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                                category=FutureWarning)
+                        if peft_model is None:
+                            peft_model = get_peft_model(base, pcfg, adapter_name=name)
+                        else:
+                            peft_model.add_adapter(name, pcfg)
                 except ValueError as e:  # e.g. target_modules that the model does not have
                     raise ModelLoadError(f"policy {name!r}: cannot add a LoRA adapter to {policies[name].model!r}: {e}") from e
         peft_model.eval()
