@@ -5,9 +5,21 @@ engine sent to the backend.  Then it replays exactly those batches as plain left
 ``model.generate`` calls (same prompts, same max_new_tokens, same sampling) and compares
 completion tokens per second, measured side by side in one process.  The ratio is the cost
 of everything around generation: LangGraph execution, batching, prompt rendering, parsing
-and bookkeeping.
+and bookkeeping.  That cost is also printed per turn:
+
+    overhead per turn = (framework seconds - raw generate seconds) / turns
+
+which does not shrink with model size (it is Python around the model calls), so it is the
+number that says what the framework costs at scale.
+
+Both wall time and the process's CPU time are reported: on a shared machine other
+processes stretch wall time, while CPU time counts only this process's own work (with one
+torch thread, ``--threads 1``, it is the time the work itself took).  ``--repeat N`` runs
+the same rollouts (same seeds, so the same batches) and the same raw replay N times each
+and keeps the fastest of each, the usual way to read through the noise of a busy machine.
 
     python bench/rollout_throughput.py [--config configs/quickstart.yaml] [--steps 3] [--device cpu]
+                                       [--threads N] [--repeat N]
 """
 
 from __future__ import annotations
@@ -21,8 +33,9 @@ from mas.config import load_config
 from mas.team import build_team
 
 
-def raw_generate(policies, batches) -> tuple[int, float]:
-    tokens, seconds = 0, 0.0
+def raw_generate(policies, batches) -> tuple[int, float, float]:
+    """(completion tokens, wall seconds, CPU seconds) of plain ``generate`` on ``batches``."""
+    tokens, seconds, cpu = 0, 0.0, 0.0
     for reqs in batches:
         by_policy: dict[str, list] = {}
         for r in reqs:
@@ -36,18 +49,19 @@ def raw_generate(policies, batches) -> tuple[int, float]:
             for i, r in enumerate(rs):
                 ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
                 mask[i, width - len(r.prompt_ids):] = 1
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with torch.no_grad():
                 out = model.generate(input_ids=ids.to(handle.device), attention_mask=mask.to(handle.device),
                                      do_sample=True, temperature=rs[0].temperature, top_k=0, top_p=1.0,
                                      max_new_tokens=max(r.max_new_tokens for r in rs),
                                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
             seconds += time.perf_counter() - t0
+            cpu += time.process_time() - c0
             new = out[:, width:]
             # count up to and including the first EOS, like the framework does
             for row in new.tolist():
                 tokens += (row.index(tok.eos_token_id) + 1) if tok.eos_token_id in row else len(row)
-    return tokens, seconds
+    return tokens, seconds, cpu
 
 
 def main() -> None:
@@ -55,32 +69,47 @@ def main() -> None:
     ap.add_argument("--config", default="configs/quickstart.yaml")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--device", default=None, help="override policies' device (cpu, cuda)")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: the config's runtime)")
+    ap.add_argument("--repeat", type=int, default=1, help="measure each side this many times, keep the fastest")
     args = ap.parse_args()
     overrides = [f"policies.{p}.device={args.device}" for p in load_config(args.config).policies] if args.device else []
     cfg = load_config(args.config, overrides)
     team = build_team(cfg)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     batches: list[list] = []
     generate = team.backend.generate_batch
     team.backend.generate_batch = lambda reqs, seed=None: (batches.append(list(reqs)), generate(reqs, seed))[1]
 
     team.engine.rollout(team.env.sample_tasks(cfg.trainer.batch_size), cfg.trainer.group_size, seed=0)  # warm-up
-    batches.clear()
-    tokens, t0 = 0, time.perf_counter()
-    for step in range(args.steps):
-        groups = team.engine.rollout(team.env.sample_tasks(cfg.trainer.batch_size), cfg.trainer.group_size, seed=step + 1)
-        tokens += sum(len(t.completion_ids) for g in groups for e in g.episodes for t in e.turns)
-    framework_s = time.perf_counter() - t0
-    raw_tokens, raw_s = raw_generate(team.policies, batches)
+    tasks = [team.env.sample_tasks(cfg.trainer.batch_size) for _ in range(args.steps)]
+    runs = []  # (wall s, cpu s) of each repetition of the same rollouts
+    for rep in range(args.repeat):
+        batches.clear()
+        tokens = turns = 0
+        t0, c0 = time.perf_counter(), time.process_time()
+        for step in range(args.steps):
+            groups = team.engine.rollout(tasks[step], cfg.trainer.group_size, seed=step + 1)
+            tokens += sum(len(t.completion_ids) for g in groups for e in g.episodes for t in e.turns)
+            turns += sum(len(e.turns) for g in groups for e in g.episodes)
+        runs.append((time.perf_counter() - t0, time.process_time() - c0))
+    framework_s, framework_cpu = min(w for w, _ in runs), min(c for _, c in runs)
+    raws = [raw_generate(team.policies, batches) for _ in range(args.repeat)]
+    raw_tokens = raws[0][0]
+    raw_s, raw_cpu = min(r[1] for r in raws), min(r[2] for r in raws)
 
     fw, raw = tokens / framework_s, raw_tokens / raw_s
     device = next(iter(team.policies.values())).device
-    print(f"config {args.config}  device {device}  torch threads {torch.get_num_threads()}")
+    print(f"config {args.config}  device {device}  torch threads {torch.get_num_threads()}  "
+          f"best of {args.repeat}")
     print(f"rollouts: {args.steps} x {cfg.trainer.batch_size} tasks x {cfg.trainer.group_size} episodes, "
-          f"{len(batches)} backend batches, {sum(map(len, batches))} requests")
-    print(f"{'':24s}{'tokens':>10s}{'seconds':>10s}{'tokens/s':>12s}")
-    print(f"{'framework rollout':24s}{tokens:>10d}{framework_s:>10.2f}{fw:>12.0f}")
-    print(f"{'raw model.generate':24s}{raw_tokens:>10d}{raw_s:>10.2f}{raw:>12.0f}")
-    print(f"ratio framework / raw generate: {fw / raw:.2f}")
+          f"{turns} turns, {len(batches)} backend batches, {sum(map(len, batches))} requests")
+    print(f"{'':24s}{'tokens':>10s}{'seconds':>10s}{'cpu s':>10s}{'tokens/s':>12s}")
+    print(f"{'framework rollout':24s}{tokens:>10d}{framework_s:>10.2f}{framework_cpu:>10.2f}{fw:>12.0f}")
+    print(f"{'raw model.generate':24s}{raw_tokens:>10d}{raw_s:>10.2f}{raw_cpu:>10.2f}{raw:>12.0f}")
+    print(f"ratio framework / raw generate: {fw / raw:.2f} (wall), {(tokens / framework_cpu) / (raw_tokens / raw_cpu):.2f} (cpu)")
+    print(f"framework overhead per turn: {(framework_s - raw_s) / turns * 1e3:.3f} ms (wall), "
+          f"{(framework_cpu - raw_cpu) / turns * 1e3:.3f} ms (cpu)")
 
 
 if __name__ == "__main__":
