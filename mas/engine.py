@@ -47,7 +47,7 @@ from typing import Any, Callable, Literal, Protocol
 
 
 from mas.agents.agent import Agent
-from mas.agents.prompts import render_prompt
+from mas.agents.prompts import PromptCache
 from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
 from mas.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
 from mas.sandbox import Sandbox
@@ -337,7 +337,9 @@ class EpisodeContext:
         tools: Mapping[str, ToolSpec] | None = None,
         tool_runner: Callable[..., Any] | None = None,
         faults: Faults | None = None,
+        prompts: PromptCache | None = None,
     ):
+        """``prompts``: renders prompt ids (the engine shares one memo among a run's episodes)."""
         self.key = key
         self.tools = dict(tools or {})
         self.tool_runner = tool_runner  # runs a tool by name (a Sandbox); None: in this process
@@ -350,6 +352,7 @@ class EpisodeContext:
         self.batcher = batcher
         self.script = script
         self.greedy = greedy
+        self.prompts = prompts if prompts is not None else PromptCache()
         self._next = 0
 
     @property
@@ -412,7 +415,7 @@ class EpisodeContext:
     ) -> Turn:
         """One generation (sampled, replayed, masked or removed), recorded on the episode."""
         agent = self.agents[agent_name]
-        prompt_ids = render_prompt(self.tokenizers[agent.policy], messages)
+        prompt_ids = self.prompts.render(self.tokenizers[agent.policy], messages)
         base = dict(agent=agent_name, policy=agent.policy, index=index, parent=parent, messages=messages, prompt_ids=prompt_ids)
         if d.kind == "replay":
             src = d.source
@@ -625,6 +628,7 @@ class Engine:
         self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest]
     ) -> list[str]:
         batcher = Batcher(self.backend, seed, faults=self.faults, count_tokens=self._generated_tokens)
+        prompts = PromptCache()  # one memo per run: a run's episodes share many prompts (see PromptCache)
         batcher.active = set(range(len(jobs) + len(critiques)))
         # Sync framework code (a LangGraph node written with `def`) runs in the loop's default
         # executor and blocks its thread while it waits for a model call; the batch it waits
@@ -635,8 +639,8 @@ class Engine:
         server = asyncio.create_task(batcher.serve())
         server.add_done_callback(batcher.fail_pending)  # a server that dies must not leave episodes waiting
         try:
-            episodes = [self._episode(k, ep, script, batcher, greedy) for k, (ep, script) in enumerate(jobs)]
-            asks = [self._critique(len(jobs) + i, req, batcher) for i, req in enumerate(critiques)]
+            episodes = [self._episode(k, ep, script, batcher, greedy, prompts) for k, (ep, script) in enumerate(jobs)]
+            asks = [self._critique(len(jobs) + i, req, batcher, prompts) for i, req in enumerate(critiques)]
             texts = (await asyncio.gather(*episodes, *asks))[len(jobs):]
         finally:
             server.cancel()
@@ -661,10 +665,10 @@ class Engine:
         tok = self.tokenizers.get(req.policy)
         return len(tok(res.text, add_special_tokens=False)["input_ids"]) if tok is not None else 0
 
-    async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher) -> str:
+    async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher, prompts: PromptCache) -> str:
         """One critic call; a failure gives an empty reply (the method's fallback handles it)."""
         messages = [{"role": r, "content": c} for r, c in req.messages]
-        gen = GenRequest(policy=req.policy, prompt_ids=render_prompt(self.tokenizers[req.policy], messages),
+        gen = GenRequest(policy=req.policy, prompt_ids=prompts.render(self.tokenizers[req.policy], messages),
                          temperature=req.temperature, top_p=1.0, top_k=0, max_new_tokens=req.max_new_tokens,
                          agent=f"critic:{req.policy}", messages=messages)
         try:
@@ -675,10 +679,11 @@ class Engine:
         finally:
             batcher.finished(key)
 
-    async def _episode(self, key: int, ep: Episode, script: Script | None, batcher: Batcher, greedy: bool) -> None:
+    async def _episode(self, key: int, ep: Episode, script: Script | None, batcher: Batcher, greedy: bool,
+                       prompts: PromptCache) -> None:
         runner = self.sandbox if self.tools else None
         ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy, self.tools,
-                             tool_runner=runner, faults=self.faults)
+                             tool_runner=runner, faults=self.faults, prompts=prompts)
         try:
             outcome = await _within(self.topology.run(ctx), self.episode_timeout, self.sleep)
             ep.answer = outcome.answer

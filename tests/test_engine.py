@@ -8,6 +8,7 @@ import pytest
 from team_helpers import team_config
 
 from mas.agents.agent import build_agents
+from mas.agents.prompts import PromptCache, render_prompt
 from mas.backends.scripted import ScriptedBackend
 from mas.config import validate_config
 from mas.engine import MASK_TEXT, Engine
@@ -51,6 +52,35 @@ def test_concurrent_episodes_share_one_backend_call_per_turn(tiny_tokenizer):
     for ep in (e for g in groups for e in g.episodes):
         assert [t.agent for t in ep.turns] == ["lead", "helper", "lead"]
         assert ep.turns[1].parent == 0 and ep.answer == "2" and ep.status == "ok"
+
+
+def test_a_run_renders_each_distinct_prompt_once_and_every_turn_owns_its_prompt_ids(tiny_tokenizer, monkeypatch):
+    """The episodes of a run share one PromptCache: the G episodes of a task open with the same
+    prompt, rendered once; every turn still holds exactly render_prompt's ids, in its own list."""
+    caches = []
+
+    class Spy(PromptCache):
+        def __init__(self):
+            super().__init__()
+            caches.append(self)
+
+    monkeypatch.setattr("mas.engine.PromptCache", Spy)
+
+    def respond(req):
+        if req.agent == "lead":
+            return "ANSWER: 2" if len(req.messages) > 2 else "CALL helper: 1+1"
+        return "ANSWER: 2"
+
+    engine, _ = scripted_engine(team_config("m", "orchestrator"), respond, tiny_tokenizer)
+    groups = engine.rollout(TASKS[:2], group_size=3, seed=0)
+    turns = [t for g in groups for e in g.episodes for t in e.turns]
+    assert all(t.prompt_ids == render_prompt(tiny_tokenizer, t.messages) for t in turns)
+    assert len({id(t.prompt_ids) for t in turns}) == len(turns)
+    distinct = {repr(t.messages) for t in turns}  # both policies use this one tokenizer
+    (cache,) = caches
+    assert (cache.misses, cache.hits) == (len(distinct), len(turns) - len(distinct)) and cache.hits >= 12
+    engine.rollout(TASKS[:1], group_size=1, seed=1)
+    assert len(caches) == 2  # one memo per run: nothing carries over to the next rollout
 
 
 def test_hf_backend_batches_concurrent_requests_into_one_generate_per_policy(tiny_model_dir, monkeypatch):
