@@ -307,6 +307,18 @@ class Batcher:
         _settle(fut, result=res, error=error)
 
 
+_TURN_FIELDS = tuple(f.name for f in dataclasses.fields(Turn))
+
+
+def _copy_turn(src: Turn, **changes: Any) -> Turn:
+    """``dataclasses.replace(copy.deepcopy(src), **changes)`` without copying the fields that
+    ``changes`` replace (a replayed turn gets its own messages and prompt ids, the longest
+    fields).  The rest are deep-copied with one memo, so the copy shares nothing with ``src``
+    and keeps any sharing among its own fields, exactly as the whole deepcopy did."""
+    memo: dict[int, Any] = {}
+    return Turn(**{name: copy.deepcopy(getattr(src, name), memo) for name in _TURN_FIELDS if name not in changes}, **changes)
+
+
 def _settle(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
     if fut.done():  # its episode timed out meanwhile
         return
@@ -423,7 +435,7 @@ class EpisodeContext:
             if d.check_prompt and src.prompt_ids != prompt_ids:
                 raise ReplayDivergence(f"turn {index} (agent {agent_name!r}): the prompt differs from the recorded one; "
                                        f"{REPLAY_HINT}", agent_name, index)
-            turn = dataclasses.replace(copy.deepcopy(src), **base, replayed=True, trainable=False)
+            turn = _copy_turn(src, **base, replayed=True, trainable=False)
         elif d.kind in ("mask", "remove"):
             text = MASK_TEXT if d.kind == "mask" else ""
             turn = Turn(**base, completion_ids=[], logprobs=[], text=text, parsed={}, valid=False,

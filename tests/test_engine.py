@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 
 import pytest
 from team_helpers import team_config
@@ -11,10 +13,10 @@ from mas.agents.agent import build_agents
 from mas.agents.prompts import PromptCache, render_prompt
 from mas.backends.scripted import ScriptedBackend
 from mas.config import validate_config
-from mas.engine import MASK_TEXT, Engine
+from mas.engine import MASK_TEXT, Engine, _copy_turn
 from mas.team import build_team
 from mas.topologies import build_topology
-from mas.types import InterventionRequest, ReplayRequest, Task
+from mas.types import InterventionRequest, ReplayRequest, Task, Turn
 
 TASKS = [Task(f"t{i}", f"{i}+1", str(i + 1)) for i in range(3)]
 
@@ -211,6 +213,23 @@ def test_replayed_turns_do_not_share_state_with_the_source(tiny_tokenizer):
     out.turns[0].parsed["answer"] = "changed"
     out.turns[0].completion_ids.append(99)
     assert src.turns[0].parsed["answer"] == "0+1" and 99 not in src.turns[0].completion_ids
+
+
+def test_a_replayed_turn_is_the_deep_copy_of_its_source_with_the_changes(tiny_tokenizer):
+    """The engine's copy skips the fields a replay replaces; it must equal the plain reference,
+    deepcopy then replace, and share no mutable state with the source."""
+    shared = {"args": {"q": [1, 2]}}
+    src = Turn(agent="a", policy="p", index=2, parent=0, messages=[{"role": "user", "content": "q"}], prompt_ids=[5, 6, 7],
+               completion_ids=[8, 9], logprobs=[-0.5, -0.25], text="ANSWER: 3", parsed={"answer": "3", "label": "answer"},
+               tool_calls=[shared, shared], observations=["obs"], extra_rewards={"tool_valid": 1.0}, weight_version=4)
+    changes = dict(messages=[{"role": "user", "content": "r"}], prompt_ids=[1], index=5, replayed=True, trainable=False)
+    out = _copy_turn(src, **changes)
+    assert out == dataclasses.replace(copy.deepcopy(src), **changes)
+    assert out.tool_calls[0] is out.tool_calls[1]  # sharing inside the turn kept, as deepcopy keeps it
+    for name in ("completion_ids", "logprobs", "parsed", "tool_calls", "observations", "extra_rewards"):
+        assert getattr(out, name) is not getattr(src, name)
+    assert out.tool_calls[0] is not shared and out.tool_calls[0]["args"]["q"] is not shared["args"]["q"]
+    assert out.messages is changes["messages"] and out.prompt_ids is changes["prompt_ids"]
 
 
 class ManualClock:
