@@ -24,8 +24,14 @@ model, LangGraph's modules: about half a million) out of Python's cyclic garbage
 counting (the built-in topologies leave no cyclic garbage), yet every few rollouts the
 collector scans that whole heap; the flag shows what that costs per turn.
 
+``--breakdown`` runs the same rollouts once more with CPU timers around the parts of a turn
+and prints where the framework's time goes, per turn: the model's ``generate``, the backend
+around it (logprobs, decoding, batching), prompt rendering, Python's garbage collector (a
+collection is charged to the collector, not to the part it interrupted), and the rest
+(LangGraph's graph execution, the engine, parsing, asyncio).
+
     python bench/rollout_throughput.py [--config configs/quickstart.yaml] [--steps 3] [--device cpu]
-                                       [--threads N] [--repeat N] [--gc-freeze]
+                                       [--threads N] [--repeat N] [--gc-freeze] [--breakdown]
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from collections import Counter
 
 import torch
 
+from mas.agents.prompts import PromptCache
 from mas.config import load_config
 from mas.team import build_team
 
@@ -71,6 +79,61 @@ def raw_generate(policies, batches) -> tuple[int, float, float]:
     return tokens, seconds, cpu
 
 
+class PartClock:
+    """CPU seconds spent in each wrapped part; garbage collections are a part of their own."""
+
+    def __init__(self) -> None:
+        self.parts: Counter[str] = Counter()
+        self._gc_start = 0.0
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.process_time()
+        else:
+            self.parts["gc"] += time.process_time() - self._gc_start
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            c0, gc0 = time.process_time(), self.parts["gc"]
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.parts[name] += time.process_time() - c0 - (self.parts["gc"] - gc0)
+        return timed
+
+
+def breakdown(team, cfg, tasks: list) -> None:
+    """One more pass of the same rollouts with the parts of a turn timed (see the module docstring)."""
+    clock = PartClock()
+    models = {id(h.model): h.model for h in team.policies.values()}  # LoRA policies may share one module
+    for model in models.values():
+        model.generate = clock.wrap("generate", model.generate)
+    generate_batch, render = team.backend.generate_batch, PromptCache.render
+    team.backend.generate_batch = clock.wrap("backend", generate_batch)
+    PromptCache.render = clock.wrap("render", render)
+    gc.callbacks.append(clock.on_gc)
+    try:
+        turns, c0 = 0, time.process_time()
+        for step, step_tasks in enumerate(tasks):
+            groups = team.engine.rollout(step_tasks, cfg.trainer.group_size, seed=step + 1)
+            turns += sum(len(e.turns) for g in groups for e in g.episodes)
+        total = time.process_time() - c0
+    finally:
+        gc.callbacks.remove(clock.on_gc)
+        PromptCache.render = render
+        team.backend.generate_batch = generate_batch
+        for model in models.values():
+            del model.generate
+    p = clock.parts
+    rows = [("model generate", p["generate"]), ("backend around generate", p["backend"] - p["generate"]),
+            ("prompt rendering", p["render"]), ("garbage collection", p["gc"]),
+            ("LangGraph, engine, parsing, asyncio", total - p["backend"] - p["render"] - p["gc"])]
+    print(f"where the time goes (CPU ms per turn, {turns} turns):")
+    for name, seconds in rows:
+        print(f"  {name:38s}{seconds / turns * 1e3:8.3f}")
+    print(f"  {'framework besides generate':38s}{(total - p['generate']) / turns * 1e3:8.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="configs/quickstart.yaml")
@@ -79,6 +142,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: the config's runtime)")
     ap.add_argument("--repeat", type=int, default=1, help="measure each side this many times, keep the fastest")
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the team is built (see the module docstring)")
+    ap.add_argument("--breakdown", action="store_true", help="time the parts of a turn in one more pass (module docstring)")
     args = ap.parse_args()
     overrides = [f"policies.{p}.device={args.device}" for p in load_config(args.config).policies] if args.device else []
     cfg = load_config(args.config, overrides)
@@ -121,6 +185,8 @@ def main() -> None:
     print(f"ratio framework / raw generate: {fw / raw:.2f} (wall), {(tokens / framework_cpu) / (raw_tokens / raw_cpu):.2f} (cpu)")
     print(f"framework overhead per turn: {(framework_s - raw_s) / turns * 1e3:.3f} ms (wall), "
           f"{(framework_cpu - raw_cpu) / turns * 1e3:.3f} ms (cpu)")
+    if args.breakdown:
+        breakdown(team, cfg, tasks)
 
 
 if __name__ == "__main__":
