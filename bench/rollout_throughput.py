@@ -28,7 +28,10 @@ collector scans that whole heap; the flag shows what that costs per turn.
 and prints where the framework's time goes, per turn: the model's ``generate``, the backend
 around it (logprobs, decoding, batching), prompt rendering, Python's garbage collector (a
 collection is charged to the collector, not to the part it interrupted), and the rest
-(LangGraph's graph execution, the engine, parsing, asyncio).
+(LangGraph's graph execution, the engine, parsing, asyncio).  It also runs LangGraph alone
+on the same episode shapes, a graph of one node that does nothing but route back to itself
+as many times as each episode had turns, all episodes of a rollout at once as the engine
+runs them: the floor any turn pays with LangGraph as the engine.
 
     python bench/rollout_throughput.py [--config configs/quickstart.yaml] [--steps 3] [--device cpu]
                                        [--threads N] [--repeat N] [--gc-freeze] [--breakdown]
@@ -37,15 +40,20 @@ collection is charged to the collector, not to the part it interrupted), and the
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import time
 from collections import Counter
 
 import torch
 
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command
+
 from mas.agents.prompts import PromptCache
 from mas.config import load_config
 from mas.team import build_team
+from mas.topologies.base import TeamState
 
 
 def raw_generate(policies, batches) -> tuple[int, float, float]:
@@ -102,6 +110,27 @@ class PartClock:
         return timed
 
 
+def langgraph_floor(rollouts: list[list[int]]) -> float:
+    """CPU seconds LangGraph alone takes for these rollouts (each a list of turns per episode)."""
+    async def node(state: TeamState, config) -> Command:
+        step = state["step"] + 1
+        return Command(update={"step": step, "last": step}, goto="turn" if step < config["configurable"]["turns"] else END)
+
+    g = StateGraph(TeamState)
+    g.add_node("turn", node, destinations=("turn", END))
+    g.add_edge(START, "turn")
+    graph = g.compile()
+
+    async def rollout(turns: list[int]) -> None:
+        await asyncio.gather(*[graph.ainvoke({"step": 0, "last": None}, config={"configurable": {"turns": n}}) for n in turns])
+
+    asyncio.run(rollout(rollouts[0]))  # warm-up
+    c0 = time.process_time()
+    for turns in rollouts:
+        asyncio.run(rollout(turns))
+    return time.process_time() - c0
+
+
 def breakdown(team, cfg, tasks: list) -> None:
     """One more pass of the same rollouts with the parts of a turn timed (see the module docstring)."""
     clock = PartClock()
@@ -113,10 +142,10 @@ def breakdown(team, cfg, tasks: list) -> None:
     PromptCache.render = clock.wrap("render", render)
     gc.callbacks.append(clock.on_gc)
     try:
-        turns, c0 = 0, time.process_time()
+        shapes, c0 = [], time.process_time()
         for step, step_tasks in enumerate(tasks):
             groups = team.engine.rollout(step_tasks, cfg.trainer.group_size, seed=step + 1)
-            turns += sum(len(e.turns) for g in groups for e in g.episodes)
+            shapes.append([len(e.turns) for g in groups for e in g.episodes])
         total = time.process_time() - c0
     finally:
         gc.callbacks.remove(clock.on_gc)
@@ -124,6 +153,8 @@ def breakdown(team, cfg, tasks: list) -> None:
         team.backend.generate_batch = generate_batch
         for model in models.values():
             del model.generate
+    turns = sum(map(sum, shapes))
+    floor = langgraph_floor(shapes)
     p = clock.parts
     rows = [("model generate", p["generate"]), ("backend around generate", p["backend"] - p["generate"]),
             ("prompt rendering", p["render"]), ("garbage collection", p["gc"]),
@@ -132,6 +163,7 @@ def breakdown(team, cfg, tasks: list) -> None:
     for name, seconds in rows:
         print(f"  {name:38s}{seconds / turns * 1e3:8.3f}")
     print(f"  {'framework besides generate':38s}{(total - p['generate']) / turns * 1e3:8.3f}")
+    print(f"  {'LangGraph alone, same episode shapes':38s}{floor / turns * 1e3:8.3f}")
 
 
 def main() -> None:
