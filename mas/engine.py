@@ -189,7 +189,7 @@ class Batcher:
     one node) arrive.  The rule depends only on which episodes are waiting, never on timing,
     so batches, and with them the sampled tokens, are the same in every run.  (Topology code
     must therefore stay on the event loop: LangGraph runs sync node and routing functions in a
-    thread pool, so every topology function is async.)
+    thread pool, so every topology function LangGraph calls is async.)
 
     Framework teams run on this loop as well: an AutoGen team's agent runtime is a set of
     asyncio tasks, and a user's LangGraph graph is run with ``ainvoke``.  A sync user node runs
