@@ -47,7 +47,7 @@ from typing import Any, Callable, Literal, Protocol
 
 
 from mas.agents.agent import Agent
-from mas.agents.prompts import render_prompt
+from mas.agents.prompts import PromptCache
 from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
 from mas.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
 from mas.fault_points import pause_point
@@ -191,7 +191,7 @@ class Batcher:
     one node) arrive.  The rule depends only on which episodes are waiting, never on timing,
     so batches, and with them the sampled tokens, are the same in every run.  (Topology code
     must therefore stay on the event loop: LangGraph runs sync node and routing functions in a
-    thread pool, so every topology function is async.)
+    thread pool, so every topology function LangGraph calls is async.)
 
     Framework teams run on this loop as well: an AutoGen team's agent runtime is a set of
     asyncio tasks, and a user's LangGraph graph is run with ``ainvoke``.  A sync user node runs
@@ -318,6 +318,18 @@ class Batcher:
         _settle(fut, result=res, error=error)
 
 
+_TURN_FIELDS = tuple(f.name for f in dataclasses.fields(Turn))
+
+
+def _copy_turn(src: Turn, **changes: Any) -> Turn:
+    """``dataclasses.replace(copy.deepcopy(src), **changes)`` without copying the fields that
+    ``changes`` replace (a replayed turn gets its own messages and prompt ids, the longest
+    fields).  The rest are deep-copied with one memo, so the copy shares nothing with ``src``
+    and keeps any sharing among its own fields, exactly as the whole deepcopy did."""
+    memo: dict[int, Any] = {}
+    return Turn(**{name: copy.deepcopy(getattr(src, name), memo) for name in _TURN_FIELDS if name not in changes}, **changes)
+
+
 def _settle(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
     if fut.done():  # its episode timed out meanwhile
         return
@@ -348,7 +360,9 @@ class EpisodeContext:
         tools: Mapping[str, ToolSpec] | None = None,
         tool_runner: Callable[..., Any] | None = None,
         faults: Faults | None = None,
+        prompts: PromptCache | None = None,
     ):
+        """``prompts``: renders prompt ids (the engine shares one memo among a run's episodes)."""
         self.key = key
         self.tools = dict(tools or {})
         self.tool_runner = tool_runner  # runs a tool by name (a Sandbox); None: in this process
@@ -361,6 +375,7 @@ class EpisodeContext:
         self.batcher = batcher
         self.script = script
         self.greedy = greedy
+        self.prompts = prompts if prompts is not None else PromptCache()
         self._next = 0
 
     @property
@@ -423,7 +438,7 @@ class EpisodeContext:
     ) -> Turn:
         """One generation (sampled, replayed, masked or removed), recorded on the episode."""
         agent = self.agents[agent_name]
-        prompt_ids = render_prompt(self.tokenizers[agent.policy], messages)
+        prompt_ids = self.prompts.render(self.tokenizers[agent.policy], messages)
         base = dict(agent=agent_name, policy=agent.policy, index=index, parent=parent, messages=messages, prompt_ids=prompt_ids)
         if d.kind == "replay":
             src = d.source
@@ -431,7 +446,7 @@ class EpisodeContext:
             if d.check_prompt and src.prompt_ids != prompt_ids:
                 raise ReplayDivergence(f"turn {index} (agent {agent_name!r}): the prompt differs from the recorded one; "
                                        f"{REPLAY_HINT}", agent_name, index)
-            turn = dataclasses.replace(copy.deepcopy(src), **base, replayed=True, trainable=False)
+            turn = _copy_turn(src, **base, replayed=True, trainable=False)
         elif d.kind in ("mask", "remove"):
             text = MASK_TEXT if d.kind == "mask" else ""
             turn = Turn(**base, completion_ids=[], logprobs=[], text=text, parsed={}, valid=False,
@@ -640,6 +655,7 @@ class Engine:
         abort: Callable[[], bool] | None = None,
     ) -> list[str]:
         batcher = Batcher(self.backend, seed, faults=self.faults, count_tokens=self._generated_tokens, abort=abort)
+        prompts = PromptCache()  # one memo per run: a run's episodes share many prompts (see PromptCache)
         batcher.active = set(range(len(jobs) + len(critiques)))
         # Sync framework code (a LangGraph node written with `def`) runs in the loop's default
         # executor and blocks its thread while it waits for a model call; the batch it waits
@@ -650,8 +666,8 @@ class Engine:
         server = asyncio.create_task(batcher.serve())
         server.add_done_callback(batcher.fail_pending)  # a server that dies must not leave episodes waiting
         try:
-            episodes = [self._episode(k, ep, script, batcher, greedy) for k, (ep, script) in enumerate(jobs)]
-            asks = [self._critique(len(jobs) + i, req, batcher) for i, req in enumerate(critiques)]
+            episodes = [self._episode(k, ep, script, batcher, greedy, prompts) for k, (ep, script) in enumerate(jobs)]
+            asks = [self._critique(len(jobs) + i, req, batcher, prompts) for i, req in enumerate(critiques)]
             texts = (await asyncio.gather(*episodes, *asks))[len(jobs):]
         finally:
             server.cancel()
@@ -676,10 +692,10 @@ class Engine:
         tok = self.tokenizers.get(req.policy)
         return len(tok(res.text, add_special_tokens=False)["input_ids"]) if tok is not None else 0
 
-    async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher) -> str:
+    async def _critique(self, key: int, req: CritiqueRequest, batcher: Batcher, prompts: PromptCache) -> str:
         """One critic call; a failure gives an empty reply (the method's fallback handles it)."""
         messages = [{"role": r, "content": c} for r, c in req.messages]
-        gen = GenRequest(policy=req.policy, prompt_ids=render_prompt(self.tokenizers[req.policy], messages),
+        gen = GenRequest(policy=req.policy, prompt_ids=prompts.render(self.tokenizers[req.policy], messages),
                          temperature=req.temperature, top_p=1.0, top_k=0, max_new_tokens=req.max_new_tokens,
                          agent=f"critic:{req.policy}", messages=messages)
         try:
@@ -690,10 +706,11 @@ class Engine:
         finally:
             batcher.finished(key)
 
-    async def _episode(self, key: int, ep: Episode, script: Script | None, batcher: Batcher, greedy: bool) -> None:
+    async def _episode(self, key: int, ep: Episode, script: Script | None, batcher: Batcher, greedy: bool,
+                       prompts: PromptCache) -> None:
         runner = self.sandbox if self.tools else None
         ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy, self.tools,
-                             tool_runner=runner, faults=self.faults)
+                             tool_runner=runner, faults=self.faults, prompts=prompts)
         try:
             outcome = await _within(self.topology.run(ctx), self.episode_timeout, self.sleep)
             ep.answer = outcome.answer

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 
 import pytest
 from team_helpers import team_config
 
 from mas.agents.agent import build_agents
+from mas.agents.prompts import PromptCache, render_prompt
 from mas.backends.scripted import ScriptedBackend
 from mas.config import validate_config
-from mas.engine import MASK_TEXT, Engine
+from mas.engine import MASK_TEXT, Engine, _copy_turn
 from mas.team import build_team
 from mas.topologies import build_topology
-from mas.types import InterventionRequest, ReplayRequest, Task
+from mas.types import InterventionRequest, ReplayRequest, Task, Turn
 
 TASKS = [Task(f"t{i}", f"{i}+1", str(i + 1)) for i in range(3)]
 
@@ -51,6 +54,35 @@ def test_concurrent_episodes_share_one_backend_call_per_turn(tiny_tokenizer):
     for ep in (e for g in groups for e in g.episodes):
         assert [t.agent for t in ep.turns] == ["lead", "helper", "lead"]
         assert ep.turns[1].parent == 0 and ep.answer == "2" and ep.status == "ok"
+
+
+def test_a_run_renders_each_distinct_prompt_once_and_every_turn_owns_its_prompt_ids(tiny_tokenizer, monkeypatch):
+    """The episodes of a run share one PromptCache: the G episodes of a task open with the same
+    prompt, rendered once; every turn still holds exactly render_prompt's ids, in its own list."""
+    caches = []
+
+    class Spy(PromptCache):
+        def __init__(self):
+            super().__init__()
+            caches.append(self)
+
+    monkeypatch.setattr("mas.engine.PromptCache", Spy)
+
+    def respond(req):
+        if req.agent == "lead":
+            return "ANSWER: 2" if len(req.messages) > 2 else "CALL helper: 1+1"
+        return "ANSWER: 2"
+
+    engine, _ = scripted_engine(team_config("m", "orchestrator"), respond, tiny_tokenizer)
+    groups = engine.rollout(TASKS[:2], group_size=3, seed=0)
+    turns = [t for g in groups for e in g.episodes for t in e.turns]
+    assert all(t.prompt_ids == render_prompt(tiny_tokenizer, t.messages) for t in turns)
+    assert len({id(t.prompt_ids) for t in turns}) == len(turns)
+    distinct = {repr(t.messages) for t in turns}  # both policies use this one tokenizer
+    (cache,) = caches
+    assert (cache.misses, cache.hits) == (len(distinct), len(turns) - len(distinct)) and cache.hits >= 12
+    engine.rollout(TASKS[:1], group_size=1, seed=1)
+    assert len(caches) == 2  # one memo per run: nothing carries over to the next rollout
 
 
 def test_hf_backend_batches_concurrent_requests_into_one_generate_per_policy(tiny_model_dir, monkeypatch):
@@ -181,6 +213,23 @@ def test_replayed_turns_do_not_share_state_with_the_source(tiny_tokenizer):
     out.turns[0].parsed["answer"] = "changed"
     out.turns[0].completion_ids.append(99)
     assert src.turns[0].parsed["answer"] == "0+1" and 99 not in src.turns[0].completion_ids
+
+
+def test_a_replayed_turn_is_the_deep_copy_of_its_source_with_the_changes(tiny_tokenizer):
+    """The engine's copy skips the fields a replay replaces; it must equal the plain reference,
+    deepcopy then replace, and share no mutable state with the source."""
+    shared = {"args": {"q": [1, 2]}}
+    src = Turn(agent="a", policy="p", index=2, parent=0, messages=[{"role": "user", "content": "q"}], prompt_ids=[5, 6, 7],
+               completion_ids=[8, 9], logprobs=[-0.5, -0.25], text="ANSWER: 3", parsed={"answer": "3", "label": "answer"},
+               tool_calls=[shared, shared], observations=["obs"], extra_rewards={"tool_valid": 1.0}, weight_version=4)
+    changes = dict(messages=[{"role": "user", "content": "r"}], prompt_ids=[1], index=5, replayed=True, trainable=False)
+    out = _copy_turn(src, **changes)
+    assert out == dataclasses.replace(copy.deepcopy(src), **changes)
+    assert out.tool_calls[0] is out.tool_calls[1]  # sharing inside the turn kept, as deepcopy keeps it
+    for name in ("completion_ids", "logprobs", "parsed", "tool_calls", "observations", "extra_rewards"):
+        assert getattr(out, name) is not getattr(src, name)
+    assert out.tool_calls[0] is not shared and out.tool_calls[0]["args"]["q"] is not shared["args"]["q"]
+    assert out.messages is changes["messages"] and out.prompt_ids is changes["prompt_ids"]
 
 
 class ManualClock:

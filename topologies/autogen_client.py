@@ -39,7 +39,6 @@ from autogen_core.models import (
 )
 from autogen_core.tools import Tool, ToolSchema
 
-from mas.agents.prompts import render_prompt
 from mas.topologies.adapters import EpisodeCalls, tool_call_text, tool_results_text, tool_schema
 
 MODEL_INFO: ModelInfo = {
@@ -130,7 +129,7 @@ class MasModelClient(ChatCompletionClient):
         if self._calls is None:
             raise NotInEpisodeError(f"the mas model client of agent {self.agent!r} has no tokenizer outside a mas episode")
         ctx = self._calls.ctx
-        return len(render_prompt(ctx.tokenizers[ctx.agents[self.agent].policy], self._chat(messages)))
+        return len(ctx.prompts.render(ctx.tokenizers[ctx.agents[self.agent].policy], self._chat(messages)))  # the call that follows reuses it
 
     def remaining_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
         ctx = self._calls.ctx if self._calls is not None else None

@@ -3,13 +3,20 @@
 Every topology compiles to a LangGraph ``StateGraph`` whose nodes are async functions
 ``node(state, config)``.  The per-episode ``EpisodeContext`` travels in
 ``config["configurable"]["ctx"]``, so one compiled graph serves every episode.
+
+A node that chooses its successor returns a LangGraph ``Command`` (its state update and
+where to go, ``routed``) instead of leaving the choice to a conditional edge: LangGraph runs
+a conditional edge's function as one more traced runnable per turn, and that step was a
+sizeable part of the framework's per-turn cost.  The graph, its supersteps and its drawing
+(the node's ``destinations``) stay the same.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, Awaitable, Callable, TypedDict
 
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Command
 
 from mas.engine import EpisodeContext, Outcome
 from mas.types import Turn
@@ -28,6 +35,25 @@ class TeamState(TypedDict, total=False):
 
 def ctx_of(config: dict) -> EpisodeContext:
     return config["configurable"]["ctx"]
+
+
+Node = Callable[[TeamState, dict], Awaitable[dict]]
+
+
+def routed(node: Node, route: Callable[[TeamState, dict], str]) -> Callable[[TeamState, dict], Awaitable[Command]]:
+    """``node``, followed by ``route`` on the state as the node leaves it, as one LangGraph node.
+
+    ``route(state, config)`` names the next node (or END) exactly as a conditional edge after
+    ``node`` would: it sees the state with the node's update applied (every TeamState key is a
+    plain last-value channel, so that is ``{**state, **update}``).  Register the result with
+    ``add_node(name, routed(...), destinations=...)`` so that drawings show the same edges.
+    """
+
+    async def run(state: TeamState, config) -> Command:
+        update = await node(state, config)
+        return Command(update=update, goto=route({**state, **update}, config))
+
+    return run
 
 
 def visible(turns: list[Turn]) -> list[Turn]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from langgraph.graph import END, START, StateGraph
 
 from mas.config import ChainTopology
-from mas.topologies.base import CompiledTopology, TeamState, ctx_of, latest_answer, transcript
+from mas.topologies.base import CompiledTopology, TeamState, ctx_of, latest_answer, routed, transcript
 
 
 def build_chain(cfg: ChainTopology) -> CompiledTopology:
@@ -29,24 +29,24 @@ def build_chain(cfg: ChainTopology) -> CompiledTopology:
                     "step": state["step"] + (1 if pos == len(seq) - 1 else 0)}
         return node
 
-    g = StateGraph(TeamState)
     names = [f"{i}_{a}" for i, a in enumerate(seq)]
+    judge = cfg.verdict_from or seq[-1]
+    target = names[seq.index(cfg.loop_to)] if cfg.loop_to is not None else None
+
+    def after_last(state: TeamState, config) -> str:
+        verdict = next(t for t in reversed(ctx_of(config).episode.turns) if t.agent == judge).parsed.get("verdict")
+        loops_done = state["step"] - 1
+        return target if verdict == "reject" and loops_done < cfg.max_loops else END
+
+    g = StateGraph(TeamState)
     for i, (node_name, agent) in enumerate(zip(names, seq)):
-        g.add_node(node_name, make_node(i, agent))
+        if i == len(seq) - 1 and target is not None:
+            g.add_node(node_name, routed(make_node(i, agent), after_last), destinations=(target, END))
+        else:
+            g.add_node(node_name, make_node(i, agent))
     g.add_edge(START, names[0])
     for a, b in zip(names, names[1:]):
         g.add_edge(a, b)
-    if cfg.loop_to is None:
+    if target is None:
         g.add_edge(names[-1], END)
-    else:
-        target = names[seq.index(cfg.loop_to)]
-
-        judge = cfg.verdict_from or seq[-1]
-
-        async def after_last(state: TeamState, config) -> str:
-            verdict = next(t for t in reversed(ctx_of(config).episode.turns) if t.agent == judge).parsed.get("verdict")
-            loops_done = state["step"] - 1
-            return target if verdict == "reject" and loops_done < cfg.max_loops else END
-
-        g.add_conditional_edges(names[-1], after_last, [target, END])
     return CompiledTopology(g.compile(), recursion_limit=len(seq) * (cfg.max_loops + 1) + 10)

@@ -17,7 +17,7 @@ from langgraph.graph import END, START, StateGraph
 
 from mas.config import DebateTopology
 from mas.envs.math.verify import answer_key
-from mas.topologies.base import CompiledTopology, TeamState, ctx_of, visible
+from mas.topologies.base import CompiledTopology, TeamState, ctx_of, routed, visible
 
 
 def _round_prompt(question: str, others: list[tuple[str, str]]) -> str:
@@ -60,13 +60,12 @@ def build_debate(cfg: DebateTopology) -> CompiledTopology:
         best = max(counts.values())
         return {"answer": next(v for v, k in zip(votes, keys) if counts[k] == best)}
 
-    g = StateGraph(TeamState)
-    g.add_node("round", debate_round)
-    g.add_node("aggregate", aggregate)
-    g.add_edge(START, "round")
-    async def next_round(state: TeamState) -> str:
+    def next_round(state: TeamState, config) -> str:
         return "round" if state["step"] < cfg.rounds else "aggregate"
 
-    g.add_conditional_edges("round", next_round, ["round", "aggregate"])
+    g = StateGraph(TeamState)
+    g.add_node("round", routed(debate_round, next_round), destinations=("round", "aggregate"))
+    g.add_node("aggregate", aggregate)
+    g.add_edge(START, "round")
     g.add_edge("aggregate", END)
     return CompiledTopology(g.compile(), recursion_limit=2 * cfg.rounds + 10)

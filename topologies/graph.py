@@ -1,8 +1,9 @@
 """Custom graph: nodes and edges from YAML, validated with networkx before anything runs.
 
 Each node is one turn of its agent, which sees the task and every earlier message.  Every
-YAML node is one LangGraph node, and its edges one conditional-edge map keyed by the ``when``
-labels, so LangGraph's drawing and tracing show the user's graph.  After a
+YAML node is one LangGraph node, and its edges the node's destinations labelled with their
+``when`` labels (it picks one with a ``Command``, ``topologies.base.routed``), so LangGraph's
+drawing and tracing show the user's graph.  After a
 node, the first edge whose ``when`` equals the turn's parsed label (answer, call, accept,
 reject) is taken, else the node's default edge (no ``when``); with neither, the episode
 ends.  ``END`` is the terminal.  Checks (each a config error naming the YAML path):
@@ -17,7 +18,7 @@ from typing import Any
 import networkx as nx
 from langgraph.graph import END, START, StateGraph
 
-from mas.topologies.base import CompiledTopology, TeamState, ctx_of, latest_answer, transcript
+from mas.topologies.base import CompiledTopology, TeamState, ctx_of, latest_answer, routed, transcript
 
 TERMINAL = "END"
 RESERVED_CHARS = ("|", ":")  # LangGraph's namespace separators
@@ -79,9 +80,10 @@ BOUND = "max_turns"  # the turn bound cut the episode
 
 
 def build_graph(cfg: Any) -> CompiledTopology:
-    """One LangGraph node per YAML node; each node's edges become a conditional-edge map keyed
-    by the ``when`` labels ("otherwise" for the default edge), plus "max_turns" (the turn bound)
-    and "no match" (no edge applies) into END, so the compiled graph is the user's graph."""
+    """One LangGraph node per YAML node; each node's edges become a map keyed by the ``when``
+    labels ("otherwise" for the default edge), plus "max_turns" (the turn bound) and "no match"
+    (no edge applies) into END; the node goes where its key leads, and declares the map's
+    targets as its destinations, so the compiled graph is the user's graph."""
     agent_of = {n.name: n.agent for n in cfg.nodes}
     out_edges: dict[str, list] = {n: [] for n in agent_of}
     for e in cfg.edges:
@@ -108,12 +110,7 @@ def build_graph(cfg: Any) -> CompiledTopology:
 
         return node
 
-    async def route(state: TeamState) -> str:
-        return state["node"]  # the key the node chose; the map below names its target
-
     g = StateGraph(TeamState)
-    for n in cfg.nodes:
-        g.add_node(n.name, make_node(n.name))
     g.add_edge(START, cfg.entry)
     for name, edges in out_edges.items():
         path: dict[str, str] = {}
@@ -123,6 +120,12 @@ def build_graph(cfg: Any) -> CompiledTopology:
             path[NO_MATCH] = END
         if cfg.max_turns is not None and any(e.target != TERMINAL for e in edges):
             path[BOUND] = END
-        g.add_conditional_edges(name, route, path)
+
+        def route(state: TeamState, config, path: dict[str, str] = path) -> str:
+            return path[state["node"]]  # the key the node chose; the map names its target
+
+        # one label per target: the one LangGraph drew for a conditional-edge map (the first in sort order)
+        labels = {target: min(k for k, t in path.items() if t == target) for target in path.values()}
+        g.add_node(name, routed(make_node(name), route), destinations=labels)
     bound = cfg.max_turns or (len(cfg.nodes) + 1)
     return CompiledTopology(g.compile(), recursion_limit=2 * bound + 10)

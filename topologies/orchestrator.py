@@ -13,7 +13,7 @@ from __future__ import annotations
 from langgraph.graph import END, START, StateGraph
 
 from mas.config import OrchestratorTopology
-from mas.topologies.base import CompiledTopology, TeamState, ctx_of
+from mas.topologies.base import CompiledTopology, TeamState, ctx_of, routed
 
 
 def build_orchestrator(cfg: OrchestratorTopology) -> CompiledTopology:
@@ -50,18 +50,16 @@ def build_orchestrator(cfg: OrchestratorTopology) -> CompiledTopology:
         return {"history": state["history"] + [{"role": "user", "content": f"{job['agent']}: {reply}"}],
                 "last": turn.index, "pending": None}
 
-    async def after_orchestrator(state: TeamState) -> str:
+    def after_orchestrator(state: TeamState, config) -> str:
         if state.get("truncated") or state.get("answer") is not None:
             return END
         return "specialist" if state.get("pending") else "orchestrator"
 
-    async def after_specialist(state: TeamState) -> str:
+    def after_specialist(state: TeamState, config) -> str:
         return END if state.get("truncated") else "orchestrator"
 
     g = StateGraph(TeamState)
-    g.add_node("orchestrator", orchestrate)
-    g.add_node("specialist", specialist)
+    g.add_node("orchestrator", routed(orchestrate, after_orchestrator), destinations=("orchestrator", "specialist", END))
+    g.add_node("specialist", routed(specialist, after_specialist), destinations=("orchestrator", END))
     g.add_edge(START, "orchestrator")
-    g.add_conditional_edges("orchestrator", after_orchestrator, ["orchestrator", "specialist", END])
-    g.add_conditional_edges("specialist", after_specialist, ["orchestrator", END])
     return CompiledTopology(g.compile(), recursion_limit=4 * cfg.max_turns + 10)

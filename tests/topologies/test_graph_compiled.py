@@ -1,5 +1,6 @@
 """The graph topology compiles to the user's graph: one LangGraph node per YAML node, the
-``when`` labels as conditional edges, the turn bound kept (behaviour: tests/test_topologies.py)."""
+``when`` labels as conditional edges, the turn bound kept (behaviour: tests/test_topologies.py);
+the built-in topologies draw every edge they can take."""
 
 from __future__ import annotations
 
@@ -56,6 +57,22 @@ def test_a_node_without_a_default_edge_ends_when_no_label_matches(tiny_tokenizer
     ep = engine.rollout([Task("t", "2+3", "5")], 1, seed=0)[0].episodes[0]
     assert [t.agent for t in ep.turns] == ["lead"] and ep.status == "ok" and ep.answer == "5"
     assert {(e.source, e.target, e.data) for e in compiled(topology).get_graph().edges} >= {("draft", "__end__", "no match")}
+
+
+S, E = "__start__", "__end__"
+BUILT_IN_EDGES = {  # (source, target, conditional): the nodes that pick their successor declare where they may go
+    "orchestrator": {(S, "orchestrator", False), ("orchestrator", "orchestrator", True), ("orchestrator", "specialist", True),
+                     ("orchestrator", E, True), ("specialist", "orchestrator", True), ("specialist", E, True)},
+    "debate": {(S, "round", False), ("round", "round", True), ("round", "aggregate", True), ("aggregate", E, False)},
+    "chain": {(S, "0_lead", False), ("0_lead", "1_helper", False), ("1_helper", "2_checker", False),
+              ("2_checker", "0_lead", True), ("2_checker", E, True)},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BUILT_IN_EDGES))
+def test_built_in_topologies_compile_to_graphs_with_every_edge_they_can_take(kind):
+    graph = build_topology(validate_config(team_config("m", kind)).topology).graph.get_graph()
+    assert {(e.source, e.target, e.conditional) for e in graph.edges} == BUILT_IN_EDGES[kind]
 
 
 @pytest.mark.parametrize("name", ["a|b", "x:y", "__start__"])
