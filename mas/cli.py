@@ -6,6 +6,7 @@ Every command that reads a config takes ``key.sub=value`` overrides as bare argu
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shlex
@@ -109,6 +110,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if machine:
         raise ConfigError(str(args.resume or configs[0]), _issue_lines(machine))
     team = build_team(cfg, run_dir=run_dir)
+    # This process holds one team until it exits: move what exists now (torch, transformers, the
+    # models: ~500k objects) out of the cyclic garbage collector's reach, which otherwise scans it
+    # all every few rollouts (0.25 s each) though a rollout leaves no cycles in it; ~0.3 ms a turn.
+    gc.collect()
+    gc.freeze()
     for key, note in team.defaults.items():
         print(f"{key} = {note}", file=sys.stderr)
     resume_cmd = f"{mas_command()} train --resume {shlex.quote(str(run_dir))}"
