@@ -717,3 +717,89 @@ def test_learner_does_not_depend_on_requires_grad_at_build(tiny_model):
     before = params(tiny_model)
     learner(SwitchingPolicy(tiny_model)).update(samples)
     assert not all(torch.equal(a, b) for a, b in zip(before, params(tiny_model)))
+
+
+# --------------------------------------------------------------------------------------------
+# scoring switches: packing, chunked log-probabilities, gradient checkpointing, the two phases
+# --------------------------------------------------------------------------------------------
+
+
+def conversation(model: nn.Module, seed: int) -> list[TrainSample]:
+    """Turns that share prefixes: three growing conversations of four turns on one prompt."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    base = torch.randint(5, vocab, (6,), generator=g).tolist()
+    out = []
+    for e in range(3):
+        prompt = base + torch.randint(5, vocab, (2,), generator=g).tolist()
+        for t in range(4):
+            completion = torch.randint(5, vocab, (3,), generator=g).tolist()
+            temp = (1.0, 0.7)[t % 2]
+            lp = [x - 0.1 for x in slow_logprobs(model, prompt, completion, temp)]
+            out.append(TrainSample(list(prompt), completion, lp, float(torch.randn(1, generator=g)), temp))
+            prompt = prompt + completion + torch.randint(5, vocab, (2,), generator=g).tolist()
+    return out
+
+
+@pytest.mark.parametrize("switches", [
+    {"packing": False},
+    {"logprob_chunk": None},
+    {"logprob_chunk": 2},
+    {"gradient_checkpointing": True},
+    {"packing": False, "logprob_chunk": None, "gradient_checkpointing": False, "micro_batch_size": 2},
+    {"micro_batch_tokens": 16},
+], ids=lambda d: ",".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
+def test_every_scoring_switch_gives_the_same_gradient(tiny_model, switches, loss_agg):
+    """Each off switch (for debugging) and each setting agrees with the defaults to float tolerance."""
+    samples = conversation(tiny_model, seed=7)
+    got = []
+    for opts in ({}, switches):
+        model = copy.deepcopy(tiny_model)
+        lrn = learner(TinyPolicy(model), loss_agg=loss_agg, **opts)
+        metrics = lrn.compute_gradients(samples)
+        got.append((grads(model), metrics))
+    for a, b in zip(got[0][0], got[1][0]):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-4)
+    assert got[0][1]["loss"] == pytest.approx(got[1][1]["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_packing_runs_each_distinct_token_once(tiny_model):
+    samples = conversation(tiny_model, seed=3)
+    packed = learner(TinyPolicy(copy.deepcopy(tiny_model))).update(samples)
+    per_turn = learner(TinyPolicy(copy.deepcopy(tiny_model)), packing=False).update(samples)
+    assert packed["forward_tokens"] == packed["distinct_tokens"] == per_turn["distinct_tokens"]
+    assert per_turn["forward_tokens"] > 2 * packed["forward_tokens"]
+
+
+def test_a_started_update_changes_no_weight_before_its_result(tiny_model):
+    """start_update computes the gradients; the optimizer steps only when result() is asked for,
+    so a trainer can still drop the step after every policy's gradients are in."""
+    policy = TinyPolicy(tiny_model)
+    lrn = learner(policy)
+    before = params(tiny_model)
+    handle = lrn.start_update(make_samples(tiny_model, 4, seed=2))
+    assert all(torch.equal(a, b) for a, b in zip(before, params(tiny_model))) and policy.updates == 0
+    assert any(p.grad is not None for p in tiny_model.parameters())
+    handle.result()
+    assert not all(torch.equal(a, b) for a, b in zip(before, params(tiny_model))) and policy.updates == 1
+    assert handle.span.work is not None and handle.span.seconds == handle.span.work
+
+
+def test_an_abort_between_micro_batches_drops_the_update(tiny_model):
+    from mas.types import StepAbandoned
+
+    policy = TinyPolicy(tiny_model)
+    lrn = learner(policy, packing=False, micro_batch_size=1)
+    before = params(tiny_model)
+    asked = []
+
+    def abort() -> bool:
+        asked.append(1)
+        return len(asked) >= 3  # the third micro-batch is not started
+
+    with pytest.raises(StepAbandoned, match="before micro-batch 3 of 4"):
+        lrn.start_update(make_samples(tiny_model, 4, seed=5), abort=abort)
+    assert all(torch.equal(a, b) for a, b in zip(before, params(tiny_model))) and policy.updates == 0
+    assert all(p.grad is None for p in tiny_model.parameters())
+    assert lrn.scheduler.last_epoch == 0  # nothing of the update happened
