@@ -396,8 +396,8 @@ class Learner:
     sequence per turn, ``micro_batch_size`` turns per pass); ``logprob_chunk`` makes the
     output head's logits that many completion tokens at a time, under activation
     checkpointing (off: all at once); ``gradient_checkpointing`` recomputes the decoder
-    layers' activations in backward instead of keeping them ("auto": on for models of at
-    least ``CHECKPOINT_AUTO_PARAMS`` parameters, where activations outgrow the weights).
+    layers' activations in backward instead of keeping them ("auto": where one pass's
+    activations would exceed ``CHECKPOINT_AUTO_BYTES``).
     """
 
     def __init__(
@@ -428,7 +428,8 @@ class Learner:
         self.packing = optim.packing
         self.micro_batch_tokens = optim.micro_batch_tokens
         self.logprob_chunk = optim.logprob_chunk
-        self.checkpointing = _wants_checkpointing(optim.gradient_checkpointing, policy.model) and enable_checkpointing(policy.model)
+        self.checkpointing = (_wants_checkpointing(optim.gradient_checkpointing, policy.model, optim.micro_batch_tokens)
+                              and enable_checkpointing(policy.model))
         self.max_grad_norm = optim.max_grad_norm
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_coef, self.loss_agg, self.ppo_epochs, self.max_tokens = kl_coef, loss_agg, ppo_epochs, max_tokens
@@ -774,12 +775,29 @@ def ppo_clip_tokens(
     return loss, stats
 
 
-CHECKPOINT_AUTO_PARAMS = 50_000_000  # "auto" checkpoints models this large (SmolLM2-135M: yes; the embedded 0.2M: no)
+CHECKPOINT_AUTO_BYTES = 2 * 1024**3  # "auto" checkpoints when a micro-batch's activations would exceed this
+ACTIVATION_ELEMENTS = 32  # kept for backward per token, layer and hidden unit (measured on SmolLM2: 28-34)
 
 
-def _wants_checkpointing(setting: Any, model: nn.Module) -> bool:
+def activation_bytes(model: nn.Module, tokens: int) -> int | None:
+    """Estimated activation memory of a forward/backward pass over ``tokens`` positions (None
+    when the model's config does not say its depth and width)."""
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(hf, "config", None)
+    layers, hidden = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None)
+    if not layers or not hidden:
+        return None
+    size = next(hf.parameters()).element_size()
+    return tokens * layers * hidden * ACTIVATION_ELEMENTS * size
+
+
+def _wants_checkpointing(setting: Any, model: nn.Module, tokens: int) -> bool:
+    """``auto``: on where it pays, i.e. where one pass's activations would exceed
+    ``CHECKPOINT_AUTO_BYTES`` (recomputing the layers costs about half a forward-backward more;
+    a smaller ``micro_batch_tokens`` is the cheaper way to save memory when it is enough)."""
     if setting == "auto":
-        return sum(p.numel() for p in model.parameters()) >= CHECKPOINT_AUTO_PARAMS
+        need = activation_bytes(model, tokens)
+        return need is not None and need > CHECKPOINT_AUTO_BYTES
     return bool(setting)
 
 
