@@ -19,6 +19,7 @@ from mas.report import load_run, write_compare, write_report
 from mas.report.charts import nice_ticks, tick_label
 from mas.report.checklist import checklist_rows
 from mas.report.episodes import credit_colour, credit_scale
+from mas.report.page import render_report
 from mas.types import Credit, Episode, EpisodeGroup, Task, Turn
 
 
@@ -438,18 +439,17 @@ def test_warnings_show_in_a_banner_at_the_top_and_per_run_in_compare(run_dir, tm
 
 
 def test_templates_ship_as_package_data():
-    """A non-editable install finds the templates: every file under mas/report/templates matches
-    a package-data pattern of mas.report in pyproject.toml."""
-    import fnmatch
+    """A non-editable install finds the templates: mas.report.templates is a listed package whose
+    files all ship (package-data "*"; tests/test_packaging.py builds a wheel and checks it)."""
     import tomllib
     from pathlib import Path
 
     root = Path(__file__).parents[1]
-    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["mas.report"]
+    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     templates = root / "mas" / "report" / "templates"
-    files = [p.relative_to(templates.parent).as_posix() for p in templates.rglob("*") if p.is_file()]
-    assert {"templates/page.html.j2", "templates/toggle.js", "templates/style.css"} <= set(files)
-    assert all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files), (files, patterns)
+    files = {p.name for p in templates.iterdir() if p.is_file()}
+    assert {"page.html.j2", "toggle.js", "style.css", "warmup.html.j2"} <= files
+    assert "mas.report.templates" in setup["packages"] and setup["package-data"]["*"] == ["*"]
 
 
 # --- the report escapes everything it shows ---------------------------------------------------
@@ -587,3 +587,29 @@ def test_the_report_shows_hostile_run_files_as_text(run_dir, tmp_path):
     assert turn_attrs and {a["data-agent"] for a in turn_attrs} <= set(NAMES.values())  # quotes stayed inside the value
     out = write_compare([run_dir, run], tmp_path / "cmp.html").read_text()
     assert_inert(out, shown=(HOSTILE, NAMES["lead"]))
+
+
+def test_the_format_warm_up_is_its_own_phase_and_long_turns_fold(run_dir, tmp_path):
+    """A run with trainer.warmup shows the warm-up before the RL curves (per policy: demonstrations,
+    steps, losses, time; held-out accuracy before and after it); a long turn shows its first 400
+    characters and unfolds the rest."""
+    from mas.report.episodes import FOLD_TEXT
+
+    dest = _synthetic_run(run_dir, tmp_path / "warm")
+    record = {"steps": 20, "batch_size": 8, "lr": 2e-4, "source": "teacher", "teacher_reward": 1.0,
+              "policies": {"planner": {"losses": [2.5] + [0.4] * 19, "tokens": 3100, "seconds": 41.5,
+                                       "demonstrations": 120, "loss_first": 2.5, "loss_last": 0.4}}}
+    with open(dest / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"warmup": record}) + "\n")
+        f.write(json.dumps({"eval": "warmup", "accuracy": 0.42, "episodes": 50}) + "\n")
+    rows = [json.loads(line) for line in (dest / "episodes.jsonl").read_text().splitlines()]
+    long_text = "I will reason step by step. " * 40  # 1,120 characters
+    rows[0]["turns"][0]["text"] = long_text
+    (dest / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    html = render_report(load_run(dest))
+    section = html[html.index('id="warmup"'):html.index('id="agents"')]
+    assert "<th>planner</th><td>120</td><td>20</td><td>3100</td><td>2.5</td><td>0.4</td><td>41.5</td>" in section
+    assert "accuracy 0.420 after it, before RL" in section
+    assert "held-out after the warm-up</b> accuracy 0.420" in html
+    cut = long_text[:FOLD_TEXT]
+    assert f'{cut}<details class="fold"><summary>… {len(long_text) - FOLD_TEXT} more characters</summary>' in html

@@ -19,8 +19,9 @@ from mas.report.methods import DECISIVE_RULES, Decisive, decisive, positive_shar
 from mas.report.render import finite, macro, slug
 
 MAX_TEXT = 3000  # characters of a turn's text shown (the rest is cut, and said so)
+FOLD_TEXT = 400  # characters of a turn's text shown open; the rest unfolds on a click
 MAX_SIDE = 1500  # characters of a tool observation or a method-detail text (e.g. a critic's reply)
-LIMITS = {"text": MAX_TEXT, "side": MAX_SIDE}
+LIMITS = {"text": MAX_TEXT, "fold": FOLD_TEXT, "side": MAX_SIDE}
 
 SCALE_QUANTILE = 0.95
 TEMPLATE = "episodes.html.j2"

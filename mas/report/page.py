@@ -163,10 +163,22 @@ def _facts(run: RunData) -> list[tuple[str, str]]:
     facts = [("credit", method), ("topology", str((run.config.get("topology") or {}).get("kind", "?"))),
              ("agents", ", ".join(run.agents)), ("steps", str(len(run.steps))),
              ("training time", duration(wall_seconds(run)))]
-    for when in ("before", "after"):
+    for when, label in (("before", "held-out before training"), ("warmup", "held-out after the warm-up"),
+                        ("after", "held-out after training")):
         if when in run.evals:
-            facts.append((f"held-out {when} training", eval_summary(run.evals[when])))
+            facts.append((label, eval_summary(run.evals[when])))
     return facts
+
+
+def warmup_table(run: RunData) -> str:
+    """The format warm-up as its own phase: per policy its demonstrations, steps, loss and time,
+    then the held-out team accuracy after it."""
+    w = run.warmup or {}
+    rows = [{"policy": name, "demonstrations": p.get("demonstrations"), "steps": len(p.get("losses", [])),
+             "tokens": p.get("tokens"), "loss_first": p.get("loss_first"), "loss_last": p.get("loss_last"),
+             "seconds": p.get("seconds")} for name, p in (w.get("policies") or {}).items()]
+    return render("warmup.html.j2", warmup=w, rows=rows, after=run.evals.get("warmup"),
+                  before=run.evals.get("before"), summary=eval_summary)
 
 
 def _tags(run: RunData) -> list[str]:
@@ -190,6 +202,7 @@ def render_report(run: RunData) -> str:
                            _timing_chart(run), *_agent_charts(run)],
                   "policy": policy, "omitted": omitted}
     sections = [
+        *([("warmup", "Format warm-up (before RL)", warmup_table(run))] if run.warmup else []),
         ("agents", "Who earned the reward", agent_table(run)),
         ("curves", "Curves", render("curves.html.j2", curves=curves)),
         ("episodes", "Episode browser", episode_browser(run.episodes, run.agents, level=credit_level(granularity),

@@ -27,6 +27,7 @@ class RunData:
     skipped_lines: int = 0  # unreadable lines (a run killed mid-write leaves a partial last line)
     agents: list[str] = field(default_factory=list)  # the team's agents, in config order
     warnings: list[dict[str, Any]] = field(default_factory=list)  # warnings.jsonl: {"step", "kind", "message"}
+    warmup: dict[str, Any] | None = None  # the format warm-up's record (mas.warmup), if the run had one
 
     def series(self, *keys: str) -> list[float | None]:
         """One value per step under the nested ``keys`` (None where a step lacks it)."""
@@ -80,6 +81,7 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     warnings, bad_warn = _read_jsonl(path / "warnings.jsonl")
     steps = sorted((r for r in rows if "step" in r and "eval" not in r), key=lambda r: r["step"])
     evals = {r["eval"]: r for r in rows if "eval" in r}
+    warmup = next((r["warmup"] for r in rows if isinstance(r.get("warmup"), dict)), None)
     config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
     info = json.loads((path / "run_info.json").read_text()) if (path / "run_info.json").exists() else {}
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else {}
@@ -88,4 +90,5 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
         agents += [a for a in m.get("agents", {}) if a not in agents]
     team = config.get("team", {}).get("name", path.name)
     return RunData(path=path, name=name or team, config=config, steps=steps, evals=evals, episodes=episodes,
-                   info=info, summary=summary, skipped_lines=bad + bad_ep + bad_warn, agents=agents, warnings=warnings)
+                   info=info, summary=summary, skipped_lines=bad + bad_ep + bad_warn, agents=agents, warnings=warnings,
+                   warmup=warmup)
