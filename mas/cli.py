@@ -409,8 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if stray:
         getattr(args, _POSITIONALS[args.cmd]).extend(stray)
-    from mas.agents.policy import ModelLoadError
-    from mas.metrics import MissingDependencyError
+    from mas.errors import MissingDependencyError, ModelLoadError
 
     try:
         return args.fn(args)

@@ -38,10 +38,7 @@ from typing import Any, Iterator
 import torch
 
 from mas import gguf as gguf_files  # the module (not its names): tests replace its conversion
-
-
-class ModelLoadError(OSError):
-    """A policy's model or tokenizer could not be loaded; the message names the policy and model."""
+from mas.errors import ModelLoadError  # raised at every layer that loads models; still importable from here
 
 
 @dataclass(frozen=True)

@@ -134,9 +134,9 @@ def describe_team(team: Team) -> dict:
 
     import torch
 
-    from mas import __version__
     from mas.credit import get_credit
     from mas.sources import describe_source
+    from mas.version import __version__
 
     policies = {}
     for name, info in team.runtime.describe().items():

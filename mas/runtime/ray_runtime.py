@@ -252,7 +252,7 @@ class RayRuntime:
                 ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 cause = getattr(e, "cause", None) or e
-                from mas.agents.policy import ModelLoadError
+                from mas.errors import ModelLoadError
 
                 if isinstance(cause, ModelLoadError):
                     raise ModelLoadError(str(cause)) from None
