@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import ast
 import textwrap
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the TOML reader pytest itself depends on there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +57,10 @@ UNPLACED: dict[str, str] = {
 }
 
 # Imports that still point up, by (importing package or module, imported one): each is a debt,
-# listed with what paying it takes.  An entry that no import matches any more must go.
+# listed with why it is there.  An entry that no import matches any more must go.  The config's
+# entries are one debt: the schema is built from the registries of the envs, credit methods and
+# parsers that plugins extend; paying it means keeping those registries (names and section
+# classes) below the config, filled before the schema is built.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("mas.config", "mas.credit"): "the schema's credit section is the union of the registered methods' configs",
     ("mas.config", "mas.envs"): "the schema's env section is the union of the registered envs' configs (and their tools)",
