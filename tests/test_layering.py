@@ -9,6 +9,7 @@ modules are the ``.py`` files of the packages pyproject.toml installs (``agents/
 from __future__ import annotations
 
 import ast
+import functools
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,8 +260,13 @@ def upward_imports(imports: list[Import], layers: dict[str, int]) -> list[Import
 # --------------------------------------------------------------------------------------------
 
 
+@functools.cache
+def _our_imports() -> tuple[Import, ...]:
+    return tuple(project_imports(ROOT))  # parsed once for the tests below
+
+
 def test_no_import_cycles_among_the_projects_modules():
-    imports = project_imports(ROOT)
+    imports = list(_our_imports())
     assert len({imp.source for imp in imports}) > 50  # the packages were found (agents/ as mas.agents, ...)
     cycles = find_cycles(imports)
     assert not cycles, "imports must point down (DESIGN.md, Layering):\n" + "\n".join(map(describe_cycle, cycles))
@@ -273,7 +279,7 @@ def test_every_module_has_a_layer():
 
 
 def test_no_module_imports_a_higher_layer_beyond_the_known_debts():
-    upward = upward_imports(project_imports(ROOT), LAYERS)
+    upward = upward_imports(list(_our_imports()), LAYERS)
     new = [imp for imp in upward if not any(_under(imp.source, s) and _under(imp.target, t) for s, t in KNOWN_UPWARD)]
     assert not new, "imports that point up (move the responsibility up, or pass the dependency in):\n" + "\n".join(
         f"  {imp}  (layer {layer_of(imp.source, LAYERS)} -> {layer_of(imp.target, LAYERS)})" for imp in new)
