@@ -1,4 +1,4 @@
-"""Turn chat messages into prompt token ids, and find the ids that end a completion.
+"""Turn chat messages into prompt token ids (the ids that end a completion: ``mas.backends.base``).
 
 A tokenizer with a chat template (every real instruct model, and the embedded tiny model)
 renders the messages with it, ``add_generation_prompt=True``.  A tokenizer without one uses
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+from mas.backends.base import completion_stop_ids  # the backends stop on them; still importable from here
 
 PLAIN_MESSAGE = "### {role}\n{content}\n"
 PLAIN_GENERATION_PROMPT = "### assistant\n"
@@ -93,20 +95,3 @@ def _deterministic_template(tokenizer: Any) -> bool:
     """False when the chat template may render the same messages differently from call to call."""
     template = getattr(tokenizer, "chat_template", None)
     return not (template and _VOLATILE_TEMPLATE.search(str(template)))
-
-
-def completion_stop_ids(tokenizer: Any, model: Any) -> list[int]:
-    """Ids that end a completion: the model's generation EOS ids (int or list) and the tokenizer's EOS.
-
-    Instruct models often stop on more than one id (Qwen2.5: ``<|im_end|>`` and
-    ``<|endoftext|>``); generation stops on any of them.  Order is kept, duplicates dropped.
-    """
-    ids: list[int] = []
-    gen_cfg = getattr(model, "generation_config", None)
-    eos = getattr(gen_cfg, "eos_token_id", None)
-    for i in ([] if eos is None else [eos] if isinstance(eos, int) else list(eos)) + [tokenizer.eos_token_id]:
-        if i is not None and int(i) not in ids:
-            ids.append(int(i))
-    if not ids:
-        raise ValueError("neither the model's generation_config nor the tokenizer defines an EOS token id")
-    return ids

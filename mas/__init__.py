@@ -4,12 +4,7 @@ The Python API (docs/python_api.md) is ``mas.load_team``, ``mas.train`` and ``ma
 they are imported on first use, so ``import mas`` stays cheap.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("mas-rl")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0+unknown"
+from mas.version import __version__
 
 __all__ = ["evaluate", "load_team", "train"]
 

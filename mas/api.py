@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mas.callbacks import Callback, RunControl
+from mas.checks import meaning_errors
 from mas.config import RunConfig, apply_overrides, load_config, validate_config
 from mas.team import Team, build_team, check_eval_size
 
@@ -33,11 +34,12 @@ def load_team(source: str | Path | Mapping[str, Any] | RunConfig, overrides: Seq
     with every problem and its YAML path, before any model loads.
     """
     if isinstance(source, RunConfig):
-        cfg = validate_config(apply_overrides(source.model_dump(mode="json", by_alias=True), list(overrides)), "<RunConfig>")
+        data = apply_overrides(source.model_dump(mode="json", by_alias=True), list(overrides))
+        cfg = validate_config(data, "<RunConfig>", check=meaning_errors)
     elif isinstance(source, Mapping):
-        cfg = validate_config(apply_overrides(dict(source), list(overrides)), "<dict>")
+        cfg = validate_config(apply_overrides(dict(source), list(overrides)), "<dict>", check=meaning_errors)
     else:
-        cfg = load_config(source, list(overrides))
+        cfg = load_config(source, list(overrides), check=meaning_errors)
     return build_team(cfg)
 
 

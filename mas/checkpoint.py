@@ -18,7 +18,8 @@ A checkpoint is written to ``step_N.tmp`` and renamed into place only when compl
 ``latest`` is replaced atomically, so a crash never leaves a half checkpoint behind.
 
 Who writes what: the runtime (``mas.runtime``) saves and loads the policies and learners,
-each in the process that holds them (the driver, or each Ray actor); the trainer state and
+each in the process that holds them (the driver, or each Ray actor), with the functions of
+``mas.runtime.policy_state`` (which know one policy, not the team); the trainer state and
 the driver's RNG are written here.  A Ray actor on another node writes into the checkpoint
 directly when ``runtime.shared_run_dir`` says every node sees the run directory, else its
 files are sent back to the driver.  Since the files are the same, a run may be resumed
@@ -30,20 +31,15 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
 from mas.credit import get_credit
 from mas.fault_points import pause_point
+from mas.runtime.policy_state import load_rng_state, save_rng_state
 
 if TYPE_CHECKING:
-    from mas.agents.policy import PolicyHandle
-    from mas.learner import Learner
     from mas.team import Team
 
 
@@ -146,72 +142,3 @@ def load_checkpoint(path: Path, team: "Team") -> dict[str, Any]:
         method.state.load_state_dict(state["credit"] or {})
     load_rng_state(path, rank=0)
     return state
-
-
-# ---------------------------------------------------------------------------------------------
-# one policy's files, written and read by the process that holds it
-# ---------------------------------------------------------------------------------------------
-
-
-def save_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:
-    """``policies/<name>/`` (rank 0) and, for a trainable policy, ``learners/<name>/``: optimizer and
-    schedule (rank 0) and this process's RNG state (every rank)."""
-    save_accelerator_state = _accelerate("save_accelerator_state")
-    if rank == 0:
-        handle.save_pretrained(ckpt / "policies" / name)
-    if learner is not None:
-        out = ckpt / "learners" / name
-        out.mkdir(parents=True, exist_ok=True)
-        first = rank == 0  # data-parallel workers hold the same optimizer state: rank 0 writes it
-        save_accelerator_state(
-            str(out), [], [learner.optimizer] if first else [], [learner.scheduler] if first else [], [],
-            process_index=rank, step=0,
-        )
-        if first:  # the weights' version (updates so far), so a resumed run records the same versions
-            (out / "weights.json").write_text(json.dumps({"version": handle.version}))
-
-
-def load_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:
-    """Restore what ``save_policy_state`` wrote: weights, then (with a learner) optimizer, schedule
-    and this rank's RNG state (rank 0's when this rank has none, e.g. more workers than before)."""
-    handle.load_weights(ckpt / "policies" / name)
-    if learner is None:
-        return
-    folder = ckpt / "learners" / name
-    legacy = ckpt / "learners" / f"{name}.pt"
-    if folder.is_dir():
-        load_accelerator_state = _accelerate("load_accelerator_state")
-        own = (folder / f"random_states_{rank}.pkl").is_file()
-        load_accelerator_state(str(folder), [], [learner.optimizer], [learner.scheduler], [], process_index=rank if own else 0)
-        if (folder / "weights.json").is_file():
-            handle.version = int(json.loads((folder / "weights.json").read_text())["version"])
-    elif legacy.is_file():
-        learner.load_state_dict(torch.load(legacy, weights_only=False))
-    else:
-        raise FileNotFoundError(f"policy {name!r}: no learner state in {ckpt} (expected learners/{name}/)")
-
-
-def save_rng_state(folder: Path, rank: int = 0) -> None:
-    """This process's python, numpy, torch and CUDA RNG states, as ``random_states_<rank>.pkl``."""
-    _accelerate("save_accelerator_state")(str(folder), [], [], [], [], process_index=rank, step=0)
-
-
-def load_rng_state(folder: Path, rank: int = 0) -> None:
-    folder = Path(folder)
-    if (folder / f"random_states_{rank}.pkl").is_file():
-        _accelerate("load_accelerator_state")(str(folder), [], [], [], [], process_index=rank)
-    elif (folder / "rng.pt").is_file():  # written by earlier versions
-        rng = torch.load(folder / "rng.pt", weights_only=False)
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-
-
-def _accelerate(name: str):
-    """accelerate's checkpointing function ``name``; its process state must exist first (its log
-    calls require it), which in a process without an Accelerator means a plain ``PartialState``."""
-    from accelerate import PartialState
-    from accelerate import checkpointing
-
-    PartialState()
-    return getattr(checkpointing, name)

@@ -2,10 +2,15 @@
 
 Three kinds, each a list of ``(yaml path, value found, message)`` like ``CrossFieldErrors``:
 
-- ``config_errors``: a team that cannot do what it says, e.g. an orchestrator whose parser
-  never delegates, a chain whose loop is decided by an agent that never gives a verdict, a
-  graph edge labelled with something its source can never produce, or an agent no topology
-  node uses.  They are config errors (``RunConfig`` runs them), so every command refuses.
+- ``meaning_errors``: a team that cannot do what it says.  First the topology's structure,
+  checked by its own module (``topology_errors``: a graph's nodes and edges, an AutoGen team,
+  the graph a LangGraph builder builds), then ``config_errors``: e.g. an orchestrator whose
+  parser never delegates, a chain whose loop is decided by an agent that never gives a
+  verdict, a graph edge labelled with something its source can never produce, or an agent no
+  topology node uses.  They are config errors, so every command refuses: ``build_team`` runs
+  them (``check_config``), and the commands pass them to ``load_config(..., check=...)``.
+  They live here, not in ``mas.config``, because they need the topology modules, which read
+  the config's types (DESIGN.md, "Layering: imports point down").
 - ``config_warnings``: a team that runs but probably not as meant, said out loud: a policy
   nothing uses, a team with nothing to train, a credit option that leaves agents out (SHARP's
   ``exclude: null``), a trainable policy ``trainer.alternate`` never schedules.  ``mas
@@ -23,6 +28,16 @@ import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
+
+from mas.agents.policy import resolve_device
+from mas.config import ConfigError, RunConfig, issue_lines
+from mas.envs import build_env
+from mas.errors import ModelLoadError
+from mas.hub import in_cache, is_local
+from mas.sources import is_gguf_model, source_issue
+from mas.topologies.autogen import autogen_errors
+from mas.topologies.graph import graph_errors
+from mas.topologies.langgraph import langgraph_errors
 
 Issue = tuple[tuple, Any, str]
 
@@ -86,6 +101,36 @@ def last_speakers(topo: Any) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # errors: the team cannot do what the config says
 # --------------------------------------------------------------------------------------------
+
+
+def meaning_errors(cfg: RunConfig) -> list[Issue]:
+    """Every error of a schema-valid config that the schema cannot see: ``topology_errors``, then,
+    once the topology is sound, ``config_errors`` (which reads its structure)."""
+    return topology_errors(cfg) or config_errors(cfg)
+
+
+def check_config(cfg: RunConfig, source: str = "config") -> RunConfig:
+    """``cfg`` if ``meaning_errors`` finds nothing, else a ``ConfigError`` naming ``source`` with
+    every problem, in the lines ``load_config`` writes."""
+    issues = meaning_errors(cfg)
+    if issues:
+        raise ConfigError(source, issue_lines(issues))
+    return cfg
+
+
+def topology_errors(cfg: RunConfig) -> list[Issue]:
+    """The topology's structure, as its module checks it: a graph's nodes and edges
+    (``graph_errors``), an AutoGen team's participants or factory (``autogen_errors``), the graph
+    a LangGraph builder returns (``langgraph_errors``, which imports and runs the builder)."""
+    topo, names = cfg.topology, cfg.agent_names
+    kind = getattr(topo, "kind", None)
+    if kind == "graph":
+        return graph_errors(topo)
+    if kind == "autogen":
+        return autogen_errors(topo, names)
+    if kind == "langgraph":
+        return langgraph_errors(topo, names)
+    return []
 
 
 def config_errors(cfg: Any) -> list[Issue]:
@@ -197,8 +242,6 @@ def data_issues(cfg: Any, eval_size: tuple[int, str] | None = None) -> list[Issu
     """The env builds from its source and holds ``eval_size`` held-out tasks, as ``build_team``
     checks (``eval_size``: (size, where it was set), default trainer.eval_size).  A ``datasets``
     source is not downloaded here: its size is checked when it loads."""
-    from mas.envs import build_env
-
     size, where = eval_size or (cfg.trainer.eval_size, "trainer.eval_size")
     if getattr(cfg.env, "source", None) == "hf":
         return []
@@ -226,10 +269,6 @@ def machine_issues(cfg: Any) -> list[Issue]:
     models under ``HF_HUB_OFFLINE`` that are not cached (the network is not asked), and the
     optional packages the config needs (datasets, vllm, wandb)."""
     from huggingface_hub import constants
-
-    from mas.agents.policy import ModelLoadError, resolve_device
-    from mas.hub import in_cache, is_local
-    from mas.sources import is_gguf_model, source_issue
 
     issues: list[Issue] = []
     if getattr(cfg.env, "source", None) == "hf" and not _installed("datasets"):

@@ -38,7 +38,7 @@ def _issue_lines(issues: list) -> list[str]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Each config: every error (exit 1), or the resolved config; warnings go to stderr."""
-    from mas.checks import config_warnings, data_issues, machine_issues
+    from mas.checks import config_warnings, data_issues, machine_issues, meaning_errors
     from mas.defaults import resolve_default_lrs
 
     status = 0
@@ -49,7 +49,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 2
     for path in files:
         try:
-            cfg = load_config(path, overrides)
+            cfg = load_config(path, overrides, check=meaning_errors)
             data = data_issues(cfg)
             if data:
                 raise ConfigError(path, _issue_lines(data))
@@ -73,7 +73,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from mas.callbacks import RunControl
-    from mas.checks import machine_issues
+    from mas.checks import machine_issues, meaning_errors
     from mas.rundir import check_fresh, move_aside
     from mas.runtime import PolicyActorDied
     from mas.signals import StopOnSignal, abandon_message, mas_command
@@ -94,12 +94,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not cfg_path.exists():
             print(f"--resume {run_dir}: no config.yaml there; is it a run directory?", file=sys.stderr)
             return 2
-        cfg = load_config(cfg_path, overrides)
+        cfg = load_config(cfg_path, overrides, check=meaning_errors)
     else:
         if len(configs) != 1:
             print("mas train: give one CONFIG (or --resume RUN_DIR), then any key.sub=value overrides", file=sys.stderr)
             return 2
-        cfg = load_config(configs[0], overrides)
+        cfg = load_config(configs[0], overrides, check=meaning_errors)
         run_dir = _run_dir(cfg, args.run_dir)
         if args.overwrite:
             moved = move_aside(run_dir)
@@ -146,10 +146,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Greedy held-out evaluation: accuracy (the env's reward), research EM/F1, tool calls per agent."""
     from mas.checkpoint import latest_checkpoint
+    from mas.checks import meaning_errors
     from mas.team import build_team
     from mas.trainer import evaluate
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, check=meaning_errors)
     size = args.size or cfg.trainer.eval_size or 100
     with build_team(cfg, eval_size=(size, "--size" if args.size else "trainer.eval_size (or 100 when 0)")) as team:
         if args.checkpoint:
@@ -191,9 +192,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from mas.checks import meaning_errors
     from mas.show import team_text, topology_mermaid, topology_svg
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, check=meaning_errors)
     print(team_text(cfg))
     if args.svg:
         Path(args.svg).write_text(topology_svg(cfg), encoding="utf-8")
@@ -409,8 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if stray:
         getattr(args, _POSITIONALS[args.cmd]).extend(stray)
-    from mas.agents.policy import ModelLoadError
-    from mas.metrics import MissingDependencyError
+    from mas.errors import MissingDependencyError, ModelLoadError
 
     try:
         return args.fn(args)

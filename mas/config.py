@@ -6,6 +6,12 @@ are read from their registries when this module is imported, after plugins are l
 ``load_config`` turns any validation failure into a ``ConfigError`` whose lines each give
 the YAML path of the bad field, the value found and, where there is a fixed set, the valid
 choices.
+
+What a config means beyond its schema (a topology's structure, a parser that cannot do its
+agent's job) is checked a layer up, by ``mas.checks.meaning_errors``: those checks need the
+topology modules, which themselves read this module's types.  ``build_team`` runs them, and
+so do the commands, through ``load_config(path, overrides, check=meaning_errors)``, which
+reports them like the schema's own errors.
 """
 
 from __future__ import annotations
@@ -13,15 +19,16 @@ from __future__ import annotations
 import copy
 import reprlib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from mas.agents.parsers import parser_names
 from mas.credit import credit_config_union
-from mas.envs import env_configs
+from mas.envs import ENV_TOOLS, env_configs
 from mas.plugins import load_plugins
+from mas.safe_yaml import YAMLBoundsError, load_yaml_bytes
 
 load_plugins()  # other packages' envs, credit methods and parsers join the registries the schema is built from
 
@@ -538,13 +545,13 @@ class RunConfig(Section):
         errors += _topology_refs(self.topology, names)
         errors += _tool_refs(self.agents, getattr(self, "env", None))
         errors += _credit_refs(getattr(self, "credit", None), names, policies, getattr(self, "trainer", None))
-        if not errors and "env" in self.model_fields_set:  # a fully validated config (not the partial pass below)
-            from mas.checks import config_errors  # local: the checks read these config types
-
-            errors += config_errors(self)
         if errors:
             raise CrossFieldErrors(errors)
         return self
+
+
+# A check of what a validated config means, from a layer above this one: (YAML path, value found, message) per problem.
+ConfigCheck = Callable[["RunConfig"], list[tuple[tuple, Any, str]]]
 
 
 class CrossFieldErrors(ValueError):
@@ -574,8 +581,6 @@ def _lora_family_refs(policies: dict) -> list[tuple[tuple, Any, str]]:
 
 def _tool_refs(agents: tuple, env: Any) -> list[tuple[tuple, Any, str]]:
     """Every tool an agent names must be offered by the env (``mas.envs.ENV_TOOLS``)."""
-    from mas.envs import ENV_TOOLS
-
     if env is None:  # the env section did not validate; its own errors are reported
         return []
     offered = list(ENV_TOOLS[env.name])
@@ -613,8 +618,9 @@ def _credit_refs(credit: Any, agents: list[str], policies: list[str], trainer: A
 
 
 def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
-    """Agents named by the topology must exist; graph structure is checked by topologies.graph."""
-    from mas.topologies.graph import graph_errors  # local: topologies import config types
+    """Agents named by the topology must exist.  The topology's structure (a graph's edges, an
+    AutoGen team, a LangGraph builder's graph) is checked by the topology modules, a layer up
+    (``mas.checks.topology_errors``)."""
 
     def check(field: str, value: Any, idx: int | None = None) -> list:
         if value is None or value in names:
@@ -643,15 +649,6 @@ def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
     elif isinstance(topo, GraphTopology):
         for i, n in enumerate(topo.nodes):
             errs += [(("topology", "nodes", i, "agent"), n.agent, f"unknown agent; valid: {names}")] if n.agent not in names else []
-        errs += graph_errors(topo)
-    elif isinstance(topo, AutogenTopology):
-        from mas.topologies.autogen import autogen_errors
-
-        errs += autogen_errors(topo, names)
-    elif isinstance(topo, LangGraphTopology):
-        from mas.topologies.langgraph import langgraph_errors
-
-        errs += langgraph_errors(topo, names)
     return errs
 
 
@@ -891,17 +888,31 @@ def _list_index(items: list, part: str, key: str) -> int:
     raise ConfigError("overrides", [f"{key}: no list entry named {part!r}"])
 
 
-def validate_config(data: dict, source: str = "<config>") -> RunConfig:
+def validate_config(data: dict, source: str = "<config>", check: ConfigCheck | None = None) -> RunConfig:
+    """``data`` as a ``RunConfig``: the schema and the references between sections, else a
+    ``ConfigError`` with every problem.  ``check``: what the config means beyond its schema,
+    run once the schema holds (``mas.checks.meaning_errors``: the topology's structure, parsers
+    that cannot do their agent's job); this module cannot run it itself, since those checks
+    need the topology modules, which import the config (DESIGN.md, "Layering")."""
     if not isinstance(data, dict):
         raise ConfigError(source, [f"<root>: expected a mapping of sections, found {type(data).__name__}"])
     try:
-        return RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data)
     except ValidationError as err:
         lines = _format_pydantic(err, data)
         cross = any(isinstance((e.get("ctx") or {}).get("error"), CrossFieldErrors) for e in err.errors(include_url=False))
         if not cross:
-            lines += [f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in _partial_cross_ref_errors(data)]
+            lines += issue_lines(_partial_cross_ref_errors(data))
         raise ConfigError(source, lines) from None
+    issues = check(cfg) if check is not None else []
+    if issues:
+        raise ConfigError(source, issue_lines(issues))
+    return cfg
+
+
+def issue_lines(issues: list[tuple[tuple, Any, str]]) -> list[str]:
+    """``(YAML path, value found, message)`` triples as the lines of a ``ConfigError``."""
+    return [f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in issues]
 
 
 def _partial_cross_ref_errors(data: dict) -> list[tuple[tuple, Any, str]]:
@@ -944,9 +955,9 @@ def _partial_cross_ref_errors(data: dict) -> list[tuple[tuple, Any, str]]:
     return []
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    from mas.safe_yaml import YAMLBoundsError, load_yaml_bytes
-
+def load_config(path: str | Path, overrides: list[str] | None = None, check: ConfigCheck | None = None) -> RunConfig:
+    """The YAML file at ``path`` with ``overrides`` applied, validated (``validate_config``; ``check``
+    as there)."""
     path = Path(path)
     try:
         data = load_yaml_bytes(path.read_bytes())  # bounded: size, UTF-8, alias expansion, depth
@@ -958,7 +969,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(str(path), [str(e)]) from None
     except yaml.YAMLError as e:
         raise ConfigError(str(path), [f"YAML syntax: {e}"]) from None
-    return validate_config(apply_overrides(data or {}, overrides or []), str(path))
+    return validate_config(apply_overrides(data or {}, overrides or []), str(path), check)
 
 
 def dump_config(cfg: RunConfig) -> str:

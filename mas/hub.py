@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mas.errors import ModelLoadError
+
 FAILURE_TTL_S = 30.0  # how long "unreachable" is believed
 SUCCESS_TTL_S = 600.0  # how long "it answered" is believed
 WHAT_TO_DO = ("give a local path in policies.<name>.model, or download it where there is network "
@@ -97,8 +99,6 @@ def hub_access(model: str, local_only: bool = False) -> str:
     the cache.  ``local_only``: the caller never downloads (``mas validate``).
     """
     from huggingface_hub import constants
-
-    from mas.sources import ModelLoadError
 
     if is_local(model):
         return model

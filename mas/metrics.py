@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from mas.config import RunConfig, dump_config
 from mas.memory import peak_rss_mb, rss_mb
+from mas.errors import MissingDependencyError  # still importable from here
 from mas.types import Credit, CreditBatch, Episode, EpisodeGroup, flatten_turns
 
 
@@ -413,10 +414,6 @@ def _tensorboard_writer(path: Path, purge_step: int | None = None):
         print("tensorboard is not installed: writing metrics.jsonl only (pip install tensorboard)", file=sys.stderr)
         return None
     return SummaryWriter(log_dir=str(path), purge_step=purge_step)
-
-
-class MissingDependencyError(RuntimeError):
-    """An optional package a config asks for is not installed; the message says what to install."""
 
 
 def _wandb_run(cfg: RunConfig, run_dir: Path):

@@ -37,11 +37,8 @@ from typing import Any, Iterator
 
 import torch
 
-from mas import gguf as gguf_files  # the module (not its names): tests replace its conversion
-
-
-class ModelLoadError(OSError):
-    """A policy's model or tokenizer could not be loaded; the message names the policy and model."""
+import mas.gguf as gguf_files  # the module (not its names): tests replace its conversion
+from mas.errors import ModelLoadError  # raised at every layer that loads models; still importable from here
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 from mas.agents.agent import Agent, build_agents
 from mas.backends.base import Backend
+from mas.checks import check_config, eval_size_issues
 from mas.config import ConfigError, RunConfig, RuntimeConfig
 from mas.defaults import resolve_default_lrs
 from mas.embedded.build import ensure_embedded
@@ -87,8 +88,6 @@ def apply_runtime(runtime: RuntimeConfig) -> None:
 
 def check_eval_size(env: Env, size: int, where: str) -> None:
     """A held-out size larger than the env's held-out split is a config error (named by ``where``)."""
-    from mas.checks import eval_size_issues
-
     issues = eval_size_issues(env, size, where)
     if issues:
         raise ConfigError("config", [f"{where}: {message}" for _, _, message in issues])
@@ -97,7 +96,9 @@ def check_eval_size(env: Env, size: int, where: str) -> None:
 def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir: Path | None = None) -> Team:
     """Everything a run needs.  ``eval_size``: (size, where it was set) of the held-out evaluation
     to check against the env before any model loads; default trainer.eval_size.  ``run_dir``:
-    where a Ray runtime that starts its own Ray instance keeps Ray's temp files."""
+    where a Ray runtime that starts its own Ray instance keeps Ray's temp files.  A config whose
+    meaning is wrong (``mas.checks.meaning_errors``) is refused first, whoever validated it."""
+    check_config(cfg)
     apply_runtime(cfg.runtime)
     env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
     check_eval_size(env, *(eval_size or (cfg.trainer.eval_size, "trainer.eval_size")))
@@ -134,9 +135,9 @@ def describe_team(team: Team) -> dict:
 
     import torch
 
-    from mas import __version__
     from mas.credit import get_credit
     from mas.sources import describe_source
+    from mas.version import __version__
 
     policies = {}
     for name, info in team.runtime.describe().items():

@@ -14,8 +14,10 @@ import pydantic
 import pytest
 import yaml
 
+from mas.checks import meaning_errors
 from mas.cli import main
 from mas.config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, validate_config
+from mas.team import build_team
 
 REPO = Path(__file__).parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -42,9 +44,10 @@ def base() -> dict:
 
 
 def errors_of(data: dict) -> list[str]:
-    """The ConfigError lines of an invalid config (fails the test if it validates)."""
+    """The ConfigError lines of an invalid config, its schema and its meaning, as the commands
+    check it (fails the test if it validates)."""
     with pytest.raises(ConfigError) as info:
-        validate_config(data, "test.yaml")
+        validate_config(data, "test.yaml", check=meaning_errors)
     assert info.value.lines, "a ConfigError must carry at least one line"
     assert all(line in str(info.value) for line in info.value.lines)
     return info.value.lines
@@ -401,7 +404,8 @@ def with_topology(topology: dict) -> dict:
 
 
 def test_valid_acyclic_graph():
-    cfg = validate_config(with_topology(graph(LOOP_NODES, [{"from": "a", "to": "b"}, {"from": "b", "to": "END"}])))
+    data = with_topology(graph(LOOP_NODES, [{"from": "a", "to": "b"}, {"from": "b", "to": "END"}]))
+    cfg = validate_config(data, check=meaning_errors)
     assert [e.target for e in cfg.topology.edges] == ["b", "END"]
 
 
@@ -412,8 +416,20 @@ def test_graph_cycle_without_max_turns_names_max_turns_and_the_cycle():
 
 
 def test_graph_cycle_with_max_turns_validates():
-    cfg = validate_config(with_topology(graph(LOOP_NODES, LOOP_EDGES, max_turns=6)))
+    cfg = validate_config(with_topology(graph(LOOP_NODES, LOOP_EDGES, max_turns=6)), check=meaning_errors)
     assert cfg.topology.max_turns == 6
+
+
+def test_the_structure_is_checked_above_the_schema_and_team_building_refuses_it_first():
+    """``mas.config`` sits below the topologies (DESIGN.md, "Layering"), so it checks the schema
+    only; ``mas.checks.meaning_errors`` checks the structure, passed to validate_config/load_config
+    by the commands, and ``build_team`` refuses a config it flags before anything loads."""
+    data = with_topology(graph(LOOP_NODES, LOOP_EDGES))  # a cycle and no max_turns
+    cfg = validate_config(data)  # the schema holds
+    with pytest.raises(ConfigError, match=r"topology\.max_turns: the graph has a cycle"):
+        validate_config(data, check=meaning_errors)
+    with pytest.raises(ConfigError, match=r"topology\.max_turns: the graph has a cycle"):
+        build_team(cfg)  # before the env or any model is built
 
 
 def test_graph_self_loop_without_max_turns():
@@ -464,7 +480,7 @@ def test_graph_two_default_edges_out_of_one_node():
 def test_graph_conditional_edges_plus_one_default_are_fine():
     edges = [{"from": "a", "to": "b", "when": "answer"}, {"from": "a", "to": "END"}, {"from": "b", "to": "END", "when": "accept"},
              {"from": "b", "to": "a", "when": "reject"}, {"from": "b", "to": "END"}]
-    validate_config(with_topology(graph(LOOP_NODES, edges, max_turns=4)))
+    validate_config(with_topology(graph(LOOP_NODES, edges, max_turns=4)), check=meaning_errors)
 
 
 def test_graph_unknown_entry():

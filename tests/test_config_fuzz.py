@@ -27,6 +27,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mas.checks import meaning_errors
 from mas.cli import main
 from mas.config import ConfigError, RunConfig, load_config
 from mas.safe_yaml import MAX_NODES
@@ -154,7 +155,7 @@ def check(raw: bytes) -> RunConfig | ConfigError:
         path = Path(tmp) / "team.yaml"
         path.write_bytes(raw)
         try:
-            cfg = load_config(path)
+            cfg = load_config(path, check=meaning_errors)  # as the commands load it
         except ConfigError as e:
             error = e
         else:

@@ -8,25 +8,20 @@ OpenAI-compatible chat endpoint.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from mas.backends.base import Backend, GenRequest, GenResult, RoutedBackend
-
-if TYPE_CHECKING:
-    from mas.agents.policy import PolicyHandle
+from mas.backends.base import Backend, GenRequest, GenResult, RoutedBackend, ServedPolicy
 
 __all__ = ["Backend", "GenRequest", "GenResult", "RoutedBackend", "build_backend"]
 
 BACKENDS = ("hf", "vllm", "openai")
 
 
-def build_backend(policies: dict[str, "PolicyHandle"]) -> Backend:
+def build_backend(policies: dict[str, ServedPolicy]) -> Backend:
     """One backend serving every policy: the policy's ``backend`` ('hf' or 'vllm') picks its engine.
 
     If all policies use one engine that engine is returned; otherwise a ``RoutedBackend``
     sends each request to the engine serving its policy.
     """
-    by_kind: dict[str, dict[str, "PolicyHandle"]] = {}
+    by_kind: dict[str, dict[str, ServedPolicy]] = {}
     for name, h in policies.items():
         if h.backend not in BACKENDS:
             raise ValueError(f"policy {name!r}: unknown backend {h.backend!r}; valid: {list(BACKENDS)}")

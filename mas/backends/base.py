@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, ContextManager, Literal, Protocol
 
 
 @dataclass
@@ -42,6 +42,43 @@ class GenResult:
     finish_reason: Literal["stop", "length"]
     weight_version: int | None = None  # version of the policy's weights that sampled it (None: unversioned)
     usage_tokens: int | None = None  # completion tokens a remote endpoint reported (it returns no ids)
+
+
+class ServedPolicy(Protocol):
+    """What a backend reads of a policy it serves; ``mas.agents.policy.PolicyHandle`` is one.  The
+    backends sit below the agents (DESIGN.md, "Layering"), so they name this, not that class."""
+
+    name: str
+    kind: str  # full, lora or frozen
+    backend: str  # hf, vllm or openai
+    model: Any  # the transformers model (a PeftModel for LoRA); None for an endpoint
+    tokenizer: Any
+    device: Any  # torch.device
+    adapter: str | None  # the LoRA adapter's name
+    version: int  # updates so far
+    endpoint: Any  # backend openai: the server's EndpointConfig
+    remote_model: str | None  # backend openai: the model name sent to the server
+
+    def activate(self) -> ContextManager[Any]: ...
+
+    def save_pretrained(self, path: Any) -> None: ...
+
+
+def completion_stop_ids(tokenizer: Any, model: Any) -> list[int]:
+    """Ids that end a completion: the model's generation EOS ids (int or list) and the tokenizer's EOS.
+
+    Instruct models often stop on more than one id (Qwen2.5: ``<|im_end|>`` and
+    ``<|endoftext|>``); generation stops on any of them.  Order is kept, duplicates dropped.
+    """
+    ids: list[int] = []
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None)
+    for i in ([] if eos is None else [eos] if isinstance(eos, int) else list(eos)) + [tokenizer.eos_token_id]:
+        if i is not None and int(i) not in ids:
+            ids.append(int(i))
+    if not ids:
+        raise ValueError("neither the model's generation_config nor the tokenizer defines an EOS token id")
+    return ids
 
 
 class BackendUnavailable(RuntimeError):

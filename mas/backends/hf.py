@@ -34,15 +34,11 @@ import copy
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import torch
 
-from mas.agents.prompts import completion_stop_ids
-from mas.backends.base import GenRequest, GenResult, policy_seed
-
-if TYPE_CHECKING:
-    from mas.agents.policy import PolicyHandle
+from mas.backends.base import GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
 
 # generation_config fields that would reshape the sampling distribution, with their no-op value
 _NEUTRAL_GENERATION = {
@@ -128,7 +124,7 @@ class HFBackend:
     (several when a group's kept logits would exceed ``logits_budget_bytes``; see the module
     docstring)."""
 
-    def __init__(self, policies: dict[str, "PolicyHandle"], logits_budget_bytes: int = 2 * 1024**3):
+    def __init__(self, policies: dict[str, ServedPolicy], logits_budget_bytes: int = 2 * 1024**3):
         if logits_budget_bytes < 1:
             raise ValueError(f"logits_budget_bytes must be positive (found {logits_budget_bytes})")
         self.policies = policies
@@ -186,7 +182,7 @@ class HFBackend:
 
     # ------------------------------------------------------------------ internals
 
-    def _generate_group(self, handle: "PolicyHandle", reqs: list[GenRequest]) -> list[GenResult]:
+    def _generate_group(self, handle: ServedPolicy, reqs: list[GenRequest]) -> list[GenResult]:
         """One generate call for requests sharing a policy and sampling parameters (the caller
         keeps them within the logits budget)."""
         if handle.model.training:

@@ -90,13 +90,9 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Hashable
+from typing import Any, Callable, Hashable
 
-from mas.agents.prompts import completion_stop_ids
-from mas.backends.base import GenRequest, GenResult, policy_seed
-
-if TYPE_CHECKING:
-    from mas.agents.policy import PolicyHandle
+from mas.backends.base import GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
 
 INSTALL_HINT = "pip install 'mas-rl[vllm]' on a CUDA machine"
 ENGINE_ARGS_ENV = "MAS_VLLM_ENGINE_ARGS"  # JSON object of extra vllm.LLM arguments
@@ -285,7 +281,7 @@ def model_path(module: Any) -> str | None:
     return str(path) if path else None
 
 
-def _base_module(handle: "PolicyHandle") -> Any:
+def _base_module(handle: ServedPolicy) -> Any:
     model = handle.model
     return model.get_base_model() if handle.kind == "lora" and hasattr(model, "get_base_model") else model
 
@@ -300,7 +296,7 @@ def _dtype_name(module: Any) -> str:
     return names[dtype]
 
 
-def engine_key(handle: "PolicyHandle") -> tuple:
+def engine_key(handle: ServedPolicy) -> tuple:
     """Which engine serves ``handle``: one per full policy; frozen and LoRA share per (checkpoint, dtype)."""
     if handle.kind == "full":
         return ("full", handle.name)
@@ -369,7 +365,7 @@ class VLLMBackend:
 
     def __init__(
         self,
-        policies: dict[str, "PolicyHandle"],
+        policies: dict[str, ServedPolicy],
         *,
         logprobs_mode: str | None = None,
         strict_logprobs: bool = True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mas.runtime import learner_args
+from mas.runtime.base import learner_args
 from mas.runtime.worker import PolicyWorker
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        from mas.metrics import MissingDependencyError
+        from mas.errors import MissingDependencyError
 
         raise MissingDependencyError(
             "runtime.kind: ray needs Ray: pip install 'mas-rl[ray]' (or EXTRAS=dev,ray bash scripts/setup.sh)"

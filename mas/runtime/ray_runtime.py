@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from mas.backends.base import Backend, BatchError, GenRequest, GenResult
 from mas.learner import TrainSample, UpdateSpan
-from mas.runtime import PolicyActorDied, learner_args
+from mas.runtime.base import PolicyActorDied, learner_args
 from mas.runtime.ray_cluster import RaySession
 from mas.runtime.worker import PolicyWorker, describe_policy
 
@@ -252,7 +252,7 @@ class RayRuntime:
                 ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 cause = getattr(e, "cause", None) or e
-                from mas.agents.policy import ModelLoadError
+                from mas.errors import ModelLoadError
 
                 if isinstance(cause, ModelLoadError):
                     raise ModelLoadError(str(cause)) from None

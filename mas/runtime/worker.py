@@ -35,6 +35,7 @@ import torch
 from mas.backends.base import Backend, GenRequest, GenResult
 from mas.learner import Learner, TrainSample, UpdateSpan, _host
 from mas.memory import peak_rss_mb
+from mas.runtime.policy_state import load_policy_state, save_policy_state
 from mas.sft import supervised_steps
 
 if TYPE_CHECKING:
@@ -194,8 +195,6 @@ class PolicyWorker:
     def save(self, ckpt: str, names: list[str]) -> None:
         """Write ``names``' weights (rank 0), optimizer and schedule (rank 0) and this process's RNG
         state into checkpoint folder ``ckpt`` (``mas.checkpoint`` layout)."""
-        from mas.checkpoint import save_policy_state
-
         for name in names:
             save_policy_state(Path(ckpt), name, self.handles[name], self.learners.get(name), rank=self.rank)
 
@@ -211,8 +210,6 @@ class PolicyWorker:
     def load(self, ckpt: str, names: list[str], learner_state: bool = True) -> dict[str, int]:
         """Restore ``names`` from checkpoint folder ``ckpt`` (weights; optimizer, schedule and RNG
         with ``learner_state``) and serve them; returns the new weight versions."""
-        from mas.checkpoint import load_policy_state
-
         for name in names:
             learner = self.learners.get(name) if learner_state else None
             load_policy_state(Path(ckpt), name, self.handles[name], learner, rank=self.rank)

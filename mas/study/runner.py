@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 import yaml
 
+from mas.checks import meaning_errors
 from mas.config import ConfigError, apply_overrides, validate_config
 from mas.runtime.ray_cluster import start_local_ray
 
@@ -130,7 +131,7 @@ def job_config(spec: StudySpec, method: str, seed: int) -> dict:
     steps = int(trainer.get("steps", validate_config(data, spec.config).trainer.steps))
     trainer["eval_every"] = spec.eval_every or int(trainer.get("eval_every") or 0) or max(1, math.ceil(steps / 5))
     data.setdefault("logging", {})["progress"] = False  # one line per run instead of interleaved bars
-    cfg = validate_config(data, f"{spec.config} [{method}, seed {seed}]")
+    cfg = validate_config(data, f"{spec.config} [{method}, seed {seed}]", check=meaning_errors)
     if not cfg.trainer.eval_size:
         raise ConfigError(spec.config, ["trainer.eval_size: a study measures held-out accuracy during training; set it > 0 (found 0)"])
     return cfg.model_dump(mode="json", by_alias=True)

@@ -18,6 +18,7 @@ from autogen_core.tools import FunctionTool
 from team_helpers import team_config
 from test_engine import scripted_engine
 
+from mas.checks import meaning_errors
 from mas.config import ConfigError, validate_config
 from mas.credit.registry import plan_credit
 from mas.engine import MASK_TEXT, ReplayDivergence
@@ -200,7 +201,7 @@ def test_a_yaml_team_without_its_text_mention_is_truncated(tiny_tokenizer):
 ])
 def test_autogen_config_errors_name_the_yaml_path(topology, path, needle):
     with pytest.raises(ConfigError) as info:
-        validate_config(autogen_config(**topology))
+        validate_config(autogen_config(**topology), check=meaning_errors)
     assert any(line.startswith(path + ":") and needle in line for line in info.value.lines), info.value.lines
 
 
@@ -208,7 +209,7 @@ def test_autogen_agent_names_must_be_identifiers():
     cfg = autogen_config(team="round_robin", termination={"max_messages": 3})
     cfg["agents"][1]["name"] = "my-helper"
     with pytest.raises(ConfigError, match=r"agents\[1\].name: AutoGen agent names must be Python identifiers"):
-        validate_config(cfg)
+        validate_config(cfg, check=meaning_errors)
 
 
 # --- the embedded model: concurrent episodes, training with GRPO and SHARP ---------------------------

@@ -10,6 +10,7 @@ import pytest
 from team_helpers import TOPOLOGIES, team_config
 from test_engine import scripted_engine
 
+from mas.checks import meaning_errors
 from mas.config import load_config, validate_config
 from mas.topologies import build_topology
 from mas.types import Task
@@ -84,4 +85,4 @@ def test_node_names_langgraph_reserves_are_config_errors(name):
     from mas.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"topology.nodes\[0\].name: LangGraph reserves"):
-        validate_config(cfg)
+        validate_config(cfg, check=meaning_errors)

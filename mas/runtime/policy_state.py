@@ -1,0 +1,90 @@
+"""One policy's checkpoint files, written and read by the process that holds the policy.
+
+The run-level checkpoint (``mas.checkpoint``: layout, atomic rename, ``latest``, trainer state)
+knows the team; these functions know only one policy's handle and learner, so the runtime's
+workers (``mas.runtime.worker``: the driver's, or a Ray actor's) call them without reaching
+up to the run.  Within a checkpoint folder they write::
+
+    policies/<name>/              Hugging Face format (rank 0)
+    learners/<name>/              accelerate's checkpointing: optimizer.bin, scheduler.bin (rank 0),
+                                  random_states_<rank>.pkl (every rank), weights.json (rank 0)
+    random_states_<rank>.pkl      a process's RNG state (``save_rng_state``: the driver's)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from mas.agents.policy import PolicyHandle
+    from mas.learner import Learner
+
+
+def save_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:
+    """``policies/<name>/`` (rank 0) and, for a trainable policy, ``learners/<name>/``: optimizer and
+    schedule (rank 0) and this process's RNG state (every rank)."""
+    save_accelerator_state = _accelerate("save_accelerator_state")
+    if rank == 0:
+        handle.save_pretrained(ckpt / "policies" / name)
+    if learner is not None:
+        out = ckpt / "learners" / name
+        out.mkdir(parents=True, exist_ok=True)
+        first = rank == 0  # data-parallel workers hold the same optimizer state: rank 0 writes it
+        save_accelerator_state(
+            str(out), [], [learner.optimizer] if first else [], [learner.scheduler] if first else [], [],
+            process_index=rank, step=0,
+        )
+        if first:  # the weights' version (updates so far), so a resumed run records the same versions
+            (out / "weights.json").write_text(json.dumps({"version": handle.version}))
+
+
+def load_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:
+    """Restore what ``save_policy_state`` wrote: weights, then (with a learner) optimizer, schedule
+    and this rank's RNG state (rank 0's when this rank has none, e.g. more workers than before)."""
+    handle.load_weights(ckpt / "policies" / name)
+    if learner is None:
+        return
+    folder = ckpt / "learners" / name
+    legacy = ckpt / "learners" / f"{name}.pt"
+    if folder.is_dir():
+        load_accelerator_state = _accelerate("load_accelerator_state")
+        own = (folder / f"random_states_{rank}.pkl").is_file()
+        load_accelerator_state(str(folder), [], [learner.optimizer], [learner.scheduler], [], process_index=rank if own else 0)
+        if (folder / "weights.json").is_file():
+            handle.version = int(json.loads((folder / "weights.json").read_text())["version"])
+    elif legacy.is_file():
+        learner.load_state_dict(torch.load(legacy, weights_only=False))
+    else:
+        raise FileNotFoundError(f"policy {name!r}: no learner state in {ckpt} (expected learners/{name}/)")
+
+
+def save_rng_state(folder: Path, rank: int = 0) -> None:
+    """This process's python, numpy, torch and CUDA RNG states, as ``random_states_<rank>.pkl``."""
+    _accelerate("save_accelerator_state")(str(folder), [], [], [], [], process_index=rank, step=0)
+
+
+def load_rng_state(folder: Path, rank: int = 0) -> None:
+    folder = Path(folder)
+    if (folder / f"random_states_{rank}.pkl").is_file():
+        _accelerate("load_accelerator_state")(str(folder), [], [], [], [], process_index=rank)
+    elif (folder / "rng.pt").is_file():  # written by earlier versions
+        rng = torch.load(folder / "rng.pt", weights_only=False)
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+
+
+def _accelerate(name: str):
+    """accelerate's checkpointing function ``name``; its process state must exist first (its log
+    calls require it), which in a process without an Accelerator means a plain ``PartialState``."""
+    from accelerate import PartialState
+    from accelerate import checkpointing
+
+    PartialState()
+    return getattr(checkpointing, name)
