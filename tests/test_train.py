@@ -86,6 +86,7 @@ def metric_rows(run_dir) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for r in rows:
         r.pop("time", None)
+        r.pop("memory", None)  # the processes' resident memory differs run to run
     return rows
 
 
