@@ -55,7 +55,8 @@ def hetero_config(model_dirs, **extra: str):
     for name, model in (("planner", a), ("oracle", a), ("scout", b)):
         overrides += [f"policies.{name}.model={model}", f"policies.{name}.device=cpu", f"policies.{name}.dtype=float32"]
     for name, (lr, mbs) in SETTINGS.items():
-        overrides += [f"policies.{name}.optim.lr={lr}", f"policies.{name}.optim.micro_batch_size={mbs}"]
+        overrides += [f"policies.{name}.optim.lr={lr}", f"policies.{name}.optim.micro_batch_size={mbs}",
+                      f"policies.{name}.optim.packing=false"]  # one row per turn: micro_batch_size rows per pass
     overrides += [f"agents.{ag['name']}.sampling.max_new_tokens=32" for ag in data["agents"]]
     overrides += [f"{k}={v}" for k, v in extra.items()]
     return validate_config(apply_overrides(data, overrides))
@@ -108,9 +109,9 @@ def test_each_policy_keeps_its_own_lr_micro_batch_and_device(model_dirs, monkeyp
         assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(SETTINGS[name][0])
         original = learner._accumulate
 
-        def spy(micro, norm, ref, _name=name, _orig=original):
-            seen[_name] += [(int(mb["input_ids"].shape[0]), str(mb["input_ids"].device)) for mb in micro]
-            return _orig(micro, norm, ref)
+        def spy(batch, abort=None, _name=name, _orig=original):
+            seen[_name] += [(int(g.input_ids.shape[0]), str(g.input_ids.device)) for g in batch.passes]
+            return _orig(batch, abort)
 
         monkeypatch.setattr(learner, "_accumulate", spy)
     for name, handle in team.policies.items():
