@@ -46,12 +46,12 @@ def build_chain(cfg: ChainTopology) -> CompiledTopology:
     def make_node(pos: int, name: str):
         async def node(state: TeamState, config) -> dict:
             ctx = ctx_of(config)
-            if cfg.parts:
-                user = f"Task: {task_part(ctx.task, pos, len(seq))}"
+            if cfg.parts:  # no earlier message is shown, so none caused this turn: no parent
+                user, parent = f"Task: {task_part(ctx.task, pos, len(seq))}", None
             else:
                 before = transcript(ctx.episode.turns)
-                user = f"Task: {ctx.task.prompt}" + (f"\n{before}" if before else "")
-            turn = await ctx.call(name, ctx.agents[name].messages(user), parent=state.get("last"))
+                user, parent = f"Task: {ctx.task.prompt}" + (f"\n{before}" if before else ""), state.get("last")
+            turn = await ctx.call(name, ctx.agents[name].messages(user), parent=parent)
             step = state["step"] + (1 if pos == len(seq) - 1 else 0)
             if cfg.parts:
                 answers = [*state["parts"], part_answer(turn)]

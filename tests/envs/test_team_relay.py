@@ -63,6 +63,7 @@ def test_each_specialist_sees_only_its_part_and_the_team_answers_in_order(tiny_t
     task = env.sample_tasks(1)[0]
     ep = engine.rollout([task], 1, seed=0)[0].episodes[0]
     assert [t.agent for t in ep.turns] == ["s1", "s2", "s3"]
+    assert [t.parent for t in ep.turns] == [None, None, None]  # no other agent's message caused a turn
     for k, t in enumerate(ep.turns):
         # the whole prompt: the role, then its own part; no task line, no other agent's message
         assert t.messages == [{"role": "system", "content": "You solve your part."},
