@@ -169,13 +169,13 @@ def team_config(spec: StudySpec) -> Any:
     return validate_config(_team_data(spec), spec.config)
 
 
-def default_eval_every(trainer: Any) -> tuple[int, bool]:
-    """(trainer.eval_every a study run gets when neither the config nor --eval-every sets one,
-    whether that is every 2 steps): 2 where evaluating every 2 steps costs at most as many
-    episodes as the training (module docstring), else about five evaluations per run."""
+def default_eval_every(trainer: Any) -> int:
+    """trainer.eval_every of a study run when neither the config nor --eval-every sets one: 2
+    where evaluating every 2 steps costs at most as many episodes as the training (module
+    docstring), else about five evaluations per run."""
     if trainer.eval_size <= 2 * trainer.batch_size * trainer.group_size:
-        return 2, True
-    return max(1, math.ceil(trainer.steps / 5)), False
+        return 2
+    return max(1, math.ceil(trainer.steps / 5))
 
 
 def eval_hint(spec: StudySpec) -> str | None:
@@ -184,8 +184,8 @@ def eval_hint(spec: StudySpec) -> str | None:
     if spec.eval_every or cfg.trainer.eval_every:
         return None
     trainer = cfg.trainer.model_copy(update={"steps": int(spec.budget)}) if spec.budget_kind == "steps" and spec.budget else cfg.trainer
-    every, two = default_eval_every(trainer)
-    if two or every <= 2:
+    every = default_eval_every(trainer)
+    if every <= 2:
         return None
     return (f"{spec.config}: held-out evaluation every {every} steps (eval_size {trainer.eval_size} is more than twice the "
             f"{trainer.batch_size * trainer.group_size} episodes of a training step), so steps-to-target is resolved to "
@@ -227,7 +227,7 @@ def job_config(spec: StudySpec, method: str, seed: int) -> dict:
         trainer["steps"] = int(spec.budget)
     steps = int(trainer.get("steps", team.trainer.steps))
     trainer["eval_every"] = (spec.eval_every or team.trainer.eval_every
-                             or default_eval_every(team.trainer.model_copy(update={"steps": steps}))[0])
+                             or default_eval_every(team.trainer.model_copy(update={"steps": steps})))
     data.setdefault("logging", {})["progress"] = False  # one line per run instead of interleaved bars
     cfg = validate_config(data, f"{spec.config} [{method}, seed {seed}]")
     if not cfg.trainer.eval_size:
@@ -244,7 +244,7 @@ def plan_jobs(spec: StudySpec) -> list[Job]:
     skipped = not_applicable_methods(spec)
     jobs = []
     for method in spec.methods:
-        if method in skipped:
+        if method in skipped:  # said by the caller (run_study logs it and keeps it in not_applicable.json)
             continue
         for seed in range(spec.seeds):
             cfg = job_config(spec, method, seed)
@@ -392,30 +392,38 @@ def _check_budget(spec: StudySpec) -> None:
         raise ConfigError("--budget", [f"the budget must be a positive number (found {spec.budget})"])
 
 
-def prepare_study(spec: StudySpec, log=print) -> list[Job]:
-    """Check and plan a study, write what was asked (and what does not apply) to its directory,
-    and say so; returns its jobs (none run yet)."""
+def _plan(spec: StudySpec) -> tuple[list[Job], dict[str, str]]:
+    """Every check of a study, nothing written: its jobs and the methods that do not apply."""
     _check_budget(spec)
-    out = Path(spec.out)
-    if (out / SCALING_SPEC_FILE).exists():
-        raise ConfigError(str(out), ["holds a study over team sizes (scaling_spec.json): give all its configs again to "
+    if (Path(spec.out) / SCALING_SPEC_FILE).exists():
+        raise ConfigError(spec.out, ["holds a study over team sizes (scaling_spec.json): give all its configs again to "
                                      "continue it, or use another --out"])
     check_spec(spec)
-    jobs = plan_jobs(spec)
-    skipped = not_applicable_methods(spec)
+    return plan_jobs(spec), not_applicable_methods(spec)
+
+
+def _record(spec: StudySpec, jobs: list[Job], skipped: dict[str, str], log) -> None:
+    """Write what was asked (and what does not apply) to the study's directory, and say so."""
+    out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
     (out / NA_FILE).write_text(json.dumps(skipped, indent=2))
     counts = {s: sum(j.state == s for j in jobs) for s in ("done", "resume", "new")}
-    applied = len(spec.methods) - len(skipped)
     budget = f"{jobs[0].budget:g}" if jobs else "-"
-    log(f"study: {applied} methods x {spec.seeds} seeds = {len(jobs)} runs in {out} "
+    log(f"study: {len(spec.methods) - len(skipped)} methods x {spec.seeds} seeds = {len(jobs)} runs in {out} "
         f"(budget {spec.budget_kind} {budget}); {counts['done']} done, {counts['resume']} to resume, {counts['new']} to start")
     for method, why in skipped.items():
         log(f"study: {method} does not apply to {spec.config}, left out: {why}")
     hint = eval_hint(spec)
     if hint:
         log(f"hint: {hint}")
+
+
+def prepare_study(spec: StudySpec, log=print) -> list[Job]:
+    """Check and plan a study, write what was asked (and what does not apply) to its directory,
+    and say so; returns its jobs (none run yet)."""
+    jobs, skipped = _plan(spec)
+    _record(spec, jobs, skipped, log)
     return jobs
 
 
@@ -479,10 +487,12 @@ def run_sizes(spec: StudySpec, configs: list[str] | tuple[str, ...], executor: L
         if differ:
             raise ConfigError(str(path), [f"{k}: this study directory was started with {old.get(k)!r}, now {record[k]!r}; "
                                           "use another --out (or the same arguments to continue it)" for k in differ])
+    plans = [(n, one, *_plan(one)) for n, one in sizes]  # every size checked before anything is written
     planned = []
-    for n, one in sizes:
+    for n, one, jobs, skipped in plans:
         log(f"team size N = {n}: {one.config}")
-        planned.append((one, prepare_study(one, log)))
+        _record(one, jobs, skipped, log)
+        planned.append((one, jobs))
     path.write_text(json.dumps(record, indent=2))
     records = run_jobs([j for _, jobs in planned for j in jobs], executor, ray_address, cpus_per_run, log)
     by_dir = {str(Path(one.out)): StudyRun(one, jobs) for one, jobs in planned}
