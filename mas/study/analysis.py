@@ -54,6 +54,7 @@ import yaml
 
 from mas.config import validate_config
 from mas.credit.shapley import queried_coalitions
+from mas.credit.sharp import SharpConfig
 from mas.study.runner import DONE_FILE, NA_FILE, SCALING_SPEC_FILE, SPEC_FILE, read_jsonl, step_usage, team_size
 
 AXES = ("steps", "tokens", "seconds")
@@ -97,34 +98,41 @@ def run_costs(rows: list[dict]) -> dict[str, Any]:
     """Per step of one run: the credit method's generated tokens and seconds, its re-runs and
     SHARP's coalition evaluations per episode; and each agent's ``designed_signal`` at step 0."""
     steps = [r for r in rows if "eval" not in r and "step" in r]
-    per_episode = lambda r, n: n / max(int((r.get("episodes") or {}).get("count", 0)), 1)  # noqa: E731
+
+    def mean(value) -> float:  # over the run's steps
+        return statistics.fmean(float(value(r)) for r in steps) if steps else 0.0
+
+    def per_episode(r: dict, count: float) -> float:
+        return count / max(int((r.get("episodes") or {}).get("count", 0)), 1)
+
     first = next((r for r in steps if r["step"] == 0), None)
-    signal = {a: m["designed_signal"] for a, m in ((first or {}).get("agents") or {}).items() if "designed_signal" in m}
-    cost = lambda f: statistics.fmean(f(r) for r in steps) if steps else 0.0  # noqa: E731
     return {
-        "credit_tokens_per_step": cost(lambda r: float((r.get("generated") or {}).get("credit_tokens", 0))),
-        "credit_seconds_per_step": cost(lambda r: float((r.get("time") or {}).get("credit", 0.0))),
-        "reruns_per_episode": cost(lambda r: per_episode(r, sum((r.get("credit_cost") or {}).get(k, 0) for k in ("replays", "interventions")))),
-        "coalitions_per_episode": cost(lambda r: per_episode(r, float((r.get("credit") or {}).get("coalition_evals", 0.0)))),
-        "signal": signal,
+        "credit_tokens_per_step": mean(lambda r: (r.get("generated") or {}).get("credit_tokens", 0)),
+        "credit_seconds_per_step": mean(lambda r: (r.get("time") or {}).get("credit", 0.0)),
+        "reruns_per_episode": mean(lambda r: per_episode(r, sum((r.get("credit_cost") or {}).get(k, 0)
+                                                                for k in ("replays", "interventions")))),
+        "coalitions_per_episode": mean(lambda r: per_episode(r, (r.get("credit") or {}).get("coalition_evals", 0.0))),
+        "signal": {a: m["designed_signal"] for a, m in ((first or {}).get("agents") or {}).items() if "designed_signal" in m},
     }
 
 
 def planned_coalitions(credit: dict, size: int) -> str | None:
-    """SHARP's coalition re-runs per episode over its players, as configured (credit/sharp.py), in words."""
-    if credit.get("method") != "sharp" or not credit.get("lambda_s", 1.0):
+    """SHARP's coalition re-runs per episode over its players, as a run's credit section
+    configures them (credit/sharp.py), in words; None for another method or λ_s = 0."""
+    if credit.get("method") != "sharp":
         return None
-    exclude = credit.get("exclude")
-    n = size - (1 if exclude is None else len(exclude))  # None: whoever speaks last is not a player
-    kind, most = credit.get("marginal", "exact"), int(credit.get("max_exact_players", 8))
-    count = len(queried_coalitions(n, kind, permutations=int(credit.get("mc_permutations", 64)), seed=int(credit.get("seed", 0)),
-                                   max_exact_players=most)) - 1  # the grand coalition is the episode itself
-    if kind == "loo":
+    cfg = SharpConfig.model_validate(credit)
+    if cfg.lambda_s == 0:
+        return None
+    n = size - (1 if cfg.exclude is None else len(cfg.exclude))  # None: whoever speaks last is not a player
+    count = len(queried_coalitions(n, cfg.marginal, permutations=cfg.mc_permutations, seed=cfg.seed,
+                                   max_exact_players=cfg.max_exact_players)) - 1  # the grand coalition is the episode itself
+    if cfg.marginal == "loo":
         how = "leave-one-out masking"
-    elif kind == "exact" and n <= most:
+    elif cfg.marginal == "exact" and n <= cfg.max_exact_players:
         how = f"exact Shapley over {n} players (2^{n} - 1)"
     else:
-        how = f"Monte-Carlo Shapley over {n} players, {credit.get('mc_permutations', 64)} orderings"
+        how = f"Monte-Carlo Shapley over {n} players, {cfg.mc_permutations} orderings"
     return f"{how}: {count} coalitions per episode"
 
 
