@@ -156,7 +156,7 @@ CONJUNCTIVE = Format(
     ),
     topologies=(ChainTopology(kind="chain", sequence=("left", "right"), parts=True),),
     env=TeamConjunctiveConfig(name="team_conjunctive"),
-    teacher=RelayTeacher(p_direct=0.3),
+    teacher=RelayTeacher(p_direct=0.2),
     episodes=800,
 )
 
@@ -172,7 +172,7 @@ RELAY = Format(
     agents=_agents(**dict.fromkeys(_RELAY_AGENTS, _RELAY_ROLE)),
     topologies=(ChainTopology(kind="chain", sequence=_RELAY_AGENTS, parts=True),),
     env=TeamRelayConfig(name="team_relay", size=len(_RELAY_AGENTS)),
-    teacher=RelayTeacher(p_direct=0.3),
+    teacher=RelayTeacher(p_direct=0.2),
     episodes=100,
     any_size=True,
 )
