@@ -110,7 +110,7 @@ def test_parts_specialists_see_only_their_part_and_mostly_work_it_out(tok, fmt, 
         part = re.fullmatch(r"Task: (\d[\d+-]*)", m[-1]["content"]).group(1)  # one chain, nothing else
         assert c in (f"ANSWER: {value(part)}", f"{worked(part)} ANSWER: {value(part)}")
         direct += c.startswith("ANSWER")
-    assert 0.2 <= direct / len(turns) <= 0.4  # p_direct = 0.3: a specialist mostly works its part out
+    assert 0.1 <= direct / len(turns) <= 0.3  # p_direct = 0.2: a specialist mostly works its part out
 
 
 def test_saboteur_teacher_overrules_with_near_misses(tok):
