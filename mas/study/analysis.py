@@ -29,6 +29,9 @@ and team size N (``runner.team_size``):
   * steps to the baseline's final: per seed, the steps at which its held-out curve first
     reaches the baseline method's mean final value at that N; a seed that never does counts
     at the steps it ran (a lower bound, flagged); the mean over seeds and a bootstrap 95% CI;
+  * the held-out gain: final minus the evaluation before training, per seed; the mean and a
+    bootstrap 95% CI (where the baseline does not improve, steps to its final say little:
+    every method is there at step 0, and the gain tells the methods apart);
   * the credit method's cost: its extra generated tokens (% of the rollouts' and per step),
     its seconds per step, and its re-runs per episode (C3's replays, SHARP's coalitions,
     CCPO's removals), with SHARP's planned coalitions per episode (exact Shapley's 2^n - 1 up
@@ -254,9 +257,12 @@ def scaling_point(n: int | None, method: str, runs: list[dict], costs: list[dict
                   planned: str | None) -> dict[str, Any]:
     """One method at one team size: steps to the baseline's final, cost, signal (module docstring)."""
     cost = lambda k: statistics.fmean(c[k] for c in costs) if costs else 0.0  # noqa: E731
+    gains = [r["points"][-1]["value"] - r["points"][0]["value"] for r in runs if r["points"] and r["points"][0]["steps"] == 0]
     return {
         "n": n, "method": method, "target": target, "steps_to_target": steps_to_target(runs, target),
         "final_mean": row["final_mean"], "extra_compute": row["extra_compute"],
+        "gain": {"mean": statistics.fmean(gains) if gains else None, "ci95": list(bootstrap_ci(gains)) if gains else [None, None],
+                 "values": gains},
         **{k: cost(k) for k in ("credit_tokens_per_step", "credit_seconds_per_step", "reruns_per_episode", "coalitions_per_episode")},
         "planned": planned, "signal": signal_summary([c["signal"] for c in costs]),
     }

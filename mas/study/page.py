@@ -145,7 +145,7 @@ def scaling_chart(scaling: dict, title: str, y_label: str, value, note: str, ci=
 
 
 def scaling_charts(scaling: dict, metric: str) -> list[str]:
-    """The scaling view's three charts: steps to the baseline's final, extra tokens, credit time."""
+    """The scaling view's charts: steps to the baseline's final, the gain, extra tokens, credit time."""
     base = scaling["baseline"]
     steps = scaling_chart(
         scaling, f"steps to {base}'s final held-out {metric}, against team size", "training steps",
@@ -154,6 +154,12 @@ def scaling_charts(scaling: dict, metric: str) -> list[str]:
         "a bootstrap 95% CI; hollow: some seeds never reached it and count at the steps they ran (a lower bound)",
         ci=lambda p: p["steps_to_target"]["ci95"], hollow=lambda p: p["steps_to_target"]["reached"] < p["steps_to_target"]["seeds"],
         chart_id="scaling-steps")
+    gain = scaling_chart(
+        scaling, f"held-out {metric} gained in training, against team size", "points (final − before)",
+        lambda p: None if p["gain"]["mean"] is None else 100 * p["gain"]["mean"],
+        "each seed's last evaluation minus its evaluation before training; mean over seeds, whiskers a bootstrap 95% CI. "
+        "Where the baseline does not improve, every method reaches its final at step 0 and this tells them apart",
+        ci=lambda p: [None if v is None else 100 * v for v in p["gain"]["ci95"]], chart_id="scaling-gain")
     tokens = scaling_chart(
         scaling, "credit's extra generated tokens, against team size", "% of the rollouts' tokens",
         lambda p: 100 * p["extra_compute"],
@@ -165,7 +171,7 @@ def scaling_charts(scaling: dict, metric: str) -> list[str]:
         lambda p: p["credit_seconds_per_step"],
         "the credit phase's wall time per step (its re-runs through the engine and the credit itself), measured on this machine",
         chart_id="scaling-seconds")
-    return [steps, tokens, seconds]
+    return [steps, gain, tokens, seconds]
 
 
 def scaling_rows(scaling: dict) -> dict[str, Any]:

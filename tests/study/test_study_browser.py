@@ -57,10 +57,10 @@ def test_study_page_shows_every_method_curve_and_the_frontier(tiny_study, tmp_pa
             assert box and box["width"] > 4
         assert page.locator("#table tbody tr").count() == len(METHODS)
         assert page.locator("#checklist table.checklist tr").count() == 3
-        # the scaling view of a one-size study: one visible point per method in each of its three charts
+        # the scaling view of a one-size study: one visible point per method in each of its four charts
         scaling = page.locator("#scaling svg.chart.scaling")
-        assert scaling.count() == 3
-        for i in range(3):
+        assert scaling.count() == 4
+        for i in range(4):
             for method in METHODS:
                 point = scaling.nth(i).locator(f'circle.point[data-method="{method}"]')
                 assert point.count() == 1 and point.bounding_box()["width"] > 4, (i, method)
@@ -71,7 +71,7 @@ def test_study_page_shows_every_method_curve_and_the_frontier(tiny_study, tmp_pa
 
 
 def test_scaling_view_draws_a_line_per_method_across_team_sizes(tmp_path):
-    """Sizes 2 and 4, three methods: in each chart a line per method through a visible point at each
+    """Sizes 2 and 4, three methods: in each of the four charts a line per method through a visible point at each
     size, censored points hollow, CI whiskers, the signal and cost tables, what does not apply."""
     root = hand_scaling_study(tmp_path / "study")
     _, html_path = write_outputs(root)
@@ -81,8 +81,8 @@ def test_scaling_view_draws_a_line_per_method_across_team_sizes(tmp_path):
     with sync_playwright() as p:
         browser, page, problems, requests = _open(p, html_path)
         charts = page.locator("#scaling svg.chart.scaling")
-        assert charts.count() == 3  # steps to the baseline's final, extra tokens, credit time
-        for i in range(3):
+        assert charts.count() == 4  # steps to the baseline's final, the gain, extra tokens, credit time
+        for i in range(4):
             chart = charts.nth(i)
             assert chart.bounding_box()["width"] > 200
             for method in SCALING_METHODS:

@@ -39,6 +39,9 @@ def test_steps_to_the_baselines_final_per_size_with_censored_seeds(hand_study):
     assert at[("c3", 2)]["steps_to_target"]["values"] == [2, 2] and at[("c3", 2)]["steps_to_target"]["reached"] == 2
     assert at[("c3", 4)]["steps_to_target"]["mean"] == 3 and at[("c3", 4)]["steps_to_target"]["ci95"] == [2, 4]
     assert at[("sharp", 4)]["steps_to_target"] == {"mean": 4, "ci95": [4.0, 4.0], "reached": 0, "seeds": 2, "values": [4, 4]}
+    # the gain: last evaluation minus the one before training, per seed
+    assert at[("grpo", 2)]["gain"]["values"] == pytest.approx([0.5, 0.3]) and at[("grpo", 2)]["gain"]["mean"] == pytest.approx(0.4)
+    assert at[("sharp", 4)]["gain"]["mean"] == pytest.approx(0.1)
 
 
 def test_cost_and_planned_coalitions_per_size(hand_study):
@@ -84,10 +87,10 @@ def test_the_page_and_json_of_a_study_over_sizes(hand_study):
         size = json.loads((hand_study / f"n{n}" / "study.json").read_text())
         assert size["size"] == n and size["scaling"]["sizes"] == [n]
         page = (hand_study / f"n{n}" / "study.html").read_text()
-        assert page.split('<section id="scaling">')[1].split("</section>")[0].count('class="point"') == 3 * 3  # methods x charts
+        assert page.split('<section id="scaling">')[1].split("</section>")[0].count('class="point"') == 3 * 4  # methods x charts
     html = html_path.read_text()
     assert html.startswith("<!DOCTYPE html>") and "<script" not in html
-    assert html.count('class="point"') == 3 * 2 * 3  # methods x sizes x charts
+    assert html.count('class="point"') == 3 * 2 * 4  # methods x sizes x charts
     assert 'href="n2/study.html"' in html and "does not apply" not in html.split('id="sizes"')[1]
     assert "ccpo</b> at N = 2" in html and "0.35 (0.30 to 0.40); 1 undefined" in html
     assert "exact Shapley over 4 players (2^4 - 1): 15 coalitions per episode" in html
