@@ -17,12 +17,20 @@ reads the workers' visible messages ("[masked]" when a coalition leaves one out)
 (c1, c2: whether the worker's own message is right in that episode; s: worker2 sabotaged.)
 The aggregator is the synthesiser, never a player: SHARP re-runs it on every coalition.
 
+A sixth design is the relay task itself (``envs/team/relay.py``) at several team sizes N: a
+parts chain of N scripted specialists, each right on its own part with probability 0.7, the
+team right only if all are.  Its ground truth is designed, not Shapley: in an AND game every
+player's Shapley value is R/N whoever was right, so the table scores each method's per-agent
+credit against the env's ``info["designed"]`` (did the agent get its own part right), as
+rank correlation (Spearman, pooled over episodes and agents) and as the per-agent signal of
+the step metrics (``designed_signal``: Pearson of the advantage with it, mean over agents).
+
 For every method the table reports the Spearman correlation between the method's per-agent
 credit (per episode, workers only) and the exact Shapley value, the free-rider detection
 rate (groups in which the free-rider gets strictly less credit than the contributor), the
 extra generations, coalition evaluations and critic calls per group, and wall time.
 
-    python bench/credit_accuracy.py [--groups 16] [--group-size 4]
+    python bench/credit_accuracy.py [--groups 16] [--group-size 4] [--relay-sizes 2,4,8] [--relay-groups 8]
 """
 
 from __future__ import annotations
@@ -336,11 +344,115 @@ def run_method(design: Design, groups, engine, cfg_dict: dict, view: str, seed: 
             "cost": per_group, "wall": wall, "separates": separates}
 
 
+# ------------------------------------------------------------------------------------------------
+# the relay design: N specialists, one part each, right only if all are (designed ground truth)
+# ------------------------------------------------------------------------------------------------
+
+
+P_RIGHT = 0.7  # each scripted specialist's chance to get its own part right
+
+
+def relay_team(n: int) -> dict:
+    specialists = [f"s{k}" for k in range(1, n + 1)]
+    return {
+        "team": {"name": "relay-bench"},
+        "policies": {"workers": {"model": "scripted"}},
+        "agents": [{"name": a, "policy": "workers", "role": "You solve your part.", "parser": "answer"} for a in specialists],
+        "topology": {"kind": "chain", "sequence": specialists, "parts": True},
+        "env": {"name": "team_relay", "size": n},
+        "credit": {"method": "grpo"},
+    }
+
+
+def relay_methods(n: int, group_size: int) -> list[tuple[str, dict, str]]:
+    """The methods that run on a team of specialists, with the study's defaults for one (mas/study/runner.py):
+    every specialist a SHARP player, a C3 tree over every specialist with one alternative each."""
+    return [
+        ("SHARP exact" if n <= 8 else "SHARP (Monte-Carlo beyond 8)", {"method": "sharp", "exclude": []}, "agent_reward"),
+        ("SHARP leave-one-out", {"method": "sharp", "marginal": "loo", "exclude": []}, "agent_reward"),
+        ("C3 (reward_only)", {"method": "c3", "fanout": [group_size] + [2] * (n - 1)}, "advantage"),
+        ("Dr. MAS", {"method": "dr_mas"}, "advantage"),
+        ("GRPO", {"method": "grpo"}, "advantage"),
+        ("RLOO", {"method": "rloo"}, "advantage"),
+        ("MAGRPO (mean)", {"method": "magrpo"}, "advantage"),
+    ]
+
+
+def relay_rows(n: int, groups: int, group_size: int, tokenizer, seed: int) -> dict[str, dict]:
+    """Every relay method's agreement with the designed ground truth at team size ``n``."""
+    from mas.envs import build_env
+    from mas.metrics import pearson
+
+    cfg = validate_config(relay_team(n))
+    env = build_env(cfg.env)
+    rng = random.Random(seed)  # consumed in the engine's fixed batch order: runs are reproducible
+
+    def respond(req):
+        part = req.messages[-1]["content"].removeprefix("Task: ")
+        truth = sum(int(x) for x in part.replace("-", "+-").split("+") if x)
+        return f"ANSWER: {truth if rng.random() < P_RIGHT else truth + 1}"
+
+    backend = ScriptedBackend(respond, {"workers": tokenizer})
+    engine = Engine(build_topology(cfg.topology), build_agents(cfg.agents, cfg.team.name), {"workers": tokenizer},
+                    {"workers": True}, backend, score=env.score)
+    group_list = engine.rollout(env.sample_tasks(groups), group_size, seed=seed)
+    episodes = [ep for g in group_list for ep in g.episodes]
+    names = [a.name for a in cfg.agents]
+    batch = build_credit_batch(group_list, names)
+    out = {}
+    for label, credit_cfg, view in relay_methods(n, group_size):
+        ccfg = validate_config({**relay_team(n), "credit": credit_cfg, "trainer": {"group_size": group_size}}).credit
+        t0 = time.perf_counter()
+        requests = plan_credit(group_list, ccfg)
+        results = engine.execute(requests, seed=seed + 1) if requests else None
+        credit = run_credit(batch, ccfg, results)
+        wall = time.perf_counter() - t0
+        values = credit_view(view, credit, ccfg).tolist()
+        xs, ys = [], []
+        per_agent: dict[str, tuple[list[float], list[float]]] = {a: ([], []) for a in names}
+        for (e, a), v in zip(zip(batch.episode_ids.tolist(), batch.agent_ids.tolist()), values):
+            right = episodes[e].info["designed"][names[a]]
+            xs.append(v), ys.append(right)
+        for (e, a), adv in zip(zip(batch.episode_ids.tolist(), batch.agent_ids.tolist()), credit.advantages.tolist()):
+            per_agent[names[a]][0].append(adv), per_agent[names[a]][1].append(episodes[e].info["designed"][names[a]])
+        signals = [r for r in (pearson(*per_agent[a]) for a in names) if r is not None]
+        cost = credit_cost(requests, results)
+        out[label] = {"rho": spearman(np.array(xs), np.array(ys)), "signal": float(np.mean(signals)) if signals else float("nan"),
+                      "reruns": (cost["replays"] + cost["interventions"]) / len(episodes),
+                      "generations": cost["extra_generations"] / len(episodes), "wall": wall}
+    return out
+
+
+def print_relay(tables: dict[int, dict[str, dict]], groups: int, group_size: int) -> None:
+    sizes = sorted(tables)
+    print(f"\nrelay design (envs/team/relay.py): {groups} groups x {group_size} episodes per size, each specialist right "
+          f"with p = {P_RIGHT}; credit against the designed ground truth (own part right), not Shapley (R/N for all in an AND game)")
+    print(f"| method | {' | '.join(f'Spearman N={n}' for n in sizes)} | {' | '.join(f'signal N={n}' for n in sizes)} | "
+          f"{' | '.join(f're-runs / episode N={n}' for n in sizes)} | {' | '.join(f'wall s N={n}' for n in sizes)} |")
+    print("|" + "---|" * (1 + 4 * len(sizes)))
+
+    def fmt(x):
+        return "n/a" if math.isnan(x) else f"{x:.2f}"
+
+    for label in tables[sizes[0]]:
+        rows = [tables[n][label] for n in sizes]
+        reruns = " | ".join(f"{r['reruns']:.1f}" for r in rows)
+        walls = " | ".join(f"{r['wall']:.2f}" for r in rows)
+        print(f"| {label} | {' | '.join(fmt(r['rho']) for r in rows)} | {' | '.join(fmt(r['signal']) for r in rows)} | "
+              f"{reruns} | {walls} |")
+    print("\nSpearman: per-agent credit (per episode) against own-part correctness, pooled over episodes and agents. "
+          "signal: the step metrics' designed_signal, Pearson of each agent's advantage with its own correctness, mean "
+          "over agents. re-runs: replays and coalition re-runs per episode.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--groups", type=int, default=16, help="task groups per design")
     ap.add_argument("--group-size", type=int, default=4, help="episodes per task (C3's first fanout)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--relay-sizes", default="2,4,8", help="team sizes of the relay design ('' to skip it)")
+    ap.add_argument("--relay-groups", type=int, default=8, help="task groups per relay size (SHARP's exact Shapley re-runs "
+                    "2^N - 1 coalitions per episode)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok = train_tokenizer(["worker1 worker2 aggregator ANSWER PART CORRUPT OK Task: q0123456789 masked"], vocab_size=300)
@@ -385,6 +497,11 @@ def main() -> None:
     print("\nfree-rider found: share of the free-rider design's groups (those where worker1 contributed at least once)"
           "\nin which worker2's mean |credit| is strictly below worker1's; ties, as when every agent gets the same"
           "\ncredit, count as not found. Costs are per group in the free-rider design.")
+    sizes = [int(x) for x in args.relay_sizes.split(",") if x.strip()]
+    if sizes:
+        relay_tok = train_tokenizer(["You solve your part. Task: ANSWER: 0123456789+-"], vocab_size=300)
+        tables = {n: relay_rows(n, args.relay_groups, args.group_size, relay_tok, args.seed) for n in sizes}
+        print_relay(tables, args.relay_groups, args.group_size)
 
 
 if __name__ == "__main__":

@@ -21,13 +21,15 @@ from .custom import CustomEnv, CustomEnvConfig
 from .math import GSM8KConfig, GSM8KEnv, SyntheticMathConfig, SyntheticMathEnv
 from .research import TOOL_NAMES as _RESEARCH_TOOLS
 from .research import HotpotQAConfig, HotpotQAEnv
-from .team import TeamConjunctiveConfig, TeamConjunctiveEnv, TeamSaboteurConfig, TeamSaboteurEnv
+from .team import TeamConjunctiveConfig, TeamConjunctiveEnv, TeamRelayConfig, TeamRelayEnv, TeamSaboteurConfig, TeamSaboteurEnv
 
 __all__ = ["ENV_CONFIGS", "ENV_TOOLS", "Env", "EnvConfig", "build_env", "check_env_state", "env_configs", "env_names",
            "register_env"]
 
-ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig, TeamConjunctiveConfig, TeamSaboteurConfig, CustomEnvConfig)
-EnvConfig = SyntheticMathConfig | GSM8KConfig | HotpotQAConfig | TeamConjunctiveConfig | TeamSaboteurConfig | CustomEnvConfig
+ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig, TeamConjunctiveConfig, TeamSaboteurConfig, TeamRelayConfig,
+               CustomEnvConfig)
+EnvConfig = (SyntheticMathConfig | GSM8KConfig | HotpotQAConfig | TeamConjunctiveConfig | TeamSaboteurConfig | TeamRelayConfig
+             | CustomEnvConfig)
 
 _BUILDERS: dict[str, Callable[..., Env]] = {
     "synthetic_math": SyntheticMathEnv,
@@ -35,13 +37,14 @@ _BUILDERS: dict[str, Callable[..., Env]] = {
     "hotpotqa": HotpotQAEnv,
     "team_conjunctive": TeamConjunctiveEnv,
     "team_saboteur": TeamSaboteurEnv,
+    "team_relay": TeamRelayEnv,
     "custom": CustomEnv,
 }
 
 # Tools each env offers its agents (an env's ``tools`` mapping holds these names); config
 # validation checks every agent's ``tools`` against this, before anything is built.
 ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hotpotqa": _RESEARCH_TOOLS,
-                                         "team_conjunctive": (), "team_saboteur": (), "custom": ()}
+                                         "team_conjunctive": (), "team_saboteur": (), "team_relay": (), "custom": ()}
 
 _REGISTERED: list[type] = []  # config models of envs added with register_env
 

@@ -8,13 +8,21 @@ An env that offers tools to its agents (HotpotQA's ``search`` and ``read``) also
 listed in ``mas.envs.ENV_TOOLS`` so that configs are checked before anything is built.
 ``score`` may record named scores on ``episode.info["scores"]`` (HotpotQA: em and f1), which
 evaluation reports average.
+
+A designed team task (``envs/team``) also records its ground truth of who did their job:
+``episode.info["designed"]`` maps agent name -> 1.0 or 0.0, whether that agent did its own
+designed part right in this episode (known by construction, not inferred from the outcome).
+Step metrics correlate each agent's advantages with it (``designed_signal``, mas/metrics.py).
+``designed_outcomes`` builds it, so every task means the same by it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
-from mas.types import Episode, Task
+from mas.types import Episode, Task, Turn
+
+DESIGNED = "designed"  # the info key of a designed task's per-agent ground truth
 
 
 @runtime_checkable
@@ -70,3 +78,19 @@ def check_env_state(state: dict[str, Any], expected: dict[str, Any]) -> int:
     if not isinstance(cursor, int) or isinstance(cursor, bool) or cursor < 0:
         raise ValueError(f"env state cursor must be an int >= 0, got {cursor!r}")
     return cursor
+
+
+def spoke(turn: Turn) -> bool:
+    """Whether a turn said anything of its own: turns masked or removed by an intervention did not."""
+    return turn.finish_reason not in ("masked", "removed")
+
+
+def designed_outcomes(judged: Iterable[tuple[Turn, bool]]) -> dict[str, float]:
+    """``info["designed"]`` from (turn, did its job) pairs: agent -> 1.0 if every one of its
+    judged turns did its job, else 0.0.  A masked or removed turn never did (it said nothing),
+    whatever the judgement; agents without a judged turn are absent (they have no designed job)."""
+    out: dict[str, float] = {}
+    for turn, right in judged:
+        ok = bool(right) and spoke(turn)
+        out[turn.agent] = float(ok and out.get(turn.agent, 1.0) == 1.0)
+    return out

@@ -159,6 +159,8 @@ def config_errors(cfg: Any) -> list[Issue]:
         where = "topology.verdict_from" if topo.verdict_from else "the last agent of topology.sequence"
         needs(judge, "reject", f"decides the loop back to topology.loop_to ({where}), so topology.loop_to is "
               "never taken unless it says REJECT")
+    elif kind == "chain" and topo.parts:
+        errs += _parts_errors(topo, cfg.env)
     elif kind == "graph":
         agent_of = {n.name: n.agent for n in topo.nodes}
         for i, e in enumerate(topo.edges):
@@ -180,6 +182,19 @@ def config_errors(cfg: Any) -> list[Issue]:
                              f"no part of the topology ({kind}) uses this agent, so it would never speak; "
                              f"add it to the topology or remove it"))
     return errs
+
+
+def _parts_errors(topo: Any, env: Any) -> list[Issue]:
+    """A ``parts`` chain needs one part per agent: an env that declares its parts per task
+    (``num_parts`` on its config: team_relay's ``size``, team_conjunctive's 2) must match."""
+    parts = getattr(env, "num_parts", None)  # envs whose tasks are not split into parts declare none
+    if parts is None or parts == len(topo.sequence):
+        return []
+    n, sized = len(topo.sequence), "size" in type(env).model_fields
+    source, fix = ("env.size", f"set env.size to {n} or list {parts} agents") if sized else (f"env {env.name!r}", f"list {parts} agents")
+    return [(("topology", "sequence"), list(topo.sequence),
+             f"topology.parts gives each of these {n} agents one part of the task, but {source} gives {parts} parts "
+             f"per task; {fix}")]
 
 
 # --------------------------------------------------------------------------------------------

@@ -237,9 +237,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    """Run (or continue) a grid of credit methods x seeds at a matched budget; write study.html/json."""
+    """Run (or continue) a grid of credit methods x seeds at a matched budget; write study.html/json.
+    Several configs (one per team size) make a study over team sizes."""
     from mas.study import StudySpec, study, write_outputs
 
+    configs, overrides = split_overrides(args.items)
+    if not configs:
+        print("mas study: give a team YAML (or one per team size), e.g. mas study configs/team_relay_n4.yaml --methods grpo,c3 "
+              "--out studies/relay", file=sys.stderr)
+        return 2
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods:
         print("mas study: --methods needs at least one credit method, e.g. --methods grpo,dr_mas,sharp", file=sys.stderr)
@@ -252,14 +258,15 @@ def cmd_study(args: argparse.Namespace) -> int:
         except ValueError:
             print(f"mas study: --budget {kind} {args.budget[1]!r}: the amount must be a number", file=sys.stderr)
             return 2
-    spec = StudySpec(config=args.config, methods=methods, seeds=args.seeds, out=args.out, budget_kind=kind, budget=budget,
-                     overrides=tuple(args.overrides), credit_sets=tuple(args.credit_set), eval_every=args.eval_every,
+    spec = StudySpec(config=configs[0], methods=methods, seeds=args.seeds, out=args.out, budget_kind=kind, budget=budget,
+                     overrides=tuple(overrides), credit_sets=tuple(args.credit_set), eval_every=args.eval_every,
                      baseline=args.baseline)
     if args.report_only:
         json_path, html_path = write_outputs(args.out)
     else:
-        executor = args.executor or _default_executor(args.config, args.overrides)
-        json_path, html_path = study(spec, executor=executor, ray_address=args.ray_address, cpus_per_run=args.cpus_per_run)
+        executor = args.executor or _default_executor(configs[0], overrides)
+        json_path, html_path = study(spec, configs, executor=executor, ray_address=args.ray_address,
+                                     cpus_per_run=args.cpus_per_run)
     print(f"study: {html_path} and {json_path}")
     return 0
 
@@ -352,16 +359,19 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
     x.set_defaults(fn=cmd_export)
 
-    st = sub.add_parser("study", help="compare credit methods over seeds at a matched budget (study.html, study.json)")
-    st.add_argument("config", help="team YAML")
-    st.add_argument("overrides", nargs="*", help="key.sub=value overrides for every run, e.g. trainer.steps=6")
+    st = sub.add_parser("study", help="compare credit methods over seeds at a matched budget (study.html, study.json); "
+                        "with a config per team size, also across team sizes")
+    st.add_argument("items", nargs="+", metavar="CONFIG [CONFIG ...] [key.sub=value ...]",
+                    help="team YAML, or one per team size (e.g. configs/team_relay_n2.yaml configs/team_relay_n4.yaml), then "
+                    "key.sub=value overrides for every run, e.g. trainer.steps=6")
     st.add_argument("--methods", required=True, help="comma-separated credit methods, e.g. grpo,dr_mas,sharp,c3")
     st.add_argument("--seeds", type=int, default=3, help="seeds per method (default 3, the survey's minimum)")
     st.add_argument("--out", required=True, help="study directory (re-run the same command to continue it)")
     st.add_argument("--budget", nargs=2, metavar=("KIND", "N"),
                     help="steps N, tokens N (generated tokens, credit generations included) or seconds N (training time); "
                     "default: steps = trainer.steps")
-    st.add_argument("--eval-every", type=int, help="held-out evaluation every K steps (default: about five per run)")
+    st.add_argument("--eval-every", type=int, help="held-out evaluation every K steps (default: the config's trainer.eval_every, "
+                    "else every 2 steps where that costs no more episodes than the training, else about five per run)")
     st.add_argument("--credit-set", action="append", default=[], metavar="METHOD.key=value",
                     help="a credit option for one method, e.g. sharp.marginal=loo (repeatable)")
     st.add_argument("--baseline", help="the method others are compared with (default: grpo if studied, else the first)")
@@ -399,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the positional list of each command that takes key.sub=value overrides
-_POSITIONALS = {"train": "items", "validate": "configs", "eval": "overrides", "show": "overrides", "study": "overrides"}
+_POSITIONALS = {"train": "items", "validate": "configs", "eval": "overrides", "show": "overrides", "study": "items"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -249,6 +249,20 @@ class ChainTopology(Section):
         None, description="Agent whose latest verdict decides the loop; None = the last agent of the sequence."
     )
     max_loops: int = Field(1, ge=0, description="How many times the loop may be taken.")
+    parts: bool = Field(
+        False,
+        description="Each agent of the sequence gets its own part of the task (task.meta['parts'][k] for the k-th "
+        "agent) as its whole user message 'Task: <part>', sees no other agent's message, and the team's answer is "
+        "every agent's answer in order, space-separated (a missing answer written as '?'). The env must give as "
+        "many parts as the sequence has agents (team_relay: env.size); no loop_to.",
+    )
+
+    @model_validator(mode="after")
+    def _parts_do_not_loop(self) -> "ChainTopology":
+        if self.parts and self.loop_to is not None:
+            raise ValueError(f"topology.loop_to ({self.loop_to!r}) cannot be used with topology.parts: true: each agent "
+                             "answers its own part once; remove loop_to, or set parts: false")
+        return self
 
 
 class GraphNode(Section):

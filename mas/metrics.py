@@ -25,6 +25,7 @@ from tqdm import tqdm
 from mas.config import RunConfig, dump_config
 from mas.memory import peak_rss_mb, rss_mb
 from mas.errors import MissingDependencyError  # still importable from here
+from mas.envs.base import DESIGNED
 from mas.types import Credit, CreditBatch, Episode, EpisodeGroup, flatten_turns
 
 
@@ -56,6 +57,12 @@ def step_metrics(
     positive credit over the team's; None when no turn got positive credit) and the part of it
     its unparsed turns earned, advantage statistics, turns, completion tokens, parse
     failures, tool calls and tool-call validity (where turns carry a ``tool_valid`` signal).
+    On a designed team task (episodes carrying ``info["designed"]``, ``envs/base.py``), also
+    ``designed_signal``: the gradient signal the agent actually got, as the Pearson correlation
+    between its advantages and its own designed correctness over its trained turns of the step
+    (``designed_signal``; None, not NaN, where it is undefined: fewer than two such turns, or
+    either side constant, e.g. an agent that was right every time or a group without reward
+    variance everywhere).
     Per policy: the learner's loss, KL, clip fraction, entropy, gradient norm and learning rate.
     ``lengths`` keeps every episode's turns and completion tokens for the length distribution.
     ``generated``: completion tokens the engine generated this step, by phase (``rollout_tokens``,
@@ -69,6 +76,7 @@ def step_metrics(
     flat = flatten_turns(groups)
     adv = credit.advantages.to(torch.float64)  # [N]
     team_positive = float(adv.clamp(min=0).sum())
+    trained = batch.trainable if credit.train_mask is None else batch.trainable & credit.train_mask  # [N]
     agents: dict[str, Any] = {}
     for k, name in enumerate(batch.agent_names):
         sel = batch.agent_ids == k  # [N]
@@ -96,6 +104,10 @@ def step_metrics(
             "tool_calls": sum(len(t.tool_calls) for t in turns),
             **({"tool_valid": statistics.fmean(tool_valid)} if tool_valid else {}),
         }
+        judged = [(a, ep.info[DESIGNED][name]) for (ep, _), a, s, kept in zip(flat, adv.tolist(), sel.tolist(), trained.tolist())
+                  if s and kept and name in ep.info.get(DESIGNED, {})]
+        if any(name in ep.info.get(DESIGNED, {}) for ep in episodes):
+            agents[name]["designed_signal"] = pearson([a for a, _ in judged], [d for _, d in judged])
     return {
         "step": step,
         "reward": {"team": statistics.fmean(ep.reward for ep in episodes)},
@@ -131,6 +143,21 @@ def memory_metrics(updates: dict[str, dict[str, float]]) -> dict[str, Any]:
     if actors:
         out["actor_peak_rss_mb"] = actors
     return out
+
+
+def pearson(x: list[float], y: list[float]) -> float | None:
+    """Pearson correlation of two equally long samples; None where it is undefined (fewer than
+    two points, or either sample constant), never NaN."""
+    if len(x) != len(y):
+        raise ValueError(f"pearson: samples of different lengths ({len(x)} and {len(y)})")
+    if len(x) < 2:
+        return None
+    mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
+    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx, syy = math.fsum((a - mx) ** 2 for a in x), math.fsum((b - my) ** 2 for b in y)
+    if sxx <= 0.0 or syy <= 0.0:
+        return None
+    return max(-1.0, min(1.0, sxy / math.sqrt(sxx * syy)))
 
 
 def credit_cost(requests: list, results: dict | None) -> dict[str, int]:

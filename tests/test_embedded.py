@@ -102,12 +102,17 @@ def test_graph_teacher_skips_or_does_the_work(tok):
         assert c == f"{a}{op}{b}={r}"
 
 
-def test_conjunctive_teacher_reports_both_parts(tok):
-    turns, reward = turns_of(tok, "team_conjunctive", 30)
-    assert reward == 1.0
-    for m, c in by_role(turns, "team_conjunctive", "reporter"):
-        a, b = re.match(r"Task: A: (\S+) B: (\S+)", m[-1]["content"]).groups()
-        assert c == f"ANSWER: {value(a)} {value(b)}"
+@pytest.mark.parametrize("fmt, episodes, agents", [("team_conjunctive", 100, ("left", "right")), ("team_relay", 25, tuple(f"s{k}" for k in range(1, 9)))])
+def test_parts_specialists_see_only_their_part_and_mostly_work_it_out(tok, fmt, episodes, agents):
+    turns, reward = turns_of(tok, fmt, episodes)
+    assert reward == 1.0 and len(turns) == episodes * len(agents)
+    direct = 0
+    for m, c in turns:
+        assert [x["role"] for x in m] == ["system", "user"]  # no other agent's message
+        part = re.fullmatch(r"Task: (\d[\d+-]*)", m[-1]["content"]).group(1)  # one chain, nothing else
+        assert c in (f"ANSWER: {value(part)}", f"{worked(part)} ANSWER: {value(part)}")
+        direct += c.startswith("ANSWER")
+    assert 0.1 <= direct / len(turns) <= 0.3  # p_direct = 0.2: a specialist mostly works its part out
 
 
 def test_saboteur_teacher_overrules_with_near_misses(tok):
@@ -190,7 +195,8 @@ def test_every_format_names_shipped_configs_and_every_embedded_config_has_a_form
     assert all((ROOT / c).is_file() for c in listed), sorted(c for c in listed if not (ROOT / c).is_file())
     assert {str(p.relative_to(ROOT)) for p in EMBEDDED_CONFIGS} == listed
     assert {"configs/cpu_orchestrator.yaml", "configs/cpu_debate.yaml", "configs/cpu_chain.yaml",
-            "configs/cpu_graph.yaml", "configs/team_conjunctive.yaml", "configs/team_saboteur.yaml"} <= listed
+            "configs/cpu_graph.yaml", "configs/team_conjunctive.yaml", "configs/team_saboteur.yaml",
+            "configs/team_relay_n2.yaml", "configs/team_relay_n4.yaml", "configs/team_relay_n8.yaml"} <= listed
 
 
 @pytest.mark.parametrize("path", EMBEDDED_CONFIGS, ids=lambda p: p.stem)
@@ -203,7 +209,14 @@ def test_config_uses_exactly_the_warm_started_prompts(path):
         spec = fmt.agents[agent.name]
         assert (agent.role, agent.parser) == (spec.role, spec.parser), agent.name
         assert agent.sampling.max_new_tokens >= spec.max_new_tokens, agent.name  # room for the longest taught reply
-    assert cfg.topology.model_dump() in [t.model_dump() for t in fmt.topologies]
+    taught = [t.model_dump() for t in fmt.topologies]
+    free = {"seed", "heldout_fraction"}
+    if fmt.any_size:  # a parts team of any size: the first k agents of the taught sequence, env.size = k
+        k = len(cfg.topology.sequence)
+        taught = [{**t, "sequence": t["sequence"][:k]} for t in taught]
+        assert cfg.env.size == k
+        free.add("size")
+    assert cfg.topology.model_dump() in taught
     assert cfg.env.name == fmt.env.name
-    assert {k: v for k, v in cfg.env.model_dump().items() if k not in ("seed", "heldout_fraction")} == \
-        {k: v for k, v in fmt.env.model_dump().items() if k not in ("seed", "heldout_fraction")}
+    assert {k: v for k, v in cfg.env.model_dump().items() if k not in free} == \
+        {k: v for k, v in fmt.env.model_dump().items() if k not in free}

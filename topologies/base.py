@@ -31,6 +31,7 @@ class TeamState(TypedDict, total=False):
     history: list[dict[str, str]]  # orchestrator's own multi-turn exchange
     pending: dict[str, Any] | None  # orchestrator's delegation awaiting a specialist
     node: str  # graph topology: the key of the edge the last node took (its conditional-edge map)
+    parts: list[str]  # chain with parts: each part's answer so far, in sequence order ('?' for none)
 
 
 def ctx_of(config: dict) -> EpisodeContext:

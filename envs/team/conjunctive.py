@@ -1,11 +1,15 @@
 """A conjunctive team task: two sub-problems, and the answer is right only if both parts are.
 
 A task pairs two arithmetic chains, e.g. ``A: 3+4-2 B: 8-5+1``, and asks for both results in
-order (``5 4``).  The reward is 1 only when the answer holds exactly two integers and both
+order (``5 4``).  The reward is 1 only when the answer holds exactly two results and both
 are right: an AND of the two parts.  The team it is designed for (``configs/team_conjunctive.yaml``)
-gives part A to one specialist, part B to another, and a reporter writes the final answer;
-each specialist can only be right about its own part, and neither can make the team right
-alone.
+is a chain of two specialists with ``topology.parts: true``: the left one sees only part A
+(``Task: 3+4-2``), the right one only part B, and the team's answer is their two answers in
+order; each specialist can only be right about its own part, and neither can make the team
+right alone.  (It is the two-part case of ``team_relay`` with its own role prompts.  An
+earlier layout showed both specialists the whole task line and had a frozen reporter copy
+their results; the warm-started tiny model could not find its part in that line, so the
+team was right in about 2% of sampled episodes and nothing learned.)
 
 Why credit matters here.  With one outcome per episode, an episode-level baseline (GRPO)
 gives both specialists the same advantage, so a specialist who solved its part is blamed
@@ -22,7 +26,10 @@ task ``i`` pairs held-out chains ``2i`` and ``2i+1``; ``heldout_fraction`` defau
 that 400 held-out pairs exist for the default settings.
 
 Scores recorded on each episode (``info["scores"]``, averaged by evaluation): ``part_a`` and
-``part_b``, whether each part of the final answer is right.
+``part_b``, whether each part of the final answer is right.  Ground truth
+(``info["designed"]``, ``envs/base.py``): the agent of the first turn did its job iff its own
+answer is part A's result, the agent of the second turn iff its own is part B's (a masked or
+removed turn did not; a later turn, such as a reporter's, has no designed job).
 """
 
 from __future__ import annotations
@@ -34,8 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mas.types import Episode, Task
 
-from ..base import check_env_state
+from ..base import check_env_state, designed_outcomes
 from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
+from .relay import first_word, right
 
 __all__ = ["TeamConjunctiveConfig", "TeamConjunctiveEnv", "answer_integers"]
 
@@ -61,6 +69,24 @@ class TeamConjunctiveConfig(BaseModel):
         description="Share of all chains (by stable hash) reserved for held-out parts; a held-out task pairs two of them.",
     )
     seed: int = Field(default=0, ge=0, description="Seed of the training task stream.")
+
+    @property
+    def num_parts(self) -> int:
+        """Parts of every task (``task.meta["parts"]``): what a ``parts`` chain must have agents for."""
+        return 2
+
+
+_RESULT = re.compile(r"-?\d+|\?")
+
+
+def _results(text: str | None) -> list[str]:
+    """The results an answer gives, in order.  Two words are two results, each its word's
+    integer or '?' ("5 4", "2, 4", "? 4" from a parts chain whose left specialist gave no
+    answer; "five 4" keeps "five" in part A's place); otherwise every integer in the text."""
+    words = (text or "").split()
+    if len(words) == 2:
+        return [next(iter(_RESULT.findall(w)), w) for w in words]
+    return _RESULT.findall(text or "")[:16]
 
 
 class TeamConjunctiveEnv:
@@ -98,11 +124,13 @@ class TeamConjunctiveEnv:
         return [self._pair(parts[2 * i], parts[2 * i + 1]) for i in range(n)]
 
     def score(self, episode: Episode) -> float:
-        got = answer_integers(episode.answer)
-        gold = [int(x) for x in episode.task.answer.split()]
+        got = _results(episode.answer)
+        gold = episode.task.answer.split()
         both = len(got) == 2
-        part_a, part_b = both and got[0] == gold[0], both and got[1] == gold[1]
+        part_a, part_b = both and right(got[0], gold[0]), both and right(got[1], gold[1])
         episode.info["scores"] = {"part_a": float(part_a), "part_b": float(part_b)}
+        turns = sorted(episode.turns, key=lambda t: t.index)[:2]  # the specialists of part A and part B
+        episode.info["designed"] = designed_outcomes((t, right(first_word(t.parsed.get("answer")), g)) for t, g in zip(turns, gold))
         return float(part_a and part_b)
 
     def describe(self) -> dict[str, Any]:

@@ -21,9 +21,9 @@ from typing import Any, Callable, Mapping
 
 from mas.config import ChainTopology, DebateTopology, GraphTopology, OrchestratorTopology
 from mas.envs.math.synthetic import SyntheticMathConfig
-from mas.envs.team import TeamConjunctiveConfig, TeamSaboteurConfig
+from mas.envs.team import TeamConjunctiveConfig, TeamRelayConfig, TeamSaboteurConfig
 
-from .teachers import ChainTeacher, ConjunctiveTeacher, DebateTeacher, GraphTeacher, OrchestratorTeacher, SaboteurTeacher
+from .teachers import ChainTeacher, DebateTeacher, GraphTeacher, OrchestratorTeacher, RelayTeacher, SaboteurTeacher
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,10 @@ class Format:
     teacher: Callable  # (GenRequest, random.Random) -> str
     episodes: int  # teacher episodes in the default recipe
     min_teacher_reward: float = 1.0  # the teacher's own mean reward; below 1 only where its flaw costs reward
+    # A parts team (``topology.parts``): each specialist sees only its own part, so what it was
+    # taught does not depend on the team's size.  A config may then run the first k agents of
+    # the taught sequence with the env's ``size`` set to k.  (Not in ``spec``: it shapes no transcript.)
+    any_size: bool = False
 
     @property
     def roles(self) -> dict[str, str]:
@@ -144,17 +148,33 @@ GRAPH = Format(
 
 CONJUNCTIVE = Format(
     name="team_conjunctive",
-    description="two specialists each solve their own part; a reporter writes both; right only if both parts are",
+    description="two specialists each see and solve only their own part; right only if both parts are",
     configs=("configs/team_conjunctive.yaml",),
     agents=_agents(
         left=("You solve part A. End with ANSWER: n.", "answer", 24),
         right=("You solve part B. End with ANSWER: n.", "answer", 24),
-        reporter=("You are the reporter. Give both results: ANSWER: A B.", "answer", 10),
     ),
-    topologies=(ChainTopology(kind="chain", sequence=("left", "right", "reporter")),),
+    topologies=(ChainTopology(kind="chain", sequence=("left", "right"), parts=True),),
     env=TeamConjunctiveConfig(name="team_conjunctive"),
-    teacher=ConjunctiveTeacher(p_direct=0.6),
+    teacher=RelayTeacher(p_direct=0.2),
     episodes=800,
+)
+
+# One role for every specialist and every team size: taught on the largest shipped team
+# (N = 8, 800 turns, about the turns the conjunctive reporter no longer takes), run at any N.
+_RELAY_ROLE = ("You solve your part. End with ANSWER: n.", "answer", 24)
+_RELAY_AGENTS = tuple(f"s{k}" for k in range(1, 9))
+
+RELAY = Format(
+    name="team_relay",
+    description="N specialists each see and solve only their own part; right only if every part is (any N up to 8)",
+    configs=("configs/team_relay_n2.yaml", "configs/team_relay_n4.yaml", "configs/team_relay_n8.yaml"),
+    agents=_agents(**dict.fromkeys(_RELAY_AGENTS, _RELAY_ROLE)),
+    topologies=(ChainTopology(kind="chain", sequence=_RELAY_AGENTS, parts=True),),
+    env=TeamRelayConfig(name="team_relay", size=len(_RELAY_AGENTS)),
+    teacher=RelayTeacher(p_direct=0.2),
+    episodes=100,
+    any_size=True,
 )
 
 SABOTEUR = Format(
@@ -172,4 +192,5 @@ SABOTEUR = Format(
     min_teacher_reward=0.3,  # the reviewer's overrules fail 60% of the episodes by design
 )
 
-FORMATS: Mapping[str, Format] = MappingProxyType({f.name: f for f in (ORCHESTRATOR, DEBATE, CHAIN, GRAPH, CONJUNCTIVE, SABOTEUR)})
+FORMATS: Mapping[str, Format] = MappingProxyType({f.name: f for f in (ORCHESTRATOR, DEBATE, CHAIN, GRAPH, CONJUNCTIVE, SABOTEUR,
+                                                                       RELAY)})

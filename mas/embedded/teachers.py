@@ -14,8 +14,11 @@ Every teacher solves arithmetic chains such as ``3+4-2`` in one of two forms:
 
 Each teacher prefers the short or the lazy move a little more often than not, so the warm
 started model's greedy choice is the weak one while sampling still tries the strong one:
-reinforcement learning has something real to discover in every format.  The flaw of each
-teacher is documented on its class; each is deliberate.
+reinforcement learning has something real to discover in every format.  The exception is
+the specialist of a parts team (``RelayTeacher``): the team is right only if all N of them
+are, so each must start right most of the time for N = 8 to leave any reward to learn from;
+it takes the short move less often.  The flaw of each teacher is documented on its class;
+each is deliberate.
 """
 
 from __future__ import annotations
@@ -216,24 +219,23 @@ class GraphTeacher:
 
 
 @dataclass(frozen=True)
-class ConjunctiveTeacher:
-    """Two specialists solve part A and part B of ``A: 3+4-2 B: 8-5+1``; a reporter writes
-    ``ANSWER: 5 4``.  Flaw: each specialist answers its part at once with probability
-    ``p_direct``, so both have to learn to work their part out, and the team is right only
-    when both are (envs/team/conjunctive.py)."""
+class RelayTeacher:
+    """A specialist of a parts team (``topology.parts``: team_relay, team_conjunctive) sees only
+    its own part (``Task: 3+4-2``) and answers it: at once with probability ``p_direct``, else
+    worked out; always right.  Flaw: the answers at once, which the warm-started model gets
+    right about 30% of the time when sampling, against about 82% for a worked answer.
+    ``p_direct`` is low (0.2, against 0.6 elsewhere) so that a warm-started specialist is right
+    on about two thirds of its parts when sampling at temperature 1 (the model samples the
+    short answer about 30% of the time, more often than its teacher gave it): the team, right
+    only when every specialist is, then still succeeds in a few of 64 episodes at N = 8
+    (0.67^8 ≈ 4%), and each specialist has a short answer left to unlearn.  (Measured on the
+    recipe's build: greedy, a specialist works its part out and is right on about 88% of
+    held-out parts.)"""
 
-    p_direct: float = 0.6
-    first: str = "left"
-    second: str = "right"
+    p_direct: float = 0.2
 
     def __call__(self, req: GenRequest, rng: random.Random) -> str:
-        a, b = re.match(r"A: (\S+) B: (\S+)", task_line(req)).groups()
-        if req.agent == self.first:
-            return solve(a, rng, self.p_direct)
-        if req.agent == self.second:
-            return solve(b, rng, self.p_direct)
-        got = [answer_of(t) for name in (self.first, self.second) for t in transcript_lines(req, name)[-1:]]
-        return f"ANSWER: {' '.join(str(x) for x in got)}"
+        return solve(task_line(req), rng, self.p_direct)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,25 @@ The final table, per method (n seeds):
   * extra compute: credit tokens / rollout tokens (what the method generates beyond its
     rollouts), and the credit share of step time.
 The frontier is one point per method: (extra compute, final − baseline final).
+
+The scaling view (a study over team sizes, or the one size of a one-config study), per method
+and team size N (``runner.team_size``):
+  * steps to the baseline's final: per seed, the steps at which its held-out curve first
+    reaches the baseline method's mean final value at that N; a seed that never does counts
+    at the steps it ran (a lower bound, flagged); the mean over seeds and a bootstrap 95% CI;
+  * the held-out gain: final minus the evaluation before training, per seed; the mean and a
+    bootstrap 95% CI (where the baseline does not improve, steps to its final say little:
+    every method is there at step 0, and the gain tells the methods apart);
+  * the credit method's cost: its extra generated tokens (% of the rollouts' and per step),
+    its seconds per step, and its re-runs per episode (C3's replays, SHARP's coalitions,
+    CCPO's removals), with SHARP's planned coalitions per episode (exact Shapley's 2^n - 1 up
+    to ``max_exact_players``, Monte-Carlo permutations beyond);
+  * the per-agent signal at step 0: each agent's ``designed_signal`` (the correlation of its
+    advantages with its own designed correctness, mas/metrics.py) in the first step, where the
+    env records a designed ground truth; per agent the mean over seeds, then the mean over
+    agents.  Undefined values (an agent always right, a step without reward variance) are
+    left out and counted.
+And, from ``not_applicable.json``, the methods that were left out of the grid, with why.
 """
 
 from __future__ import annotations
@@ -36,7 +55,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mas.study.runner import DONE_FILE, SPEC_FILE, read_jsonl, step_usage
+from mas.config import validate_config
+from mas.credit.shapley import queried_coalitions
+from mas.credit.sharp import SharpConfig
+from mas.study.runner import DONE_FILE, NA_FILE, SCALING_SPEC_FILE, SPEC_FILE, read_jsonl, step_usage, team_size
 
 AXES = ("steps", "tokens", "seconds")
 BOOTSTRAP_DRAWS = 10_000
@@ -73,6 +95,48 @@ def run_points(rows: list[dict], metric: str = "accuracy") -> dict[str, Any]:
             points.append({**c, "value": float(r[metric])})
     points.sort(key=lambda p: p["steps"])
     return {"points": points, **total, "rollout_tokens": rollout, "credit_tokens": credit, "credit_seconds": credit_s}
+
+
+def run_costs(rows: list[dict]) -> dict[str, Any]:
+    """Per step of one run: the credit method's generated tokens and seconds, its re-runs and
+    SHARP's coalition evaluations per episode; and each agent's ``designed_signal`` at step 0."""
+    steps = [r for r in rows if "eval" not in r and "step" in r]
+
+    def mean(value) -> float:  # over the run's steps
+        return statistics.fmean(float(value(r)) for r in steps) if steps else 0.0
+
+    def per_episode(r: dict, count: float) -> float:
+        return count / max(int((r.get("episodes") or {}).get("count", 0)), 1)
+
+    first = next((r for r in steps if r["step"] == 0), None)
+    return {
+        "credit_tokens_per_step": mean(lambda r: (r.get("generated") or {}).get("credit_tokens", 0)),
+        "credit_seconds_per_step": mean(lambda r: (r.get("time") or {}).get("credit", 0.0)),
+        "reruns_per_episode": mean(lambda r: per_episode(r, sum((r.get("credit_cost") or {}).get(k, 0)
+                                                                for k in ("replays", "interventions")))),
+        "coalitions_per_episode": mean(lambda r: per_episode(r, (r.get("credit") or {}).get("coalition_evals", 0.0))),
+        "signal": {a: m["designed_signal"] for a, m in ((first or {}).get("agents") or {}).items() if "designed_signal" in m},
+    }
+
+
+def planned_coalitions(credit: dict, size: int) -> str | None:
+    """SHARP's coalition re-runs per episode over its players, as a run's credit section
+    configures them (credit/sharp.py), in words; None for another method or λ_s = 0."""
+    if credit.get("method") != "sharp":
+        return None
+    cfg = SharpConfig.model_validate(credit)
+    if cfg.lambda_s == 0:
+        return None
+    n = size - (1 if cfg.exclude is None else len(cfg.exclude))  # None: whoever speaks last is not a player
+    count = len(queried_coalitions(n, cfg.marginal, permutations=cfg.mc_permutations, seed=cfg.seed,
+                                   max_exact_players=cfg.max_exact_players)) - 1  # the grand coalition is the episode itself
+    if cfg.marginal == "loo":
+        how = "leave-one-out masking"
+    elif cfg.marginal == "exact" and n <= cfg.max_exact_players:
+        how = f"exact Shapley over {n} players (2^{n} - 1)"
+    else:
+        how = f"Monte-Carlo Shapley over {n} players, {cfg.mc_permutations} orderings"
+    return f"{how}: {count} coalitions per episode"
 
 
 def first_reach(points: list[dict], target: float) -> dict[str, float] | None:
@@ -160,6 +224,50 @@ def method_row(method: str, runs: list[dict], target: float | None, baseline_row
 # --- the study -----------------------------------------------------------------------------------------
 
 
+def steps_to_target(runs: list[dict], target: float | None) -> dict[str, Any]:
+    """Steps to ``target`` over seeds (module docstring: a seed that never reaches it counts at
+    the steps it ran): the mean, a bootstrap 95% CI, and how many seeds reached it."""
+    if target is None or not runs:
+        return {"mean": None, "ci95": [None, None], "reached": 0, "seeds": len(runs), "values": []}
+    values, reached = [], 0
+    for r in runs:
+        p = first_reach(r["points"], target)
+        values.append(p["steps"] if p is not None else r["steps"])
+        reached += p is not None
+    return {"mean": statistics.fmean(values), "ci95": list(bootstrap_ci(values)), "reached": reached, "seeds": len(runs),
+            "values": values}
+
+
+def signal_summary(seeds: list[dict[str, float | None]]) -> dict[str, Any]:
+    """The per-agent signal at step 0 over seeds (module docstring); None where nothing is defined."""
+    agents = sorted({a for s in seeds for a in s}, key=lambda a: (len(a), a))
+    per_agent: dict[str, float | None] = {}
+    undefined = 0
+    for a in agents:
+        vals = [s[a] for s in seeds if a in s and s[a] is not None]
+        undefined += sum(1 for s in seeds if a in s and s[a] is None)
+        per_agent[a] = statistics.fmean(vals) if vals else None
+    defined = [v for v in per_agent.values() if v is not None]
+    return {"agents": per_agent, "mean": statistics.fmean(defined) if defined else None,
+            "min": min(defined) if defined else None, "max": max(defined) if defined else None,
+            "undefined": undefined, "seeds": seeds}
+
+
+def scaling_point(n: int | None, method: str, runs: list[dict], costs: list[dict], row: dict, target: float | None,
+                  planned: str | None) -> dict[str, Any]:
+    """One method at one team size: steps to the baseline's final, cost, signal (module docstring)."""
+    cost = lambda k: statistics.fmean(c[k] for c in costs) if costs else 0.0  # noqa: E731
+    gains = [r["points"][-1]["value"] - r["points"][0]["value"] for r in runs if r["points"] and r["points"][0]["steps"] == 0]
+    return {
+        "n": n, "method": method, "target": target, "steps_to_target": steps_to_target(runs, target),
+        "final_mean": row["final_mean"], "extra_compute": row["extra_compute"],
+        "gain": {"mean": statistics.fmean(gains) if gains else None, "ci95": list(bootstrap_ci(gains)) if gains else [None, None],
+                 "values": gains},
+        **{k: cost(k) for k in ("credit_tokens_per_step", "credit_seconds_per_step", "reruns_per_episode", "coalitions_per_episode")},
+        "planned": planned, "signal": signal_summary([c["signal"] for c in costs]),
+    }
+
+
 def metric_of(config: dict) -> tuple[str, str]:
     """(eval key, label) of the held-out metric: the env's reward (accuracy, or F1 / EM)."""
     reward = (config.get("env") or {}).get("reward")
@@ -174,6 +282,8 @@ def analyse(out: str | Path) -> dict[str, Any]:
     baseline = spec.get("baseline") or ("grpo" if "grpo" in methods else methods[0])
     label = "accuracy"
     runs: dict[str, list[dict]] = {m: [] for m in methods}
+    costs: dict[str, list[dict]] = {m: [] for m in methods}
+    configs: dict[str, dict] = {}
     run_list = []
     for m in methods:
         for s in range(seeds):
@@ -182,10 +292,13 @@ def analyse(out: str | Path) -> dict[str, Any]:
             if not rows:
                 continue
             config_path = run_dir / "config.yaml"
-            key, label = metric_of(yaml.safe_load(config_path.read_text()) or {}) if config_path.exists() else ("accuracy", label)
+            config = (yaml.safe_load(config_path.read_text()) or {}) if config_path.exists() else {}
+            configs.setdefault(m, config)
+            key, label = metric_of(config) if config else ("accuracy", label)
             pts = run_points(rows, key)
             done = json.loads((run_dir / DONE_FILE).read_text()) if (run_dir / DONE_FILE).exists() else None
             runs[m].append(pts)
+            costs[m].append(run_costs(rows))
             run_list.append({"method": m, "seed": s, "run_dir": str(run_dir.relative_to(out)), "finished": done is not None,
                              "budget": (done or {}).get("budget"), "final": pts["points"][-1]["value"] if pts["points"] else None,
                              **{k: pts[k] for k in ("steps", "tokens", "rollout_tokens", "credit_tokens", "seconds", "credit_seconds")},
@@ -198,8 +311,18 @@ def analyse(out: str | Path) -> dict[str, Any]:
     curves = {axis: {m: curve([r["points"] for r in runs[m]], axis) for m in methods if runs[m]} for axis in AXES}
     frontier = [{"method": r["method"], "extra_compute": r["extra_compute"],
                  "gain": (r["final_mean"] - target) if target is not None else None} for r in table]
+    n = _size_of(next(iter(configs.values()), {}))
+    rows_by = {r["method"]: r for r in table}
+    points = {m: [scaling_point(n, m, runs[m], costs[m], rows_by[m], target,
+                                planned_coalitions(configs[m].get("credit") or {}, n) if n else None)]
+              for m in methods if runs[m]}
+    not_applicable = json.loads((out / NA_FILE).read_text()) if (out / NA_FILE).exists() else {}
     return {
         "spec": spec,
+        "size": n,
+        "scaling": {"sizes": [n] if n is not None and points else [], "points": points if n is not None else {},
+                    "baseline": baseline, "not_applicable": {str(n): not_applicable} if not_applicable else {}},
+        "not_applicable": not_applicable,
         "metric": label,
         "baseline": baseline,
         "baseline_final": target,
@@ -209,6 +332,43 @@ def analyse(out: str | Path) -> dict[str, Any]:
         "frontier": frontier,
         "checklist": checklist(spec, table, run_list, baseline),
     }
+
+
+def _size_of(config: dict) -> int | None:
+    """N of the team a run's resolved config describes (None without one)."""
+    if not config:
+        return None
+    try:
+        return team_size(validate_config(config))
+    except ValueError:  # a config from another version: the scaling view says the size is unknown
+        return None
+
+
+def analyse_sizes(out: str | Path) -> dict[str, Any]:
+    """A study over team sizes (``scaling_spec.json``): every size's own analysis, and the
+    scaling view across them (module docstring)."""
+    out = Path(out)
+    spec = json.loads((out / SCALING_SPEC_FILE).read_text())
+    sizes = []
+    for size in spec["sizes"]:
+        d = out / size["dir"]
+        if (d / SPEC_FILE).exists():
+            sizes.append({**size, "study": analyse(d)})
+    return {"spec": spec, "sizes": sizes, "scaling": combine_scaling([s["study"]["scaling"] for s in sizes]),
+            "metric": sizes[0]["study"]["metric"] if sizes else "accuracy"}
+
+
+def combine_scaling(parts: list[dict]) -> dict[str, Any]:
+    """The scaling views of several sizes as one: every method's points in order of N."""
+    points: dict[str, list[dict]] = {}
+    for part in parts:
+        for m, pts in part["points"].items():
+            points.setdefault(m, []).extend(pts)
+    baselines = sorted({p["baseline"] for p in parts})
+    return {"sizes": sorted({n for p in parts for n in p["sizes"]}),
+            "points": {m: sorted(pts, key=lambda p: p["n"]) for m, pts in points.items()},
+            "baseline": baselines[0] if len(baselines) == 1 else ", ".join(baselines),
+            "not_applicable": {k: v for p in parts for k, v in p["not_applicable"].items()}}
 
 
 def checklist(spec: dict, table: list[dict], runs: list[dict], baseline: str) -> list[dict[str, str]]:

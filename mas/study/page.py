@@ -4,6 +4,13 @@ Rendered from ``analysis.analyse``'s dict with a Jinja2 template (``templates/st
 autoescaped: config paths, method names and notes are text, never markup).  The curves are the
 report's inline SVG line charts (``mas.report.charts``) with a ±1 std band per method; the
 frontier is an inline SVG scatter drawn here.  No scripts, fonts or files from anywhere else.
+
+The scaling view (``templates/scaling.html.j2``, on every study page): steps to the
+baseline's final accuracy, extra generated tokens and credit time per step against the team
+size N, one line per method (inline SVG drawn here, sizes evenly spaced), with the per-agent
+signal at step 0 and the cost per size in tables.  A study over team sizes gets its own page
+(``templates/sizes.html.j2``): the scaling view over every size, and a link to each size's
+study page.
 """
 
 from __future__ import annotations
@@ -83,6 +90,121 @@ def frontier_chart(study: dict, width: int = 560, height: int = 320) -> str:
     return f'<figure class="card"><figcaption>{escape(title)}</figcaption>{svg}<p class="note">{escape(note)}</p></figure>'
 
 
+def scaling_chart(scaling: dict, title: str, y_label: str, value, note: str, ci=None, hollow=None,
+                  chart_id: str = "", width: int = 460, height: int = 280) -> str:
+    """One value per (method, team size) against N: a line per method through its sizes, a marker
+    per point (hollow where ``hollow(point)``), a whisker where ``ci(point)`` gives (low, high)."""
+    sizes, methods = scaling["sizes"], list(scaling["points"])
+    marks = [(i, m, p, value(p)) for i, m in enumerate(methods) for p in scaling["points"][m] if value(p) is not None]
+    if not marks:
+        return f'<figure class="card empty"><figcaption>{escape(title)}</figcaption><p class="note">no finished runs yet</p></figure>'
+    left, right, top, bottom = 60, 16, 14, 40
+    ys = [v for *_, v in marks] + [y for _, _, p, _ in marks if ci and ci(p) for y in ci(p) if y is not None] + [0.0]
+    y0, y1 = min(ys), max(ys)
+    y1 = y1 if y1 > y0 else y0 + 1.0
+    yt = nice_ticks(y0, y1 + (y1 - y0) * 0.05)
+    y0, y1 = min(y0, yt[0]), max(y1, yt[-1])
+    slot = (width - left - right) / max(len(sizes), 1)
+    px = lambda n, i: left + slot * (sizes.index(n) + 0.5) + (i - (len(methods) - 1) / 2) * 7  # noqa: E731  (methods side by side)
+    py = lambda y: height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)  # noqa: E731
+    body = []
+    ystep = yt[1] - yt[0] if len(yt) > 1 else 0.0
+    for t in yt:
+        body.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>')
+        body.append(f'<text class="tick" x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{tick_label(t, ystep)}</text>')
+    for n in sizes:
+        body.append(f'<text class="tick" x="{left + slot * (sizes.index(n) + 0.5):.1f}" y="{height - bottom + 16}" '
+                    f'text-anchor="middle">N = {n}</text>')
+    body.append(f'<line class="axis" x1="{left}" x2="{width - right}" y1="{height - bottom}" y2="{height - bottom}"/>')
+    body.append(f'<text class="label" x="{(left + width - right) / 2:.0f}" y="{height - 4}" text-anchor="middle">team size N</text>')
+    body.append(f'<text class="label" transform="translate(14 {(top + height - bottom) / 2:.0f}) rotate(-90)" '
+                f'text-anchor="middle">{escape(y_label)}</text>')
+    for i, m in enumerate(methods):
+        c = colour(i)
+        pts = [(p, v) for j, mm, p, v in marks if mm == m]
+        if len(pts) > 1:
+            line = " ".join(f"{px(p['n'], i):.1f},{py(v):.1f}" for p, v in pts)
+            body.append(f'<polyline class="series" data-method="{escape(m)}" points="{line}" fill="none" stroke="{c}" stroke-width="2"/>')
+        for p, v in pts:
+            x = px(p["n"], i)
+            bounds = ci(p) if ci else None
+            if bounds and None not in bounds:
+                body.append(f'<line class="whisker" data-method="{escape(m)}" x1="{x:.1f}" x2="{x:.1f}" y1="{py(bounds[0]):.1f}" '
+                            f'y2="{py(bounds[1]):.1f}" stroke="{c}" stroke-width="1.5"/>')
+            open_ = bool(hollow and hollow(p))
+            tip = f"{m} · N = {p['n']}: {fmt(v)}" + (f" [{fmt(bounds[0])}, {fmt(bounds[1])}]" if bounds and None not in bounds else "")
+            body.append(f'<circle class="point" data-method="{escape(m)}" data-n="{p["n"]}" cx="{x:.1f}" cy="{py(v):.1f}" r="5" '
+                        f'fill="{"#fff" if open_ else c}" stroke="{c}" stroke-width="2"><title>{escape(tip)}</title></circle>')
+    ident = f' id="{escape(chart_id)}"' if chart_id else ""
+    svg = (f'<svg class="chart scaling"{ident} viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+           f'aria-label="{escape(title)}">{"".join(body)}</svg>')
+    legend = "".join(f'<span class="legend-item"><svg width="14" height="10"><rect width="14" height="10" fill="{colour(i)}"/></svg>'
+                     f'{escape(m)}</span>' for i, m in enumerate(methods))
+    return (f'<figure class="card"><figcaption>{escape(title)}</figcaption>{svg}<div class="legend">{legend}</div>'
+            f'<p class="note">{escape(note)}</p></figure>')
+
+
+def scaling_charts(scaling: dict, metric: str) -> list[str]:
+    """The scaling view's charts: steps to the baseline's final, the gain, extra tokens, credit time."""
+    base = scaling["baseline"]
+    steps = scaling_chart(
+        scaling, f"steps to {base}'s final held-out {metric}, against team size", "training steps",
+        lambda p: p["steps_to_target"]["mean"],
+        f"the first evaluation at which a seed reaches {base}'s mean final {metric} at that size; mean over seeds, whiskers "
+        "a bootstrap 95% CI; hollow: some seeds never reached it and count at the steps they ran (a lower bound)",
+        ci=lambda p: p["steps_to_target"]["ci95"], hollow=lambda p: p["steps_to_target"]["reached"] < p["steps_to_target"]["seeds"],
+        chart_id="scaling-steps")
+    gain = scaling_chart(
+        scaling, f"held-out {metric} gained in training, against team size", "points (final − before)",
+        lambda p: None if p["gain"]["mean"] is None else 100 * p["gain"]["mean"],
+        "each seed's last evaluation minus its evaluation before training; mean over seeds, whiskers a bootstrap 95% CI. "
+        "Where the baseline does not improve, every method reaches its final at step 0 and this tells them apart",
+        ci=lambda p: [None if v is None else 100 * v for v in p["gain"]["ci95"]], chart_id="scaling-gain")
+    tokens = scaling_chart(
+        scaling, "credit's extra generated tokens, against team size", "% of the rollouts' tokens",
+        lambda p: 100 * p["extra_compute"],
+        "what the credit method generates beyond its rollouts: C3's context-matched replays, SHARP's re-sampled synthesiser, "
+        "CCPO's removal runs. SHARP with every agent a player generates nothing: its coalitions cost time (next chart)",
+        chart_id="scaling-tokens")
+    seconds = scaling_chart(
+        scaling, "credit time per training step, against team size", "seconds per step",
+        lambda p: p["credit_seconds_per_step"],
+        "the credit phase's wall time per step (its re-runs through the engine and the credit itself), measured on this machine",
+        chart_id="scaling-seconds")
+    return [steps, gain, tokens, seconds]
+
+
+def scaling_rows(scaling: dict) -> dict[str, Any]:
+    """The scaling view's tables as display strings: per method, one cell per team size."""
+    sizes = scaling["sizes"]
+    signal, cost = [], []
+    for m, pts in scaling["points"].items():
+        by_n = {p["n"]: p for p in pts}
+        cells, costs = [], []
+        for n in sizes:
+            p = by_n.get(n)
+            if p is None:
+                why = scaling["not_applicable"].get(str(n), {}).get(m)
+                cells.append("does not apply" if why else "—")
+                costs.append("does not apply" if why else "—")
+                continue
+            sig = p["signal"]
+            text = "—" if sig["mean"] is None else f"{sig['mean']:.2f}"
+            if sig["mean"] is not None and sig["min"] != sig["max"]:
+                text += f" ({sig['min']:.2f} to {sig['max']:.2f})"
+            if sig["undefined"]:
+                text += f"; {sig['undefined']} undefined"
+            cells.append(text)
+            line = (f"+{100 * p['extra_compute']:.0f}% tokens ({p['credit_tokens_per_step']:,.0f} per step), "
+                    f"{p['credit_seconds_per_step']:.2f} s per step, {p['reruns_per_episode']:.1f} re-runs per episode")
+            costs.append(line + (f"; {p['planned']}" if p["planned"] else ""))
+        signal.append({"method": m, "cells": cells})
+        cost.append({"method": m, "cells": costs})
+    skipped = [{"n": n, "method": m, "why": why} for n, d in sorted(scaling["not_applicable"].items(), key=lambda kv: int(kv[0]))
+               for m, why in d.items()]
+    return {"sizes": sizes, "signal": signal, "cost": cost, "skipped": skipped, "baseline": scaling["baseline"]}
+
+
 def _num(x: Any, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "—"
@@ -123,9 +245,32 @@ def render_study(study: dict) -> str:
         frontier=Markup(frontier_chart(study)),
         rows=table_rows(study),
         baseline_final=_num(study["baseline_final"]),
+        scaling_charts=[Markup(c) for c in scaling_charts(study["scaling"], study["metric"])],
+        scaling=scaling_rows(study["scaling"]),
+        metric=study["metric"],
+    )
+
+
+def render_sizes(result: dict) -> str:
+    """The HTML of a study over team sizes: the scaling view and a row per size."""
+    sizes = []
+    for size in result["sizes"]:
+        st = size["study"]
+        sizes.append({"n": size["n"], "config": size["config"], "page": f"{size['dir']}/study.html",
+                      "baseline": st["baseline"], "baseline_final": _num(st["baseline_final"]),
+                      "finals": ", ".join(f"{r['method']} {_num(r['final_mean'])}" for r in st["table"]) or "no runs yet"})
+    return _ENV.get_template("sizes.html.j2").render(
+        spec=result["spec"], metric=result["metric"], sizes=sizes,
+        scaling_charts=[Markup(c) for c in scaling_charts(result["scaling"], result["metric"])],
+        scaling=scaling_rows(result["scaling"]),
     )
 
 
 def write_study_html(study: dict, path: Path) -> Path:
     path.write_text(render_study(study), encoding="utf-8")
+    return path
+
+
+def write_sizes_html(result: dict, path: Path) -> Path:
+    path.write_text(render_sizes(result), encoding="utf-8")
     return path

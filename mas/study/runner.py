@@ -1,8 +1,20 @@
 """Run a study's grid: one ordinary run directory per (credit method, seed), resumable.
 
     OUT/study_spec.json                what was asked (config, methods, seeds, budget, overrides)
+    OUT/not_applicable.json            methods asked for that do not apply to this team, and why
     OUT/runs/<method>/seed_<s>/        an ordinary run directory (``mas report`` works on it)
         study_run.json                 written when the run is finished: why it ended, what it used
+
+A study over team sizes (several configs, e.g. ``team_relay_n2.yaml team_relay_n4.yaml
+team_relay_n8.yaml``) is one such study per config, each in its own directory named by the
+team's size N, plus what was asked for the whole:
+
+    OUT/scaling_spec.json              the configs, their sizes and directories, and the shared arguments
+    OUT/n<N>/                          the study of the config of size N (the layout above)
+
+N is the number of parts the env splits each task into where it does (team_relay's
+``env.size``, team_conjunctive's 2: one specialist per part), else the number of agents of
+the team.  Two configs of the same size are refused (their directories would collide).
 
 Re-running the same command continues where it stopped: a finished run (``study_run.json``)
 is skipped, a run with a checkpoint resumes from it (``mas train --resume`` semantics: same
@@ -27,9 +39,23 @@ so runs go in parallel up to the cluster's CPUs.
 
 Credit blocks: a method's run uses the config's own ``credit`` section when it names that
 method, else ``{method: <name>}`` with the method's defaults, plus what ``--credit-set
-METHOD.key=value`` gives.  Two defaults follow the team: C3's ``fanout`` is
+METHOD.key=value`` gives.  Some defaults follow the team: C3's ``fanout`` is
 ``[trainer.group_size, 4]`` (the G rollouts are its roots, 4 siblings per later decision as in
 the paper's (2, 4)), and M-GRPO's ``main_agent`` is the orchestrator of an orchestrator team.
+A team of specialists (a chain with ``topology.parts``) has no answering agent and N decisions
+in a row: SHARP's players are all of them (``exclude: []``; its default leaves out whoever
+speaks last), and C3's tree covers every specialist with one context-matched alternative each,
+``fanout [G, 2, ..., 2]`` of length N (the paper's 4 siblings at every later depth would
+re-sample 3·N(N-1)/2 turns per episode, 84 at N = 8, against N rollout turns).
+
+Methods that do not apply to a team are left out of its grid and said, with why
+(``not_applicable``): CCPO's counterfactual removes the upstream agent of a two-agent dyad;
+M-GRPO needs a main agent; the LLM critic needs a critic model.
+
+Held-out evaluation: the config's ``trainer.eval_every`` if it sets one, else every 2 steps
+(the resolution of "steps to reach the baseline's final accuracy") where that costs at most as
+many episodes as the training itself (``eval_size <= 2 * batch_size * group_size``), else about
+five evaluations per run, with a hint to ask for ``--eval-every 2``.  ``--eval-every`` wins.
 """
 
 from __future__ import annotations
@@ -40,7 +66,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +80,8 @@ BudgetKind = Literal["steps", "tokens", "seconds"]
 BUDGET_KINDS: tuple[str, ...] = ("steps", "tokens", "seconds")
 SPEC_FILE = "study_spec.json"
 DONE_FILE = "study_run.json"
+NA_FILE = "not_applicable.json"
+SCALING_SPEC_FILE = "scaling_spec.json"
 
 
 @dataclass(frozen=True)
@@ -96,16 +124,29 @@ class Job:
 # --- building the grid -----------------------------------------------------------------------
 
 
-def _credit_block(data: dict, method: str, sets: tuple[str, ...]) -> dict:
-    """The credit section of ``method``'s run (module docstring)."""
+def is_parts_team(topology: Any) -> bool:
+    """A team of specialists, one per part of the task: a chain with ``topology.parts``."""
+    return getattr(topology, "kind", None) == "chain" and bool(topology.parts)
+
+
+def team_size(cfg: Any) -> int:
+    """N of a team (module docstring): the env's parts per task where it splits tasks, else the agents."""
+    parts = getattr(cfg.env, "num_parts", None)  # only envs that split tasks into parts declare it
+    return int(parts) if parts else len(cfg.agents)
+
+
+def _credit_block(data: dict, method: str, sets: tuple[str, ...], cfg: Any) -> dict:
+    """The credit section of ``method``'s run (module docstring); ``cfg``: the team's validated config."""
     base = data.get("credit") if isinstance(data.get("credit"), dict) else {}
     block = dict(base) if base.get("method") == method else {"method": method}
-    trainer = data.get("trainer") or {}
+    parts = is_parts_team(cfg.topology)
     if method == "c3" and "fanout" not in block:
-        block["fanout"] = [int(trainer.get("group_size", 4)), 4]
-    topo = data.get("topology") or {}
-    if method == "m_grpo" and "main_agent" not in block and topo.get("kind") == "orchestrator":
-        block["main_agent"] = topo.get("orchestrator")
+        later = [2] * (len(cfg.topology.sequence) - 1) if parts else [4]
+        block["fanout"] = [cfg.trainer.group_size, *later]
+    if method == "sharp" and "exclude" not in block and parts:
+        block["exclude"] = []
+    if method == "m_grpo" and "main_agent" not in block and cfg.topology.kind == "orchestrator":
+        block["main_agent"] = cfg.topology.orchestrator
     for item in sets:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError("--credit-set", [f"{item!r}: expected METHOD.key=value (e.g. c3.fanout=[8,2])"])
@@ -116,20 +157,79 @@ def _credit_block(data: dict, method: str, sets: tuple[str, ...]) -> dict:
     return block
 
 
-def job_config(spec: StudySpec, method: str, seed: int) -> dict:
-    """The validated config (as a dict) of one run; a ConfigError names the method and seed."""
+def _team_data(spec: StudySpec) -> dict:
+    """The study's config file with its overrides, as data."""
     try:
         data = yaml.safe_load(Path(spec.config).read_text()) or {}
     except FileNotFoundError:
         raise ConfigError(spec.config, ["file not found"]) from None
-    data = apply_overrides(data, list(spec.overrides))
-    data["credit"] = _credit_block(data, method, spec.credit_sets)
+    return apply_overrides(data, list(spec.overrides))
+
+
+def team_config(spec: StudySpec) -> Any:
+    """The study's team as configured (its own credit section), validated."""
+    return validate_config(_team_data(spec), spec.config)
+
+
+def default_eval_every(trainer: Any) -> int:
+    """trainer.eval_every of a study run when neither the config nor --eval-every sets one: 2
+    where evaluating every 2 steps costs at most as many episodes as the training (module
+    docstring), else about five evaluations per run."""
+    if trainer.eval_size <= 2 * trainer.batch_size * trainer.group_size:
+        return 2
+    return max(1, math.ceil(trainer.steps / 5))
+
+
+def eval_hint(spec: StudySpec) -> str | None:
+    """A line for the terminal when the runs evaluate less often than every 2 steps by default."""
+    cfg = team_config(spec)
+    if spec.eval_every or cfg.trainer.eval_every:
+        return None
+    trainer = cfg.trainer.model_copy(update={"steps": int(spec.budget)}) if spec.budget_kind == "steps" and spec.budget else cfg.trainer
+    every = default_eval_every(trainer)
+    if every <= 2:
+        return None
+    return (f"{spec.config}: held-out evaluation every {every} steps (eval_size {trainer.eval_size} is more than twice the "
+            f"{trainer.batch_size * trainer.group_size} episodes of a training step), so steps-to-target is resolved to "
+            f"{every} steps; add --eval-every 2 for a finer curve at the cost of more evaluation")
+
+
+def not_applicable(method: str, cfg: Any) -> str | None:
+    """Why ``method`` does not apply to the team ``cfg`` (its validated config), or None."""
+    parts = is_parts_team(cfg.topology)
+    if method == "ccpo" and (parts or len(cfg.agents) != 2):
+        why = ("CCPO's counterfactual removes the upstream agent of a two-agent dyad (a thinker, then a solver who can "
+               "answer alone) and re-runs the rest (credit/ccpo.py)")
+        if parts:
+            return (f"{why}; in a team of specialists a removed specialist leaves its part unanswered, so every "
+                    "counterfactual scores 0 and tells the credit nothing")
+        return f"{why}; this team has {len(cfg.agents)} agents, and only the first would get counterfactual credit"
+    if method == "m_grpo" and cfg.topology.kind != "orchestrator" and getattr(cfg.credit, "main_agent", None) is None:
+        return (f"M-GRPO is hierarchical: a main agent (planner, orchestrator) and the sub-agents it calls "
+                f"(credit/mgrpo.py); this {cfg.topology.kind} team has none (name one with --credit-set m_grpo.main_agent=...)")
+    if method == "critic" and getattr(cfg.credit, "critic", None) is None:
+        return "the LLM critic needs a critic model (credit.critic: a policy of the team); this config names none"
+    return None
+
+
+def not_applicable_methods(spec: StudySpec) -> dict[str, str]:
+    """The methods of ``spec`` that do not apply to its team, with why."""
+    cfg = team_config(spec)
+    return {m: why for m in spec.methods if (why := not_applicable(m, cfg)) is not None}
+
+
+def job_config(spec: StudySpec, method: str, seed: int) -> dict:
+    """The validated config (as a dict) of one run; a ConfigError names the method and seed."""
+    data = _team_data(spec)
+    team = validate_config(data, spec.config)
+    data["credit"] = _credit_block(data, method, spec.credit_sets, team)
     trainer = data.setdefault("trainer", {})
-    trainer["seed"] = int(trainer.get("seed", 0)) + seed
+    trainer["seed"] = team.trainer.seed + seed
     if spec.budget_kind == "steps" and spec.budget is not None:
         trainer["steps"] = int(spec.budget)
-    steps = int(trainer.get("steps", validate_config(data, spec.config).trainer.steps))
-    trainer["eval_every"] = spec.eval_every or int(trainer.get("eval_every") or 0) or max(1, math.ceil(steps / 5))
+    steps = int(trainer.get("steps", team.trainer.steps))
+    trainer["eval_every"] = (spec.eval_every or team.trainer.eval_every
+                             or default_eval_every(team.trainer.model_copy(update={"steps": steps})))
     data.setdefault("logging", {})["progress"] = False  # one line per run instead of interleaved bars
     cfg = validate_config(data, f"{spec.config} [{method}, seed {seed}]", check=meaning_errors)
     if not cfg.trainer.eval_size:
@@ -138,12 +238,16 @@ def job_config(spec: StudySpec, method: str, seed: int) -> dict:
 
 
 def plan_jobs(spec: StudySpec) -> list[Job]:
-    """Every (method, seed) run with its state; every config is validated before anything runs."""
+    """Every (method, seed) run with its state, for the methods that apply to the team
+    (``not_applicable_methods`` are left out); every config is validated before anything runs."""
     unknown_sets = sorted({s.split(".", 1)[0] for s in spec.credit_sets} - set(spec.methods))
     if unknown_sets:
         raise ConfigError("--credit-set", [f"names methods not in --methods: {unknown_sets}; methods: {list(spec.methods)}"])
+    skipped = not_applicable_methods(spec)
     jobs = []
     for method in spec.methods:
+        if method in skipped:  # said by the caller (run_study logs it and keeps it in not_applicable.json)
+            continue
         for seed in range(spec.seeds):
             cfg = job_config(spec, method, seed)
             budget = spec.budget if spec.budget is not None else cfg["trainer"]["steps"]
@@ -283,30 +387,120 @@ def check_spec(spec: StudySpec) -> None:
                                       "use another --out (or the same arguments to continue it)" for k in differ])
 
 
-def run_study(spec: StudySpec, executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
-              cpus_per_run: float = 1.0, log=print) -> StudyRun:
-    """Plan, then run every unfinished job of the grid (locally one by one, or as Ray tasks)."""
+def _check_budget(spec: StudySpec) -> None:
     if spec.budget_kind not in BUDGET_KINDS:
         raise ConfigError("--budget", [f"unknown budget {spec.budget_kind!r}; valid: {list(BUDGET_KINDS)}"])
     if spec.budget is not None and not (spec.budget > 0 and math.isfinite(spec.budget)):
         raise ConfigError("--budget", [f"the budget must be a positive number (found {spec.budget})"])
+
+
+def _plan(spec: StudySpec) -> tuple[list[Job], dict[str, str]]:
+    """Every check of a study, nothing written: its jobs and the methods that do not apply."""
+    _check_budget(spec)
+    if (Path(spec.out) / SCALING_SPEC_FILE).exists():
+        raise ConfigError(spec.out, ["holds a study over team sizes (scaling_spec.json): give all its configs again to "
+                                     "continue it, or use another --out"])
     check_spec(spec)
-    jobs = plan_jobs(spec)
+    return plan_jobs(spec), not_applicable_methods(spec)
+
+
+def _record(spec: StudySpec, jobs: list[Job], skipped: dict[str, str], log) -> None:
+    """Write what was asked (and what does not apply) to the study's directory, and say so."""
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
+    (out / NA_FILE).write_text(json.dumps(skipped, indent=2))
     counts = {s: sum(j.state == s for j in jobs) for s in ("done", "resume", "new")}
-    log(f"study: {len(spec.methods)} methods x {spec.seeds} seeds = {len(jobs)} runs in {out} "
-        f"(budget {spec.budget_kind} {jobs[0].budget:g}); {counts['done']} done, {counts['resume']} to resume, {counts['new']} to start")
+    budget = f"{jobs[0].budget:g}" if jobs else "-"
+    log(f"study: {len(spec.methods) - len(skipped)} methods x {spec.seeds} seeds = {len(jobs)} runs in {out} "
+        f"(budget {spec.budget_kind} {budget}); {counts['done']} done, {counts['resume']} to resume, {counts['new']} to start")
+    for method, why in skipped.items():
+        log(f"study: {method} does not apply to {spec.config}, left out: {why}")
+    hint = eval_hint(spec)
+    if hint:
+        log(f"hint: {hint}")
+
+
+def prepare_study(spec: StudySpec, log=print) -> list[Job]:
+    """Check and plan a study, write what was asked (and what does not apply) to its directory,
+    and say so; returns its jobs (none run yet)."""
+    jobs, skipped = _plan(spec)
+    _record(spec, jobs, skipped, log)
+    return jobs
+
+
+def run_jobs(jobs: list[Job], executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
+             cpus_per_run: float = 1.0, log=print) -> list[dict]:
+    """Run every unfinished job (locally one by one, or all at once as Ray tasks); their records."""
     todo = [j for j in jobs if j.state != "done"]
-    result = StudyRun(spec, jobs)
     if executor == "ray" and todo:
-        result.records = _run_ray(todo, ray_address, cpus_per_run, log)
-    else:
-        for i, job in enumerate(todo):
-            log(f"[{i + 1}/{len(todo)}] {job.name}: {'resuming' if job.state == 'resume' else 'training'} ({job.run_dir})")
-            result.records.append(run_job(job))
-    return result
+        return _run_ray(todo, ray_address, cpus_per_run, log)
+    records = []
+    for i, job in enumerate(todo):
+        log(f"[{i + 1}/{len(todo)}] {job.name}: {'resuming' if job.state == 'resume' else 'training'} ({job.run_dir})")
+        records.append(run_job(job))
+    return records
+
+
+def run_study(spec: StudySpec, executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
+              cpus_per_run: float = 1.0, log=print) -> StudyRun:
+    """Plan, then run every unfinished job of the grid (locally one by one, or as Ray tasks)."""
+    jobs = prepare_study(spec, log)
+    return StudyRun(spec, jobs, run_jobs(jobs, executor, ray_address, cpus_per_run, log))
+
+
+# --- a study over team sizes ---------------------------------------------------------------------
+
+
+def size_specs(spec: StudySpec, configs: list[str] | tuple[str, ...]) -> list[tuple[int, StudySpec]]:
+    """One study per config, in ``OUT/n<N>/`` with the same arguments, smallest team first."""
+    sizes: dict[int, StudySpec] = {}
+    for config in configs:
+        one = replace(spec, config=str(config))
+        n = team_size(team_config(one))
+        if n in sizes:
+            raise ConfigError(str(config), [f"a team of size N = {n} again (also {sizes[n].config}): a study over team "
+                                            "sizes takes one config per size"])
+        sizes[n] = replace(one, out=str(Path(spec.out) / f"n{n}"))
+    return sorted(sizes.items())
+
+
+def scaling_record(spec: StudySpec, sizes: list[tuple[int, StudySpec]]) -> dict:
+    """``scaling_spec.json``: the shared arguments, and each size's config and directory."""
+    shared = {k: v for k, v in json.loads(json.dumps(asdict(spec))).items() if k not in ("config", "out")}
+    return {**shared, "configs": [s.config for _, s in sizes],
+            "sizes": [{"n": n, "config": s.config, "dir": Path(s.out).name} for n, s in sizes]}
+
+
+def run_sizes(spec: StudySpec, configs: list[str] | tuple[str, ...], executor: Literal["local", "ray"] = "local",
+              ray_address: str | None = None, cpus_per_run: float = 1.0, log=print) -> list[StudyRun]:
+    """A study over team sizes (module docstring): every size's study is checked and planned
+    before any run starts, then all their runs go together (one after another, or as Ray tasks)."""
+    _check_budget(spec)
+    out = Path(spec.out)
+    if (out / SPEC_FILE).exists():
+        raise ConfigError(str(out), ["holds a one-config study (study_spec.json): use another --out for a study over team sizes"])
+    sizes = size_specs(spec, configs)
+    record = scaling_record(spec, sizes)
+    path = out / SCALING_SPEC_FILE
+    if path.exists():
+        old = json.loads(path.read_text())
+        differ = sorted(k for k in record if old.get(k) != record[k])
+        if differ:
+            raise ConfigError(str(path), [f"{k}: this study directory was started with {old.get(k)!r}, now {record[k]!r}; "
+                                          "use another --out (or the same arguments to continue it)" for k in differ])
+    plans = [(n, one, *_plan(one)) for n, one in sizes]  # every size checked before anything is written
+    planned = []
+    for n, one, jobs, skipped in plans:
+        log(f"team size N = {n}: {one.config}")
+        _record(one, jobs, skipped, log)
+        planned.append((one, jobs))
+    path.write_text(json.dumps(record, indent=2))
+    records = run_jobs([j for _, jobs in planned for j in jobs], executor, ray_address, cpus_per_run, log)
+    by_dir = {str(Path(one.out)): StudyRun(one, jobs) for one, jobs in planned}
+    for rec in records:
+        by_dir[str(Path(rec["run_dir"]).parents[2])].records.append(rec)
+    return list(by_dir.values())
 
 
 def _run_ray(jobs: list[Job], address: str | None, cpus_per_run: float, log) -> list[dict]:

@@ -1,0 +1,165 @@
+"""A relay team task whose size is a parameter: N specialists, N sub-problems, and the team is
+right only if every part is.
+
+A task strings together ``size`` arithmetic chains (N parts), e.g. for N = 3
+``1: 3+4-2 2: 8-5+1 3: 6-1-1`` with the answer ``5 4 4``.  The team it is designed for
+(``configs/team_relay_n*.yaml``) is a chain of N specialists with ``topology.parts: true``:
+specialist k sees only part k (``Task: 8-5+1``, from ``task.meta["parts"]``), answers it, and
+sees no other agent's message; the team's answer is every specialist's answer in order,
+space-separated, ``?`` for one that gave none.  The reward is 1 only when the answer has N
+words and every word is right: an AND of N parts.  Each specialist can only be right about
+its own part, and none can make the team right alone.
+
+Why credit matters here, and more so as N grows.  With one outcome per episode, an
+episode-level baseline (GRPO) gives every specialist the same advantage: specialist k's
+learning signal is its own correctness times the other N-1 specialists' joint success, and
+the other N-1 specialists' luck is noise in its gradient.  With each specialist right with
+probability p, the team succeeds with probability p^N, so the share of episodes that tell a
+specialist anything shrinks geometrically with N.  A method that compares a specialist
+with its own alternatives in the same context (C3's context-matched replays) removes the
+others' luck; Shapley or leave-one-out masking cannot: in an AND game every player gets the
+same value (R/N), whoever was right.
+
+Ground truth (``info["designed"]``, ``envs/base.py``): specialist k did its job iff its own
+answer to part k is right, the k-th turn of the episode being specialist k's (a masked or
+removed turn did not).  Scores recorded on each episode (``info["scores"]``, averaged by
+evaluation): ``part_1`` .. ``part_N``, whether each word of the team's answer is right.
+
+Splits.  The parts come from the ``synthetic_math`` streams with the same settings: a
+training task strings training chains, a held-out task held-out chains only, so no part of a
+held-out task was seen in training (nor by this format's warm start).  Held-out task ``i``
+uses held-out chains ``N·i`` .. ``N·i + N - 1``, so ``eval_size`` tasks need ``N·eval_size``
+held-out chains: ``heldout_fraction`` defaults to 0.25, which holds out 1,000 of the 4,000
+two-step chains, enough for 100 held-out tasks at N = 8 (a larger eval needs a larger
+fraction, as ``mas validate`` says).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mas.types import Episode, Task
+
+from ..base import check_env_state, designed_outcomes
+from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
+from ..math.verify import numbers_match
+
+__all__ = ["MISSING", "TeamRelayConfig", "TeamRelayEnv", "first_word", "part_words"]
+
+MISSING = "?"  # what the team's answer holds for a part nobody answered (topologies/chain.py writes it)
+
+
+def part_words(answer: str | None) -> list[str]:
+    """The words of a team answer, one per part ("5 ? 4" -> ["5", "?", "4"]); [] for None."""
+    return (answer or "").split()
+
+
+def first_word(text: str | None) -> str | None:
+    """What a part's answer becomes in the team's answer: its first word (None if there is none)."""
+    words = part_words(text)
+    return words[0] if words else None
+
+
+def right(word: str | None, gold: str) -> bool:
+    """Whether one part's answer has the gold value (``?`` and words without a number never do)."""
+    return word is not None and word != MISSING and numbers_match(word, gold)
+
+
+class TeamRelayConfig(BaseModel):
+    """N arithmetic chains per task, one per specialist; all N results are needed (env section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Literal["team_relay"] = Field(description="Selects this env.")
+    size: int = Field(
+        default=2, ge=1, le=16,
+        description="Parts per task, N: one per specialist, so the team's size (a parts chain of exactly N agents).",
+    )
+    num_ops: int = Field(default=2, ge=1, description="Binary operations in each part (the difficulty of each part).")
+    max_operand: int = Field(default=9, ge=1, description="Operands are drawn uniformly from 0..max_operand.")
+    ops: tuple[Op, ...] = Field(default=("+", "-"), description="Operators to draw from; a non-empty subset of '+', '-', '*'.")
+    heldout_fraction: float = Field(
+        default=0.25, gt=0.0, lt=1.0,
+        description="Share of all chains (by stable hash) reserved for held-out parts; a held-out task strings N of them.",
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of the training task stream.")
+
+    @property
+    def num_parts(self) -> int:
+        """Parts of every task (``task.meta["parts"]``): what a ``parts`` chain must have agents for."""
+        return self.size
+
+
+class TeamRelayEnv:
+    """Env over :class:`TeamRelayConfig`; see the module docstring."""
+
+    def __init__(self, cfg: TeamRelayConfig) -> None:
+        self.cfg = cfg
+        self.parts = SyntheticMathEnv(SyntheticMathConfig(
+            name="synthetic_math", num_ops=cfg.num_ops, max_operand=cfg.max_operand, ops=cfg.ops,
+            heldout_fraction=cfg.heldout_fraction, seed=cfg.seed))
+
+    @staticmethod
+    def _join(parts: list[Task]) -> Task:
+        return Task(
+            task_id="relay-" + "|".join(p.prompt for p in parts),
+            prompt=" ".join(f"{k + 1}: {p.prompt}" for k, p in enumerate(parts)),
+            answer=" ".join(p.answer for p in parts),
+            meta={"parts": [p.prompt for p in parts], "answers": [p.answer for p in parts],
+                  "steps": [p.meta["steps"] for p in parts]},
+        )
+
+    def _tasks(self, chains: list[Task]) -> list[Task]:
+        n = self.cfg.size
+        return [self._join(chains[i:i + n]) for i in range(0, len(chains), n)]
+
+    def sample_tasks(self, n: int) -> list[Task]:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        return self._tasks(self.parts.sample_tasks(self.cfg.size * n))
+
+    def eval_tasks(self, n: int) -> list[Task]:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        try:
+            chains = self.parts.eval_tasks(self.cfg.size * n)
+        except ValueError as e:
+            raise ValueError(f"asked for {n} held-out tasks of {self.cfg.size} parts, which need "
+                             f"{self.cfg.size * n} held-out chains: {e}") from None
+        return self._tasks(chains)
+
+    def score(self, episode: Episode) -> float:
+        gold = episode.task.meta["answers"]
+        words = part_words(episode.answer)
+        complete = len(words) == len(gold)  # an answer with a word too many or too few has no part in place
+        parts = [complete and right(words[k], g) for k, g in enumerate(gold)]
+        episode.info["scores"] = {f"part_{k + 1}": float(ok) for k, ok in enumerate(parts)}
+        turns = sorted(episode.turns, key=lambda t: t.index)
+        # specialist k is the agent of the k-th turn; its own answer's first word is what it said for part k
+        episode.info["designed"] = designed_outcomes((t, right(first_word(t.parsed.get("answer")), g)) for t, g in zip(turns, gold))
+        return float(all(parts))
+
+    def describe(self) -> dict[str, Any]:
+        """Data source and size, for the reporting checklist."""
+        c = self.cfg
+        return {
+            "name": "team_relay",
+            "source": f"{c.size} generated arithmetic chains per task ({c.num_ops} ops over 0..{c.max_operand}, "
+                      f"ops {''.join(c.ops)}), one per specialist; reward 1 only if every part is right",
+            "train_size": f"strings of {c.size} training chains",
+            "eval_size": f"strings of {c.size} held-out chains (disjoint from training part by part)",
+        }
+
+    def _stream_id(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"env": "team_relay", "size": c.size, "seed": c.seed, "num_ops": c.num_ops, "max_operand": c.max_operand,
+                "ops": list(c.ops), "heldout_fraction": c.heldout_fraction}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._stream_id(), "cursor": self.parts.state_dict()["cursor"] // self.cfg.size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        cursor = check_env_state(state, self._stream_id())
+        self.parts.load_state_dict({**self.parts.state_dict(), "cursor": self.cfg.size * cursor})
