@@ -7,19 +7,28 @@ Every parser returns ``(parsed, valid)``.  ``parsed`` may hold:
     label    the routing label used by graph edges: "answer", "call", "accept" or "reject"
 
 Formats (also documented in the README):
-    answer        ``ANSWER: <answer>``; without the marker, the text's final answer if it reads
-                  as one number (the math verifier's reading, ``envs/math/verify.py``: "x = 3/4"
-                  gives 3/4, "5, not 6" gives nothing), and the turn is invalid
-    orchestrator  ``CALL <agent>: <subtask>`` or ``ANSWER: <answer>``
-    verdict       ``ACCEPT`` or ``REJECT``, optionally followed by ``ANSWER: <answer>``
+    answer        an answer marker, then the answer; without one, the text's final answer if it
+                  reads as one number (the math verifier's reading, ``envs/math/verify.py``: "x =
+                  3/4" gives 3/4, "the sum of 3 and 4 is 7" gives 7, "5, not 6" gives nothing),
+                  and the turn is invalid
+    orchestrator  ``CALL <agent>: <subtask>`` or an answer marker and the answer
+    verdict       ``ACCEPT`` or ``REJECT`` (also ``Accepted``, ``Rejected``), optionally with an answer
     raw           the whole text is the answer
 
-Markers are words (``\\b``: "Recall that: ..." is no CALL) in any case.  The answer is the
-first non-blank line after the first ``ANSWER:``; a subtask starts on its CALL line.
+What real instruct models write is read as they mean it (tests/agents/test_real_outputs.py
+holds a few hundred labelled outputs of SmolLM2-135M-Instruct).  Answer markers, in any case:
+``ANSWER: 7``, ``Final answer: 7``, ``ANSWER = 7``, Markdown around them (``**ANSWER:** 7.``,
+``### Answer: 7``), an answer stated in a sentence (``The answer is 7.``, ``so the final answer
+is: 7``), and LaTeX ``\\boxed{7}``.  The answer is the rest of the line after the first marker
+(the first non-blank line when the marker ends its line), without Markdown emphasis around it
+and without a full stop after a number or a word.  ``CALL <agent>: <subtask>`` may carry Markdown
+emphasis too (``**CALL Adder:** 3 + 4``); the name is taken as written (the topology matches
+it without regard to case).  Markers are words (``\\b``: "Recall that: ..." is no CALL).  Prose
+that merely mentions a number is no answer, and an unmarked number is never a valid one.
 
 Model output is untrusted and may be degenerate (megabytes of whitespace, 10^5 repeated
 markers), so every parser runs in linear time: each pattern's quantifiers are separated by
-characters they cannot share (whitespace, then a name, then whitespace, then ":"), so a
+characters they cannot share (whitespace, then a name, then emphasis, then ":"), so a
 failed attempt gives each character back at most once and a match starts only at a marker
 word; everything else is plain string slicing.
 """
@@ -29,36 +38,151 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from mas.envs.math.verify import unmarked_answer
+from mas.envs.math.verify import MAX_ANSWER_CHARS, unmarked_answer
 
-_ANSWER = re.compile(r"\bANSWER\s*:", re.IGNORECASE)
-_CALL = re.compile(r"\bCALL\s+([A-Za-z_][\w-]*)\s*:[ \t]*(?=\S)", re.IGNORECASE)
-_VERDICT = re.compile(r"\b(?:ACCEPT|REJECT)\b", re.IGNORECASE)
+# "ANSWER:" / "ANSWER =" (emphasis around the word), or "answer is" in a sentence (group 1)
+_ANSWER = re.compile(r"\b(?:ANSWER[*_]*\s*[:=]|(answer[ \t]+is)\b)", re.IGNORECASE)
+# "the answer is correct", "... is a retelling of ...": a judgement or a description, not a value
+_NOT_ANSWERS = ("not", "correct", "incorrect", "right", "wrong", "true", "false", "as follows", "a", "an")
+_CALL = re.compile(r"\bCALL\s+[*`]*([A-Za-z_][\w-]*)[*`]*\s*:[*`]*[ \t]*(?=\S)", re.IGNORECASE)
+_VERDICT = re.compile(r"\b(?:ACCEPT|REJECT)(?:ED)?\b", re.IGNORECASE)
+_JUDGEMENT = re.compile(r"[ \t]*(?:(?:yes|no)\b[,.!]?[ \t]*)?(?:that'?s|that is|this is|it'?s|it is|the (?:answer|solution|solver|"
+                        r"result) is)[ \t]+(not[ \t]+)?(correct|right|wrong|incorrect)\b", re.IGNORECASE)
+_EMPHASIS = "*_"  # Markdown emphasis around a marker
+# a line that quotes another agent as a debate transcript shows them ("- alpha: ..."); bounded length
+_QUOTE = re.compile(r"[ \t]*-[ \t]+[A-Za-z][\w-]{0,30}:")
 
 Parsed = tuple[dict[str, Any], bool]
 
 
+def _clean(answer: str) -> str:
+    """An answer without what follows it in its sentence ("1, but ..." -> "1"; "5, not 6" stays a hedge)
+    or after its sentence ("9. 8+4=12" -> "9"; "St. Louis" and "U.S." keep their stops), without
+    Markdown emphasis around it and a full stop after it ("**71.**" -> "71")."""
+    for clause in (", but ", ", so ", ", which "):  # a new clause after the value: "1, but to your question ..."
+        at = answer.find(clause)
+        if at > 0:
+            answer = answer[:at]
+    end = answer.find(". ")
+    while end > 0:
+        word = (answer[max(0, end - 40) : end].rsplit(None, 1) or [""])[-1].strip("*_`")  # bounded: linear over many stops
+        if word[-1:].isdigit() or (len(word) >= 4 and word.isalpha()):  # a sentence ends here, not an abbreviation
+            answer = answer[:end]
+            break
+        end = answer.find(". ", end + 2)
+    answer = _unemphasise(answer)
+    if answer.endswith("."):
+        body = answer[:-1].rstrip("*")
+        if body[-1:].isdigit() or (body[-1:].isalpha() and "." not in body[-3:]):  # "U.S." keeps its stop
+            answer = body
+    return _unemphasise(answer)
+
+
+def _unemphasise(s: str) -> str:
+    """``s`` without Markdown emphasis around it: asterisks at either end, or a pair of ``_``/`````."""
+    s = s.strip().strip("*").strip()
+    for mark in ("__", "_", "`"):
+        if len(s) > 2 * len(mark) and s.startswith(mark) and s.endswith(mark):
+            s = s[len(mark) : -len(mark)].strip()
+    return s.strip("*").strip()
+
+
+def _skip(text: str, i: int, chars: str) -> int:
+    while i < len(text) and text[i] in chars:
+        i += 1
+    return i
+
+
 def _answer_marker(text: str) -> tuple[int, str] | None:
-    """(position, answer) of the first ANSWER marker: the first non-blank line after it ("" if none)."""
-    m = _ANSWER.search(text)
-    if m is None:
+    """(position, answer) of the answer marker: the rest of its line, or the first non-blank line
+    after it when the marker ends its line ("" if none); else the last ``\\boxed{}``.
+
+    The first ``ANSWER:`` is the protocol's answer (what follows it may be degenerate repetition);
+    in prose a model reasons towards its answer, so of several "the answer is" sentences the last
+    is its conclusion.  "answer is" counts only where a value follows it (not "the answer is
+    correct", "what the answer is.").
+    """
+    found = None
+    line_start = scanned = 0
+    quoted = -1  # where the current line's quote prefix ends (-1: none), read once per line
+    for m in _ANSWER.finditer(text):
+        newline = text.rfind("\n", scanned, m.start())  # each character is scanned once over all markers
+        if newline >= 0 or scanned == 0:
+            line_start = newline + 1
+            quote = _QUOTE.match(text, line_start)
+            quoted = quote.end() if quote is not None else -1
+        scanned = m.start()
+        if 0 <= quoted <= m.start():  # "- alpha: The answer is 2": another agent's answer
+            continue
+        i = _skip(text, m.end(), _EMPHASIS)
+        if m.group(1):  # in a sentence: "is", "is:", "is **"
+            i = _skip(text, i, " \t" + _EMPHASIS)
+            i = _skip(text, i + 1 if text.startswith(":", i) else i, " \t\r\n" + _EMPHASIS)
+            head = text[i : i + 12].lower()
+            if i == len(text) or text[i] in ".,;:!?" or any(
+                    head.startswith(w) and not head[len(w) : len(w) + 1].isalpha() for w in _NOT_ANSWERS):
+                continue
+        i = _skip(text, i, " \t\r\n")
+        end = text.find("\n", i)
+        found = m.start(), _clean(text[i : len(text) if end < 0 else end])
+        if not m.group(1):
+            return found
+    if found is not None:
+        return found
+    box = _boxed(text)
+    return None if box is None else (len(text), box)
+
+
+def _boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (closed on its line), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
         return None
-    rest = text[m.end() :].lstrip()
-    end = rest.find("\n")
-    return m.start(), (rest if end < 0 else rest[:end]).strip()
+    end = text.find("}", start)
+    line = text.find("\n", start)
+    if end < 0 or (0 <= line < end):
+        return None
+    return text[start + len("\\boxed{") : end].strip() or None
 
 
 def _call_marker(text: str) -> tuple[int, str, str] | None:
     """(position, agent, subtask) of the first well-formed ``CALL <agent>: <subtask>``."""
     m = _CALL.search(text)
-    return None if m is None else (m.start(), m.group(1), text[m.end() :].strip())
+    return None if m is None else (m.start(), m.group(1), text[m.end() :].strip().rstrip("*").strip())
+
+
+def _unmarked(text: str) -> str | None:
+    """The final answer of text without a marker, as the math verifier reads its last line
+    (``unmarked_answer``); failing that, that line's value after a relative clause is cut ("540,
+    which is the answer"), in its last sentence, or after its last "is" ("the sum of 2 and 3 is 5",
+    "... is indeed 9")."""
+    got = unmarked_answer(text)
+    if got is not None:
+        return got
+    end = len(text.rstrip())
+    line = text[text.rfind("\n", 0, end) + 1 : end]
+    if len(line) > MAX_ANSWER_CHARS:
+        return None
+    which = line.rfind(", which")
+    spans = [line[:which]] if which > 0 else []
+    stop = line.rstrip(" .").rfind(". ")  # its last sentence: "... You end up with 11.15 dollars."
+    spans += [line[stop + 2 :]] if stop > 0 else []
+    for s in [line, *spans]:  # "... is 5": the value ends the clause (not "there is only 1 end of it")
+        at = max(s.rfind(" is "), s.rfind(" is:"))
+        if at >= 0 and s[at + 4 :].rstrip(" .*")[-1:].isdigit():
+            spans.append(s[at + 4 :])
+    for s in spans:
+        got = unmarked_answer(s)
+        if got is not None:
+            return got
+    return None
 
 
 def parse_answer(text: str) -> Parsed:
     marker = _answer_marker(text)
     if marker is not None and marker[1]:
         return {"answer": marker[1], "label": "answer"}, True
-    fallback = unmarked_answer(text)
+    fallback = _unmarked(text)
     if fallback is not None:
         return {"answer": fallback, "label": "answer"}, False
     return {}, False
@@ -74,17 +198,28 @@ def parse_orchestrator(text: str) -> Parsed:
     return {}, False
 
 
+def _judgement(text: str) -> str | None:
+    """A verdict in words at the very start of a reply: "Yes, that's correct." -> accept, "The answer
+    is wrong" -> reject ("not" turns it round); anywhere later, prose about correctness is no verdict."""
+    m = _JUDGEMENT.match(text)
+    if m is None:
+        return None
+    good = m.group(2).lower() in ("correct", "right")
+    return "accept" if good != bool(m.group(1)) else "reject"
+
+
 def parse_verdict(text: str) -> Parsed:
     m = _VERDICT.search(text)
     out: dict[str, Any] = {}
     marker = _answer_marker(text)
     if marker is not None and marker[1]:
         out["answer"] = marker[1]
-    if not m:
+    verdict = m.group(0)[:6].lower() if m else _judgement(text)  # "Accepted" -> accept
+    if verdict is None:
         if "answer" in out:
             out["label"] = "answer"
         return out, False
-    out["verdict"] = m.group(0).lower()
+    out["verdict"] = verdict
     out["label"] = out["verdict"]
     return out, True
 

@@ -180,10 +180,14 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
 # Teams from other frameworks (AutoGen, LangGraph) render messages their own way: their shipped
 # configs run on the embedded model to show the wiring and train, but it was not warm-started on
 # those formats (they borrow the quickstart's role prompts), and the not-warm-started warning says so.
+# Configs that mix the embedded model with real models (configs/smol_heterogeneous.yaml) are real-model
+# teams: their other agents speak formats of their own; only their embedded agents must use warm-started prompts.
 FRAMEWORK_KINDS = ("autogen", "langgraph")
-_EMBEDDED = [p for p in sorted((ROOT / "configs").glob("*.yaml"))
-             if any(pol.get("model") == "embedded" for pol in yaml.safe_load(p.read_text())["policies"].values())]
+_CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+_MODELS = {p: {pol.get("model") for pol in yaml.safe_load(p.read_text())["policies"].values()} for p in _CONFIGS}
+_EMBEDDED = [p for p in _CONFIGS if _MODELS[p] == {"embedded"}]
 EMBEDDED_CONFIGS = [p for p in _EMBEDDED if yaml.safe_load(p.read_text())["topology"]["kind"] not in FRAMEWORK_KINDS]
+MIXED_CONFIGS = [p for p in _CONFIGS if "embedded" in _MODELS[p] and len(_MODELS[p]) > 1]
 
 
 def test_the_configs_outside_the_warm_start_are_exactly_the_framework_teams():
@@ -220,3 +224,20 @@ def test_config_uses_exactly_the_warm_started_prompts(path):
     assert cfg.env.name == fmt.env.name
     assert {k: v for k, v in cfg.env.model_dump().items() if k not in free} == \
         {k: v for k, v in fmt.env.model_dump().items() if k not in free}
+
+
+
+def test_there_is_a_mixed_config():
+    assert [p.name for p in MIXED_CONFIGS] == ["smol_heterogeneous.yaml"]
+
+
+@pytest.mark.parametrize("path", MIXED_CONFIGS, ids=lambda p: p.stem)
+def test_embedded_agents_beside_real_models_use_warm_started_prompts(path):
+    cfg = validate_config(yaml.safe_load(path.read_text()))
+    specs = {(spec.role, spec.parser): spec for fmt in FORMATS.values() for spec in fmt.agents.values()}
+    embedded = [a for a in cfg.agents if cfg.policies[a.policy].model == "embedded"]
+    assert embedded
+    for agent in embedded:
+        spec = specs.get((agent.role, agent.parser))
+        assert spec is not None, f"{agent.name}: {agent.role!r} ({agent.parser}) is no warm-started prompt"
+        assert agent.sampling.max_new_tokens >= spec.max_new_tokens, agent.name

@@ -101,6 +101,13 @@ def test_orchestrator_call_inside_a_word_is_not_a_call():
         ("ANSWER: 5\nANSWER: 6", "5"),
         ("ANSWER:\n42", "42"),
         ("ANSWER: -3.5", "-3.5"),
+        # what real instruct models write (tests/agents/test_real_outputs.py has a few hundred)
+        ("**ANSWER:** 71.", "71"), ("**Answer**: 71", "71"), ("### Final Answer: 71", "71"), ("ANSWER = 71", "71"),
+        ("The answer is 18.", "18"), ("So the final answer is: 1995", "1995"), ("the answer is:\n 7", "7"),
+        ("The answer is **9**.", "9"), ("ANSWER: 9. Then 8+4=12", "9"), ("\\boxed{12}", "12"), ("so x = \\boxed{3/4}.", "3/4"),
+        ("ANSWER: St. Louis", "St. Louis"), ("ANSWER: Paris. It is the capital.", "Paris"), ("ANSWER: U.S.", "U.S."),
+        # the answer as stated: a hedge is the verifier's to read (it reads none, envs/math/verify.py)
+        ("The answer is 5, not 6", "5, not 6"),
     ],
 )
 def test_answer_marker(text, answer):
@@ -109,10 +116,12 @@ def test_answer_marker(text, answer):
 
 @pytest.mark.parametrize(
     "text, number",
-    [("x = -1,000.50", "-1,000.50"), ("7", "7"), ("x = 3/4", "3/4"), ("The answer is 18.", "18"),
-     ("work\nSo the total is $18", "$18"), ("\\boxed{12}", "12"),
+    [("x = -1,000.50", "-1,000.50"), ("7", "7"), ("x = 3/4", "3/4"), ("Thus 18.", "18"),
+     ("work\nSo the total is $18", "$18"),
      # a hedge, a rejected value or a computation is no answer: never one of several numbers
-     ("the result is 12 or 13", None), ("The answer is 5, not 6", None), ("3 5", None), ("2*3", None),
+     ("the result is 12 or 13", None), ("So it is 5, not 6", None), ("3 5", None), ("2*3", None),
+     # "answer is" without a value after it is no marker
+     ("The answer is correct.", None), ("I know what the answer is.", None), ("The answer is not 8.", None),
      ("ANSWER:   \n", None), ("ANSWER:", None), ("I got 9. ANSWER:", None)],
 )
 def test_answer_without_marker_reads_one_stated_number_and_is_invalid(text, number):
@@ -135,7 +144,7 @@ def test_answer_invalid(text):
 @pytest.mark.parametrize(
     "text, verdict",
     [("ACCEPT", "accept"), ("REJECT", "reject"), ("accept", "accept"), ("Looks right. ACCEPT.", "accept"),
-     ("REJECT: 3+4 is not 8", "reject")],
+     ("REJECT: 3+4 is not 8", "reject"), ("ACCEPTED", "accept"), ("**Rejected.**", "reject")],
 )
 def test_verdict_without_answer(text, verdict):
     assert parse_verdict(text) == ({"verdict": verdict, "label": verdict}, True)
@@ -154,7 +163,7 @@ def test_verdict_first_word_wins():
     assert parse_verdict("REJECT, I cannot ACCEPT this")[0]["verdict"] == "reject"
 
 
-@pytest.mark.parametrize("text", ["garbage", "", "ACCEPTED", "UNACCEPTABLE", "rejects", "ANSWER:  "])
+@pytest.mark.parametrize("text", ["garbage", "", "UNACCEPTABLE", "rejects", "ANSWER:  ", "Acceptance"])
 def test_verdict_invalid(text):
     assert parse_verdict(text) == ({}, False)
 
