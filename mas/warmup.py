@@ -40,7 +40,7 @@ from mas.backends.base import GenRequest
 from mas.backends.scripted import ScriptedBackend
 from mas.config import (AutogenTopology, ChainTopology, ConfigError, DebateTopology, LangGraphTopology, OrchestratorTopology,
                         RunConfig)
-from mas.embedded.teachers import (ChainTeacher, ConjunctiveTeacher, DebateTeacher, OrchestratorTeacher, SaboteurTeacher,
+from mas.embedded.teachers import (ChainTeacher, DebateTeacher, OrchestratorTeacher, RelayTeacher, SaboteurTeacher,
                                    chain_steps, slipped)
 from mas.engine import Engine
 from mas.envs import build_env
@@ -66,7 +66,7 @@ def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
       (``ChainTeacher`` on the task read from the framework's messages, ``FrameworkChainTeacher``);
     * GSM8K solver/verifier chains: the training problem's own worked solution (``SolutionChainTeacher``);
     * HotpotQA researcher (search, read) -> answerer chains (``ResearchTeacher``);
-    * the team tasks of ``envs/team`` (conjunctive, saboteur).
+    * the team tasks of ``envs/team`` (conjunctive and relay as parts chains, saboteur).
     """
     top, env = cfg.topology, getattr(cfg.env, "name", None)
     p_direct = float(knobs.get("p_direct", 0.6))
@@ -92,8 +92,8 @@ def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
     if env == "synthetic_math" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
         return ChainTeacher(p_direct=p_direct, p_slip=float(knobs.get("p_slip", 0.3)),
                             p_lazy=float(knobs.get("p_lazy", 0.8)), solver=top.sequence[0])
-    if env == "team_conjunctive" and isinstance(top, ChainTopology) and len(top.sequence) == 3:
-        return ConjunctiveTeacher(p_direct=p_direct, first=top.sequence[0], second=top.sequence[1])
+    if env in ("team_conjunctive", "team_relay") and isinstance(top, ChainTopology) and top.parts:
+        return RelayTeacher(p_direct=float(knobs.get("p_direct", 0.2)))  # each specialist sees only its own part
     if env == "team_saboteur" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
         return SaboteurTeacher(p_direct=p_direct, p_overrule=float(knobs.get("p_overrule", 0.6)), reviewer=top.sequence[1])
     if env == "gsm8k" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
