@@ -79,3 +79,31 @@ def test_a_corrupt_cached_copy_is_never_used_and_is_rebuilt(empty_cache, monkeyp
 def test_a_valid_copy_in_mas_cache_dir_comes_first(empty_cache):
     cached = copy_of_artifact(cache_folder(Recipe()))
     assert embedded_path() == cached
+
+
+@pytest.mark.parametrize("cached_state", ["verified", "corrupt"])
+def test_ship_takes_the_measured_cached_build_and_rebuilds_only_a_refused_one(empty_cache, tmp_path, monkeypatch, cached_state):
+    cached = copy_of_artifact(cache_folder(Recipe()))
+    (cached / "marker.txt").write_text("the measured build")
+    write_manifest(cached, Recipe())  # sealed with the marker among its files
+    if cached_state == "corrupt":
+        (cached / "marker.txt").write_text("edited")
+    target = tmp_path / "shipped" / "artifact"
+    target.parent.mkdir()
+    monkeypatch.setattr("mas.embedded.build.ARTIFACT_DIR", target)
+    built = []
+
+    def fake_build(recipe, out, log):
+        built.append(out)
+        shutil.copytree(ARTIFACT_DIR, out)
+        write_manifest(out, recipe)
+
+    monkeypatch.setattr("mas.embedded.build.build_embedded", fake_build)
+    from mas.embedded.build import ship
+
+    assert ship(log=lambda _: None) == target
+    assert problem(target, Recipe().key()) is None
+    if cached_state == "verified":
+        assert built == [] and (target / "marker.txt").read_text() == "the measured build"
+    else:
+        assert len(built) == 1 and not (target / "marker.txt").exists()

@@ -32,7 +32,7 @@ from mas.agents.prompts import render_prompt
 from mas.backends.scripted import ScriptedBackend
 from mas.config import SamplingConfig
 
-from .artifact import ARTIFACT_DIR, EmbeddedUnavailable, MANIFEST, cache_folder, embedded_path, write_manifest
+from .artifact import ARTIFACT_DIR, EmbeddedUnavailable, MANIFEST, cache_folder, embedded_path, problem, write_manifest
 from .formats import FORMATS, Format
 from .recipe import Recipe
 
@@ -177,10 +177,19 @@ def ensure_embedded(recipe: Recipe | None = None, log=print) -> Path:
 
 
 def ship(log=print) -> Path:
-    """Build the project's recipe and make it the shipped artifact (``mas build-embedded --ship``)."""
+    """Make the project's recipe the shipped artifact (``mas build-embedded --ship``): the build
+    already in the cache when it is there and verifies (the one that was measured: a build depends
+    on the machine's floating point and thread count, so a rebuild is a different model), else a
+    new build."""
+    recipe = Recipe()
     fresh = ARTIFACT_DIR.with_name(ARTIFACT_DIR.name + ".new")
     shutil.rmtree(fresh, ignore_errors=True)
-    build_embedded(Recipe(), fresh, log=log)
+    cached = cache_folder(recipe)
+    if cached.is_dir() and problem(cached, recipe.key()) is None:
+        log(f"shipping the cached build {cached.name} (verified against its manifest)")
+        shutil.copytree(cached, fresh)
+    else:
+        build_embedded(recipe, fresh, log=log)
     shutil.rmtree(ARTIFACT_DIR, ignore_errors=True)
     os.replace(fresh, ARTIFACT_DIR)
     return ARTIFACT_DIR
