@@ -123,12 +123,13 @@ def _answer_marker(text: str) -> tuple[int, str] | None:
                     head.startswith(w) and not head[len(w) : len(w) + 1].isalpha() for w in _NOT_ANSWERS):
                 continue
         i = _skip(text, i, " \t\r\n")
-        end = text.find("\n", i)
-        found = m.start(), _clean(text[i : len(text) if end < 0 else end])
+        found = m.start(), i  # read once, after the loop: a line end sought per marker would be quadratic
         if not m.group(1):
-            return found
+            break
     if found is not None:
-        return found
+        at, i = found
+        end = text.find("\n", i)
+        return at, _clean(text[i : len(text) if end < 0 else end])
     box = _boxed(text)
     return None if box is None else (len(text), box)
 
