@@ -10,6 +10,7 @@ import copy
 import pytest
 from test_engine import scripted_engine
 
+from mas.checks import check_config
 from mas.config import ConfigError, validate_config
 from mas.envs import build_env
 from mas.envs.team import TeamConjunctiveConfig, TeamConjunctiveEnv, TeamRelayConfig, TeamRelayEnv, TeamSaboteurConfig, TeamSaboteurEnv
@@ -128,14 +129,14 @@ def test_a_parts_chain_on_an_env_without_parts_fails_its_episodes_saying_why(tin
 def test_a_size_mismatch_is_a_config_error_naming_both_yaml_paths():
     data = relay_config(3, size=4)
     with pytest.raises(ConfigError) as e:
-        validate_config(data, "team.yaml")
+        check_config(validate_config(data), "team.yaml")
     text = str(e.value)
     assert "topology.sequence" in text and "env.size gives 4 parts" in text and "3 agents" in text
     conj = relay_config(3)
     conj["env"] = {"name": "team_conjunctive"}  # always two parts
     with pytest.raises(ConfigError, match="env 'team_conjunctive' gives 2 parts per task; list 2 agents"):
-        validate_config(conj)
-    validate_config(relay_config(4, size=4))  # equal: fine
+        check_config(validate_config(conj))
+    check_config(validate_config(relay_config(4, size=4)))  # equal: fine
 
 
 def test_parts_forbid_a_loop():
