@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -61,11 +62,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup-steps", type=int, default=0, help="supervised warm-up steps first (0: the raw model)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    configs = args.config or sorted((ROOT / "configs").glob("smol_*.yaml"))
+    configs = [c.resolve() for c in args.config] if args.config else sorted((ROOT / "configs").glob("smol_*.yaml"))
+    out = args.out.resolve()
+    os.chdir(ROOT)  # the configs name repo-relative paths (examples.graphs, examples/data/sums.jsonl)
     for config in configs:
         t0 = time.perf_counter()
         rows = collect(config, args.tasks, args.group, args.warmup_steps, args.seed)
-        with args.out.open("a") as f:
+        with out.open("a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
         valid = sum(r["valid"] for r in rows)
