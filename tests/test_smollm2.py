@@ -84,3 +84,46 @@ def test_a_tiny_llama_with_the_smollm2_tokenizer_round_trips_through_gguf(tmp_pa
 def test_the_conversion_is_cached(smollm2):
     folder = gguf_folder("smollm2-135m-instruct", "float32")
     assert (folder / "mas_source.json").is_file() and (folder / "model.safetensors").stat().st_size > 500e6
+
+
+def test_one_training_step_of_a_two_agent_lora_team_on_smollm2(monkeypatch):
+    """The real path end to end: SmolLM2 from its wheel under two LoRA policies on one base, a
+    chain rollout through its chat template, credit, and one update per policy that moves
+    each adapter and nothing else.  The reward is made to differ within the group (the
+    untrained model rarely solves a GSM8K problem), so that every turn has an advantage."""
+    from pathlib import Path
+
+    import yaml
+
+    from mas.envs.math.gsm8k import GSM8KEnv
+
+    monkeypatch.setattr(GSM8KEnv, "score", lambda self, episode: float(episode.sample_id % 2))
+
+    from mas.config import apply_overrides, validate_config
+    from mas.team import build_team
+    from mas.trainer import train_step
+
+    data = yaml.safe_load((Path(__file__).parents[1] / "configs" / "smol_gsm8k.yaml").read_text())
+    overrides = ["trainer.batch_size=1", "trainer.group_size=2", "trainer.eval_size=0", "trainer.warmup.steps=0",
+                 "logging.progress=false", "env.max_train=4", "env.max_eval=2"]
+    overrides += [f"agents.{a['name']}.sampling.max_new_tokens=8" for a in data["agents"]]
+    overrides += [f"policies.{name}.device=cpu" for name in data["policies"]]
+    team = build_team(validate_config(apply_overrides(data, overrides)))
+    try:
+        assert [p.kind for p in team.cfg.policies.values()] == ["lora", "lora"]
+        models = {name: h.model for name, h in team.policies.items()}
+        assert len({id(m) for m in models.values()}) == 1  # one SmolLM2 base under both adapters
+        base = {n: p.detach().clone() for n, p in next(iter(models.values())).named_parameters() if "lora_" not in n}
+        adapters = {name: {i: p.detach().clone() for i, p in enumerate(h.trainable_parameters())}
+                    for name, h in team.policies.items()}
+        result = train_step(team, 0)
+        for name, m in result.metrics["policies"].items():
+            assert m["samples"] > 0 and torch.isfinite(torch.tensor(m["loss"])), (name, m)
+            assert m["forward_tokens"] >= m["distinct_tokens"] > 0
+        for name, h in team.policies.items():
+            after = list(h.trainable_parameters())
+            assert any(not torch.equal(after[i], before) for i, before in adapters[name].items()), f"{name}'s adapter did not move"
+        model = next(iter(models.values()))
+        assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if "lora_" not in n)  # the base never trains
+    finally:
+        team.close()
