@@ -10,8 +10,11 @@ apart); peak resident memory.  Then, to show why where a team does not learn: th
 reward rate over the first and last quarter of the steps, and per agent its parse failures
 at each evaluation and its share of the credit over the run.
 
-    python bench/real_model.py [--configs configs/smol_debate.yaml ...] [--seeds 0 1 2]
+    python bench/real_model.py [--configs configs/smol_debate.yaml ...] [--seeds 0 1 2] [--rl-minutes 30]
         [--threads 2] [--set trainer.steps=10] [--out runs/real_model] [--json real_model.json]
+
+``--rl-minutes`` ends RL before a step would cross that much RL wall time (the run checkpoints
+there) and evaluates the policies it reached.
 
 The issue's target for ``smol_orchestrator``: RL adds +10 points or more over the warm-up's
 accuracy (mean over 3 seeds) in at most 30 minutes of RL wall time on 2 cores; where the
@@ -59,21 +62,41 @@ def reward_rate(steps: list[dict], part: slice) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def run_one(config: str, seed: int, overrides: list[str], out: Path) -> dict:
+class RLBudget:
+    """Stops RL before a step would end past ``seconds`` of RL wall time (the steps' own time,
+    evaluations apart), judging by the longest step so far; the run then checkpoints and the
+    benchmark evaluates what RL reached in the budget."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.used, self.longest = seconds, 0.0, 0.0
+
+    def on_step_end(self, step: int, metrics: dict, groups: list, credit) -> bool:
+        took = float(metrics["time"]["step"])
+        self.used, self.longest = self.used + took, max(self.longest, took)
+        return self.used + self.longest > self.seconds
+
+
+def run_one(config: str, seed: int, overrides: list[str], out: Path, rl_seconds: float | None) -> dict:
     import mas
 
     run_dir = out / Path(config).stem / f"seed{seed}"
     t0 = time.perf_counter()
     team = mas.load_team(REPO / config, [f"trainer.seed={seed}", "logging.progress=false", *overrides])
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, never a resumed one
-    mas.train(team, run_dir)
+    summary = mas.train(team, run_dir, callbacks=[RLBudget(rl_seconds)] if rl_seconds else ())
+    if "stopped" in summary and team.cfg.trainer.eval_size:  # the budget ended RL: evaluate where it got to
+        summary["eval_after"] = mas.evaluate(team, team.cfg.trainer.eval_size, team.cfg.trainer.seed)
     wall = time.perf_counter() - t0
     steps, evals = read_metrics(run_dir)
-    acc = {name: evals[name]["accuracy"] for name in ("before", "warmup", "after") if name in evals}
+    acc = {name: evals[name]["accuracy"] for name in ("before", "warmup") if name in evals}
+    if summary.get("eval_after"):
+        acc["after"] = summary["eval_after"]["accuracy"]
+        evals["after"] = summary["eval_after"]
     warm = json.loads((run_dir / "summary.json").read_text()).get("warmup") or {}
     quarter = max(1, len(steps) // 4)
     return {
         "config": config, "seed": seed, "steps": len(steps), "method": team.cfg.credit.method,
+        "stopped": summary.get("stopped"),
         "before": acc.get("before"), "warmup": acc.get("warmup"), "after": acc.get("after"),
         "warmup_s": sum(p.get("seconds", 0.0) for p in warm.get("policies", {}).values()),
         "rl_s": sum(float(r["time"]["step"]) for r in steps),
@@ -102,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "real_model", help="run directories go here (kept)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--rl-minutes", type=float, default=None,
+                    help="stop RL before this much RL wall time (the target's budget is 30), then evaluate")
     args = ap.parse_args(argv)
 
     import torch
@@ -110,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for config in args.configs:
         for seed in args.seeds:
-            rows.append(run_one(config, seed, args.set, args.out))
+            rows.append(run_one(config, seed, args.set, args.out, args.rl_minutes and 60 * args.rl_minutes))
             r = rows[-1]
             print(f"{config} seed {seed}: {fmt(r['before'])} -> warm-up {fmt(r['warmup'])} -> RL {fmt(r['after'])} "
                   f"(warm-up {r['warmup_s']:.0f} s, RL {r['rl_s']:.0f} s)", file=sys.stderr, flush=True)
@@ -122,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| `{r['config']}` | {r['seed']} | {r['method']} | {r['steps']} | {fmt(r['before'])} | {fmt(r['warmup'])} | "
-              f"{fmt(r['after'])} | {points(r['before'], r['warmup'])} | {points(r['warmup'], r['after'])} | "
+              f"{fmt(r['after'])} | {points(r['before'], r['warmup'])} | {points(r['warmup'] if r['warmup'] is not None else r['before'], r['after'])} | "
               f"{r['warmup_s']:.0f} | {r['rl_s']:.0f} | {fmt(r['peak_rss_mb'], '.0f')} |")
     print("\nwhy (team reward rate over the first and last quarter of the steps; parse failures per agent at each "
           "evaluation; each agent's mean credit share):")
