@@ -125,7 +125,7 @@ def main() -> None:
     done = rollout(team, 0)
     framework_s = time.perf_counter() - t0
     tokens = sum(len(t.completion_ids) for g in done.groups for e in g.episodes for t in e.turns)
-    raw_tokens, raw_s = raw_generate(team.policies, batches)
+    raw_tokens, raw_s, _ = raw_generate(team.policies, batches)  # (tokens, wall s, CPU s)
     out["rollout"] = {"tokens": tokens, "seconds": round(framework_s, 2), "raw_tokens": raw_tokens, "raw_seconds": round(raw_s, 2),
                       "ratio": round((tokens / framework_s) / (raw_tokens / raw_s), 3), "batches": len(batches)}
     from mas.credit import build_credit_batch, run_credit
