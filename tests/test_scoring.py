@@ -202,3 +202,75 @@ def test_a_lora_model_splits_with_its_adapter_applied(tiny_tokenizer):
     for g, w, b in zip(got, want, base_lp):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(torch.cat(want), torch.cat(base_lp), atol=1e-3)
+
+
+# --------------------------------------------------------------------------------------------
+# the same on real multi-turn batches: a rollout of the embedded model's team and of SmolLM2's
+# --------------------------------------------------------------------------------------------
+
+
+def rollout_samples(config: str, overrides: list[str]) -> tuple[list, dict]:
+    """(the team, each policy's TrainSamples of one real rollout): turns as the trainer hands them to the learner."""
+    from pathlib import Path
+
+    from mas.checks import meaning_errors
+    from mas.config import load_config
+    from mas.credit import build_credit_batch, run_credit
+    from mas.team import build_team
+    from mas.trainer import rollout, training_batches
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / config, overrides, check=meaning_errors)
+    team = build_team(cfg)
+    done = rollout(team, 0)
+    credit = run_credit(build_credit_batch(done.groups, list(team.agents)), cfg.credit, None)
+    samples, _ = training_batches(team, done.groups, credit, team.learners)
+    return team, {name: [s for s in got if s.completion_ids] for name, got in samples.items()}
+
+
+def assert_packed_matches_per_turn(model, samples, atol: float, rtol: float, max_tokens: int = 4096):
+    multi_turn = sum(1 for a in samples for b in samples if a is not b and b.prompt_ids[: len(a.prompt_ids)] == a.prompt_ids)
+    assert multi_turn, "the batch should hold turns whose prompt extends another turn's (a growing conversation)"
+    weights = [torch.randn(len(s.completion_ids), generator=torch.Generator().manual_seed(i)) for i, s in enumerate(samples)]
+    grads, values = [], []
+    for scorer in (lambda: packed(model, samples, max_tokens=max_tokens)[0], lambda: reference(model, samples)):
+        model.zero_grad(set_to_none=True)
+        logps = scorer()
+        sum((lp * w).sum() for lp, w in zip(logps, weights)).backward()
+        values.append([lp.detach() for lp in logps])
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    model.zero_grad(set_to_none=True)
+    for g, w in zip(*values):
+        torch.testing.assert_close(g, w, atol=atol, rtol=rtol)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=atol, rtol=rtol * 10, msg=name)
+    _, p = packed(model, samples, max_tokens=max_tokens)
+    assert p.tokens < sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)  # shared prefixes run once
+
+
+def test_packed_equals_per_turn_on_a_rollout_of_the_embedded_quickstart_team():
+    team, samples = rollout_samples("quickstart.yaml", ["trainer.batch_size=2", "trainer.group_size=4",
+                                                       "trainer.eval_size=0", "logging.progress=false"])
+    try:
+        model = team.policies["planner"].model
+        model.train(False)
+        assert_packed_matches_per_turn(model, samples["planner"], atol=1e-5, rtol=1e-4)
+    finally:
+        team.close()
+
+
+@pytest.mark.slow
+def test_packed_equals_per_turn_on_a_rollout_of_the_smollm2_team():
+    """SmolLM2 from its wheel, float32, its own chat template; the LoRA planner's turns of a real rollout."""
+    overrides = ["trainer.batch_size=1", "trainer.group_size=2", "trainer.eval_size=0", "trainer.warmup.steps=0",
+                 "logging.progress=false", "agents.orchestrator.sampling.max_new_tokens=8",
+                 "agents.adder.sampling.max_new_tokens=6", "agents.subtractor.sampling.max_new_tokens=6", "topology.max_turns=3"]
+    overrides += [f"policies.{p}.{k}={v}" for p in ("planner", "adder", "subtractor") for k, v in (("dtype", "float32"), ("device", "cpu"))]
+    team, samples = rollout_samples("smol_orchestrator.yaml", overrides)
+    try:
+        handle = team.policies["planner"]
+        with handle.activate():
+            handle.model.train(False)
+            assert_packed_matches_per_turn(handle.model, samples["planner"], atol=1e-4, rtol=1e-3, max_tokens=1024)
+    finally:
+        team.close()
