@@ -35,6 +35,17 @@ def _answer(text: str) -> str:
     return m.group(1) if m else text.strip()
 
 
+def solve_check_graph(solve, check, route) -> StateGraph:
+    """START -> solve -> check, then back to solve or END as ``route`` says."""
+    graph = StateGraph(State)
+    graph.add_node("solve", solve)
+    graph.add_node("check", check)
+    graph.add_edge(START, "solve")
+    graph.add_edge("solve", "check")
+    graph.add_conditional_edges("check", route, ["solve", END])
+    return graph
+
+
 def build() -> StateGraph:
     solver = MasChatModel(agent="solver")
     checker = MasChatModel(agent="checker")
@@ -50,13 +61,7 @@ def build() -> StateGraph:
     def route(state: State) -> str:
         return "solve" if "REJECT" in state["verdict"].upper() and state["tries"] < 2 else END
 
-    graph = StateGraph(State)
-    graph.add_node("solve", solve)
-    graph.add_node("check", check)
-    graph.add_edge(START, "solve")
-    graph.add_edge("solve", "check")
-    graph.add_conditional_edges("check", route, ["solve", END])
-    return graph
+    return solve_check_graph(solve, check, route)
 
 
 def build_smol() -> StateGraph:
@@ -79,10 +84,4 @@ def build_smol() -> StateGraph:
         rejected = parse_verdict(state["verdict"])[0].get("verdict") == "reject"
         return "solve" if rejected and state["tries"] < 2 else END
 
-    graph = StateGraph(State)
-    graph.add_node("solve", solve)
-    graph.add_node("check", check)
-    graph.add_edge(START, "solve")
-    graph.add_edge("solve", "check")
-    graph.add_conditional_edges("check", route, ["solve", END])
-    return graph
+    return solve_check_graph(solve, check, route)

@@ -47,6 +47,16 @@ def curve_chart(study: dict, axis: str) -> str:
     return line_chart(series, f"held-out {study['metric']} {AXIS_TITLES[axis]}", study["metric"], AXIS_LABELS[axis], note=note)
 
 
+def y_grid(yt: list[float], py, x_left: float, x_right: float) -> list[str]:
+    """A chart's horizontal grid lines at ticks ``yt``, each labelled at the left (``py``: value -> y)."""
+    step = yt[1] - yt[0] if len(yt) > 1 else 0.0
+    out = []
+    for t in yt:
+        out.append(f'<line class="grid" x1="{x_left}" x2="{x_right}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>')
+        out.append(f'<text class="tick" x="{x_left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{tick_label(t, step)}</text>')
+    return out
+
+
 def frontier_chart(study: dict, width: int = 560, height: int = 320) -> str:
     """Credit efficiency frontier: gain over the baseline (points) against extra compute (%)."""
     pts = [(p["method"], 100 * p["extra_compute"], 100 * p["gain"]) for p in study["frontier"] if p["gain"] is not None]
@@ -65,10 +75,7 @@ def frontier_chart(study: dict, width: int = 560, height: int = 320) -> str:
     px = lambda x: left + (x - x0) / (x1 - x0) * (width - left - right)  # noqa: E731
     py = lambda y: height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)  # noqa: E731
     body = []
-    ystep = yt[1] - yt[0] if len(yt) > 1 else 0.0
-    for t in yt:
-        body.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>')
-        body.append(f'<text class="tick" x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{tick_label(t, ystep)}</text>')
+    body += y_grid(yt, py, left, width - right)
     for t in xt:
         body.append(f'<text class="tick" x="{px(t):.1f}" y="{height - bottom + 16}" text-anchor="middle">{fmt(t)}</text>')
     body.append(f'<line class="axis zero" x1="{left}" x2="{width - right}" y1="{py(0):.1f}" y2="{py(0):.1f}"/>')
@@ -108,10 +115,7 @@ def scaling_chart(scaling: dict, title: str, y_label: str, value, note: str, ci=
     px = lambda n, i: left + slot * (sizes.index(n) + 0.5) + (i - (len(methods) - 1) / 2) * 7  # noqa: E731  (methods side by side)
     py = lambda y: height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom)  # noqa: E731
     body = []
-    ystep = yt[1] - yt[0] if len(yt) > 1 else 0.0
-    for t in yt:
-        body.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>')
-        body.append(f'<text class="tick" x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{tick_label(t, ystep)}</text>')
+    body += y_grid(yt, py, left, width - right)
     for n in sizes:
         body.append(f'<text class="tick" x="{left + slot * (sizes.index(n) + 0.5):.1f}" y="{height - bottom + 16}" '
                     f'text-anchor="middle">N = {n}</text>')
