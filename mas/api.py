@@ -65,7 +65,7 @@ def train(
 
 
 def evaluate(team: Team, n: int | None = None, seed: int | None = None) -> dict:
-    """Greedy held-out evaluation of ``n`` tasks (default ``trainer.eval_size``, or 100 when it is 0):
+    """Held-out evaluation (greedy, or sampled with ``trainer.eval_do_sample``) of ``n`` tasks (default ``trainer.eval_size``, or 100 when it is 0):
     ``accuracy`` (the mean reward), the env's named scores and tool calls per agent."""
     from mas.trainer import evaluate as run_eval
 

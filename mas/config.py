@@ -407,12 +407,18 @@ class TrainerConfig(Section):
         "the agents of each policy.",
     )
     seed: int = Field(0, description="Seeds sampling and LoRA initialisation (the task stream has env.seed).")
-    eval_size: int = Field(0, ge=0, description="Held-out tasks for greedy team accuracy; 0 disables.")
+    eval_size: int = Field(0, ge=0, description="Held-out tasks for team accuracy (greedy unless eval_do_sample); 0 disables.")
+    eval_do_sample: bool = Field(
+        False,
+        description="Held-out evaluations sample each agent at its own sampling settings (seeded by trainer.seed, so "
+        "repeatable) instead of decoding greedily (verl: val_kwargs.do_sample). Greedy shows the policy's mode; sampled "
+        "shows the policy RL trains, which is what moves where the warm start's greedy answers are already right.",
+    )
     eval_before: bool = Field(True, description="Evaluate before the first step.")
     eval_after: bool = Field(True, description="Evaluate after the last step.")
     eval_every: int = Field(
         0, ge=0,
-        description="Also evaluate (eval_size tasks, greedy) every N steps, after the last step and when a run is stopped "
+        description="Also evaluate (eval_size tasks) every N steps, after the last step and when a run is stopped "
         "early, for held-out curves (mas study); metrics.jsonl gets {'eval': 'periodic', 'step': ...}. 0 disables.",
     )
     save_every: int | None = Field(

@@ -638,9 +638,10 @@ class Engine:
         self.stats["critiques"] += len(critiques)
         return out
 
-    def evaluate(self, tasks: list[Task], seed: int, abort: Callable[[], bool] | None = None) -> list[Episode]:
-        """One greedy episode per task."""
-        return [g.episodes[0] for g in self.rollout(tasks, 1, seed, greedy=True, abort=abort)]
+    def evaluate(self, tasks: list[Task], seed: int, abort: Callable[[], bool] | None = None,
+                 sample: bool = False) -> list[Episode]:
+        """One episode per task: greedy, or sampled at each agent's own settings with ``sample``."""
+        return [g.episodes[0] for g in self.rollout(tasks, 1, seed, greedy=not sample, abort=abort)]
 
     # -- internals -------------------------------------------------------------------------
 

@@ -227,6 +227,8 @@ def eval_summary(m: dict[str, Any]) -> str:
         text = " · ".join(f"{k.upper()} {m[k]:.3f}" for k in ("f1", "em") if k in m)
     else:
         text = f"accuracy {m['accuracy']:.3f}"
+    if m.get("decoding") == "sampled":
+        text += " (sampled)"
     if m.get("tool_calls"):
         text += " · tool calls per episode: " + ", ".join(f"{a} {v:.2f}" for a, v in m["tool_calls"].items())
     return text

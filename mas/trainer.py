@@ -296,9 +296,11 @@ def restart_actors(team: Team, run_dir: Path, logger: RunLogger, error: Exceptio
 
 
 def evaluate(team: Team, size: int, seed: int, abort: Callable[[], bool] | None = None) -> dict:
-    episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed, abort=abort)
+    sample = team.cfg.trainer.eval_do_sample
+    episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed, abort=abort, sample=sample)
     faults, _ = team.engine.take_faults()
-    return {**eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools]), "faults": faults}
+    decoding = {"decoding": "sampled"} if sample else {}
+    return {**eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools]), **decoding, "faults": faults}
 
 
 def periodic_eval_due(cfg, step: int, end: int, stopping: bool) -> bool:

@@ -54,3 +54,26 @@ def test_mas_eval_on_a_math_team_prints_accuracy(tiny_model_dir, tmp_path, capsy
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"accuracy", "episodes", "errors", "truncated", "agents", "faults"} and out["episodes"] == 3
     assert set(out["agents"]) == {"lead", "helper", "checker"} and out["faults"]["agent_error"] == 0
+
+
+def test_sampled_evaluation_is_seeded_and_not_greedy(tiny_model_dir):
+    from mas.config import validate_config
+    from mas.team import build_team
+    from mas.trainer import evaluate
+
+    cfg = team_config(tiny_model_dir, "chain")
+    cfg["trainer"] = {**cfg.get("trainer", {}), "eval_do_sample": True}
+    team = build_team(validate_config(cfg))
+    tasks = team.env.eval_tasks(4)
+
+    def texts(**kw):
+        return [[t.completion_ids for t in ep.turns] for ep in team.engine.evaluate(tasks, **kw)]
+
+    greedy = texts(seed=0)
+    assert texts(seed=1) == greedy  # greedy ignores the seed
+    sampled = texts(seed=0, sample=True)
+    assert texts(seed=0, sample=True) == sampled  # seeded: an evaluation repeats exactly
+    assert sampled != greedy and texts(seed=1, sample=True) != sampled  # a random model at T=1 samples
+    out = evaluate(team, 4, 0)  # the trainer's evaluation reads trainer.eval_do_sample and says so
+    assert out["decoding"] == "sampled" and out["episodes"] == 4
+    assert validate_config(team_config(tiny_model_dir, "chain")).trainer.eval_do_sample is False  # greedy by default
