@@ -15,8 +15,10 @@ __all__ = ["Backend", "GenRequest", "GenResult", "RoutedBackend", "build_backend
 BACKENDS = ("hf", "vllm", "openai")
 
 
-def build_backend(policies: dict[str, ServedPolicy]) -> Backend:
+def build_backend(policies: dict[str, ServedPolicy], batch_tokens: dict[str, int | None] | None = None) -> Backend:
     """One backend serving every policy: the policy's ``backend`` ('hf' or 'vllm') picks its engine.
+
+    ``batch_tokens``: an hf policy's ``rollout_batch_tokens`` (``mas.backends.hf``), by name.
 
     If all policies use one engine that engine is returned; otherwise a ``RoutedBackend``
     sends each request to the engine serving its policy.
@@ -31,7 +33,7 @@ def build_backend(policies: dict[str, ServedPolicy]) -> Backend:
     if "hf" in by_kind:
         from mas.backends.hf import HFBackend
 
-        engines["hf"] = HFBackend(by_kind["hf"])
+        engines["hf"] = HFBackend(by_kind["hf"], batch_tokens=batch_tokens)
     if "vllm" in by_kind:
         try:
             from mas.backends.vllm import VLLMBackend

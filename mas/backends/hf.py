@@ -19,6 +19,9 @@ tokens of Qwen2.5's 151,936-token vocabulary.  Two bounds:
   chunks of ``rows = budget // (max_new_tokens * V * 4)`` requests (at least 1), one generate
   call each, so the kept logits of one call stay within the budget (a single row longer than
   the budget still runs, alone).
+* ``batch_tokens`` (a policy's ``rollout_batch_tokens``, default none): a chunk is cut further
+  so that rows * P (P the group's longest prompt) stays within it, since the prefill's
+  activations grow with B * P; this is what a held-out evaluation of every task at once hits.
 * the logprobs are read step by step (the sampled token's logit and a logsumexp of each [B, V]
   step, each step released once read): besides generate's own kept logits, only [B, S] floats
   and one step's [B, V] temporaries are allocated, never a stacked [B, S, V] tensor.
@@ -124,11 +127,13 @@ class HFBackend:
     (several when a group's kept logits would exceed ``logits_budget_bytes``; see the module
     docstring)."""
 
-    def __init__(self, policies: dict[str, ServedPolicy], logits_budget_bytes: int = 2 * 1024**3):
+    def __init__(self, policies: dict[str, ServedPolicy], logits_budget_bytes: int = 2 * 1024**3,
+                 batch_tokens: dict[str, int | None] | None = None):
         if logits_budget_bytes < 1:
             raise ValueError(f"logits_budget_bytes must be positive (found {logits_budget_bytes})")
         self.policies = policies
         self.logits_budget_bytes = int(logits_budget_bytes)
+        self.batch_tokens = {name: (batch_tokens or {}).get(name) for name in policies}
         self.vocab_sizes = {name: _vocab_size(h.model) for name, h in policies.items()}
         # read once: a completion ends at any of these (model generation_config EOS ids + tokenizer EOS)
         self.stop_ids = {name: completion_stop_ids(h.tokenizer, h.model) for name, h in policies.items()}
@@ -153,7 +158,8 @@ class HFBackend:
             if seed is not None:
                 torch.manual_seed(policy_seed(seed, policy))
             for idx in by_params.values():
-                rows = self.rows_per_call(policy, max(requests[i].max_new_tokens for i in idx))
+                rows = self.rows_per_call(policy, max(requests[i].max_new_tokens for i in idx),
+                                          max(len(requests[i].prompt_ids) for i in idx))
                 for start in range(0, len(idx), rows):  # consecutive chunks, in request order
                     chunk = idx[start : start + rows]
                     for i, res in zip(chunk, self._generate_group(self.policies[policy], [requests[i] for i in chunk])):
@@ -162,11 +168,15 @@ class HFBackend:
         self.stats.seconds += time.perf_counter() - t0
         return out  # type: ignore[return-value]
 
-    def rows_per_call(self, policy: str, max_new_tokens: int) -> int:
+    def rows_per_call(self, policy: str, max_new_tokens: int, prompt_tokens: int = 1) -> int:
         """Most requests of ``policy`` in one generate call: rows * max_new_tokens * V * 4 bytes
-        of kept float32 logits stay within ``logits_budget_bytes``; at least 1."""
+        of kept float32 logits stay within ``logits_budget_bytes``, and rows * ``prompt_tokens``
+        (the longest prompt) within the policy's ``batch_tokens`` where it has one; at least 1."""
         per_row = max(1, max_new_tokens) * self.vocab_sizes[policy] * 4
-        return max(1, self.logits_budget_bytes // per_row)
+        rows = self.logits_budget_bytes // per_row
+        if self.batch_tokens.get(policy):
+            rows = min(rows, self.batch_tokens[policy] // max(1, prompt_tokens))
+        return max(1, rows)
 
     def sync_weights(self, policy: str) -> None:
         """Serve the learner's latest weights of ``policy``.

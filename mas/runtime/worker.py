@@ -71,7 +71,8 @@ class PolicyWorker:
             if h.trainable and name in train
         }
         self.serving = self._serving_handles() if serving_copy else self.handles
-        self.backend: Backend = build_backend(self.serving) if rank == 0 else None  # other ranks only train
+        batch_tokens = {name: policies[name].rollout_batch_tokens for name in self.serving}
+        self.backend: Backend = build_backend(self.serving, batch_tokens) if rank == 0 else None  # other ranks only train
         self._turn = threading.Condition()
         self._next_ticket = 0
 

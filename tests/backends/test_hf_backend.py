@@ -139,6 +139,30 @@ def test_logits_budget_splits_a_group_into_chunks_in_request_order(full_handle, 
         HFBackend({"solver": full_handle}, logits_budget_bytes=0)
 
 
+def test_batch_tokens_bound_rows_times_the_longest_prompt(full_handle, monkeypatch):
+    """A policy's rollout_batch_tokens cuts a group so that rows x its longest prompt stays within
+    it (the prefill's activations grow with both); greedy results equal the unsplit call's."""
+    ps = prompts(full_handle.tokenizer)
+    requests = [req("solver", p, 0.0, max_new_tokens=6) for p in ps * 3]
+    P = max(len(q.prompt_ids) for q in requests)
+    calls = spy_generate(full_handle.model, monkeypatch)
+    expected = HFBackend({"solver": full_handle}).generate_batch(requests)
+    assert len(calls) == 1
+
+    bounded = HFBackend({"solver": full_handle}, batch_tokens={"solver": 4 * P + 1})  # 4 rows of P fit, 5 do not
+    assert bounded.rows_per_call("solver", 6, P) == 4
+    calls.clear()
+    results = bounded.generate_batch(requests)
+    n = len(requests)
+    assert n > 4 and [c["input_ids"].shape[0] for c in calls] == [min(4, n - i) for i in range(0, n, 4)]
+    for r, e in zip(results, expected):
+        assert r.completion_ids == e.completion_ids
+        torch.testing.assert_close(torch.tensor(r.logprobs), torch.tensor(e.logprobs), atol=1e-5, rtol=0)
+    # a bound below one prompt still runs, one request per call; none leaves the logits budget alone
+    assert HFBackend({"solver": full_handle}, batch_tokens={"solver": 1}).rows_per_call("solver", 6, P) == 1
+    assert HFBackend({"solver": full_handle}, batch_tokens={"solver": None}).rows_per_call("solver", 6, P) >= len(requests)
+
+
 def test_logprobs_are_read_step_by_step_without_stacking_the_logits(full_handle, monkeypatch):
     """No [B, S, V] tensor is built from generate's per-step logits (only [B, S] floats are kept)."""
     ps = prompts(full_handle.tokenizer)
