@@ -269,9 +269,13 @@ def scaling_point(n: int | None, method: str, runs: list[dict], costs: list[dict
 
 
 def metric_of(config: dict) -> tuple[str, str]:
-    """(eval key, label) of the held-out metric: the env's reward (accuracy, or F1 / EM)."""
+    """(eval key, label) of the held-out metric: the env's reward (accuracy, or F1 / EM), marked
+    "(sampled)" where the evaluations sample (``trainer.eval_do_sample``) instead of decoding greedily."""
     reward = (config.get("env") or {}).get("reward")
-    return "accuracy", {"f1": "F1", "em": "EM"}.get(reward, "accuracy")
+    label = {"f1": "F1", "em": "EM"}.get(reward, "accuracy")
+    if (config.get("trainer") or {}).get("eval_do_sample"):
+        label += " (sampled)"
+    return "accuracy", label
 
 
 def analyse(out: str | Path) -> dict[str, Any]:

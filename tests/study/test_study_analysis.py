@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 import pytest
 
-from mas.study.analysis import analyse, bootstrap_ci, curve, first_reach, method_row, run_points
+from mas.study.analysis import analyse, bootstrap_ci, curve, first_reach, method_row, metric_of, run_points
 from mas.study.runner import BudgetStop, StudySpec, step_usage
 
 
@@ -132,3 +132,10 @@ def test_analyse_a_hand_written_study(tmp_path):
     assert "steps-matched" in study["checklist"][0]["value"] and "2.00x" in study["checklist"][0]["value"]
     assert "fewer than the survey's minimum of 3" in study["checklist"][1]["value"]
     assert study["curves"]["tokens"]["sharp"]["x"][-1] == 800  # 4 steps x (100 + 100) tokens
+
+
+def test_metric_label_names_the_env_reward_and_a_sampled_evaluation():
+    assert metric_of({}) == ("accuracy", "accuracy")
+    assert metric_of({"env": {"reward": "f1"}}) == ("accuracy", "F1")
+    assert metric_of({"trainer": {"eval_do_sample": True}}) == ("accuracy", "accuracy (sampled)")
+    assert metric_of({"env": {"reward": "em"}, "trainer": {"eval_do_sample": False}}) == ("accuracy", "EM")
