@@ -66,11 +66,17 @@ import json
 import math
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+try:
+    import fcntl  # POSIX; where it is missing, runs are not locked
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 from mas.checks import meaning_errors
 from mas.config import ConfigError, apply_overrides, validate_config
@@ -330,10 +336,40 @@ def run_job(job: Job | dict) -> dict:
     """
     if isinstance(job, dict):
         job = Job(**job)
+    run_dir = Path(job.run_dir)
+    with run_lock(run_dir) as held:
+        if not held:
+            return {"method": job.method, "seed": job.seed, "run_dir": str(run_dir), "busy": True}
+        return _train_run(job, run_dir)
+
+
+@contextmanager
+def run_lock(run_dir: Path):
+    """Yields whether this process holds ``run_dir``'s lock (a file beside it, held while the run
+    trains).  A second ``mas study`` on the same directory then leaves a run that another one is
+    training alone, instead of taking its unfinished directory for an abandoned start and
+    deleting it."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield True
+        return
+    with open(run_dir.parent / f".{run_dir.name}.lock", "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _train_run(job: Job, run_dir: Path) -> dict:
+    """Train, resume or skip the run in ``run_dir`` (its lock held); its ``study_run.json`` record."""
     from mas.team import build_team
     from mas.trainer import train
 
-    run_dir = Path(job.run_dir)
     state = run_state(run_dir)
     if state == "done":
         return json.loads((run_dir / DONE_FILE).read_text())
@@ -439,6 +475,9 @@ def run_jobs(jobs: list[Job], executor: Literal["local", "ray"] = "local", ray_a
     for i, job in enumerate(todo):
         log(f"[{i + 1}/{len(todo)}] {job.name}: {'resuming' if job.state == 'resume' else 'training'} ({job.run_dir})")
         records.append(run_job(job))
+        if records[-1].get("busy"):
+            log(f"[{i + 1}/{len(todo)}] {job.name}: another process is training it; left to that one "
+                "(run this command again once it is done to include it)")
     return records
 
 

@@ -155,3 +155,20 @@ def test_runs_go_out_as_ray_tasks(tmp_path, tiny_model_dir, ray_cluster):
         info = json.loads((Path(job.run_dir) / "run_info.json").read_text())
         assert info["credit"]["method"] == job.method
     assert ray_cluster.is_initialized()  # a cluster the caller started is left running for it
+
+
+def test_a_run_another_process_is_training_is_left_alone(tmp_path):
+    """Two `mas study` processes on one directory: the second must not take the first's
+    unfinished run (no checkpoint yet) for an abandoned start and delete it."""
+    from mas.study.runner import Job, run_job, run_lock
+
+    run_dir = tmp_path / "runs" / "grpo" / "seed_0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')  # training, before its first checkpoint
+    job = Job("grpo", 0, str(run_dir), {}, "steps", 2.0, "new")
+    with run_lock(run_dir) as held:  # the other process (flock: another open file conflicts)
+        assert held
+        assert run_job(job) == {"method": "grpo", "seed": 0, "run_dir": str(run_dir), "busy": True}
+    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 0}\n'  # untouched
+    with run_lock(run_dir) as held:  # released when the holder is done
+        assert held
