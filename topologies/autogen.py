@@ -30,11 +30,19 @@ the engine's ``ReplayDivergence`` naming the agent and turn.
 from __future__ import annotations
 
 import keyword
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from mas.engine import EpisodeContext, Outcome
 from mas.refs import RefError, import_ref
+
+# AutoGen logs through "autogen_agentchat" without a handler of its own, so with logging left
+# unconfigured Python's last-resort handler prints its warnings to stderr: a selector turn that
+# names no speaker printed "Model failed to select a speaker ..." once per episode, between the
+# progress lines.  That turn is already counted, as the selector's parse failure.  A NullHandler
+# ends the printing; a program that configures logging still receives the records.
+logging.getLogger("autogen_agentchat").addHandler(logging.NullHandler())
 
 YAML_ONLY = ("participants", "selector", "selector_prompt", "allow_repeated_speaker", "handoffs", "termination", "max_turns")
 

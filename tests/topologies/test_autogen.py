@@ -320,3 +320,19 @@ def test_a_yaml_agents_env_tools_run_as_autogen_tools_and_are_recorded(tiny_toke
     assert "Shirley Temple" in call.observations[0] and call.extra_rewards["tool_valid"] == 1.0
     assert call.messages[0]["content"].count("You can call these tools") == 1  # described once, by the role
     assert ep.turns[1].parent == call.index and ep.answer == "Shirley Temple"
+
+
+def test_autogen_warnings_do_not_print_between_the_progress_lines():
+    """AutoGen's selector fallback warning (one per episode where the selector names nobody) is
+    counted as the selector's parse failure; with logging unconfigured it must not reach stderr,
+    and a configured root handler must still get it."""
+    import subprocess
+    import sys
+
+    code = ("import logging, topologies.autogen; "
+            "logging.getLogger('autogen_agentchat').warning('Model failed to select a speaker')")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert quiet.stderr == ""
+    configured = subprocess.run([sys.executable, "-c", "import logging; logging.basicConfig(); " + code],
+                                capture_output=True, text=True, check=True)
+    assert "Model failed to select a speaker" in configured.stderr
