@@ -476,9 +476,13 @@ def run_jobs(jobs: list[Job], executor: Literal["local", "ray"] = "local", ray_a
         log(f"[{i + 1}/{len(todo)}] {job.name}: {'resuming' if job.state == 'resume' else 'training'} ({job.run_dir})")
         records.append(run_job(job))
         if records[-1].get("busy"):
-            log(f"[{i + 1}/{len(todo)}] {job.name}: another process is training it; left to that one "
-                "(run this command again once it is done to include it)")
+            log(f"[{i + 1}/{len(todo)}] {busy_note(job)}")
     return records
+
+
+def busy_note(job: Job) -> str:
+    """What the log says of a run another process holds (``run_job``'s busy record)."""
+    return f"{job.name}: another process is training it; left to that one (run this command again once it is done to include it)"
 
 
 def run_study(spec: StudySpec, executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
@@ -569,7 +573,10 @@ def _run_ray(jobs: list[Job], address: str | None, cpus_per_run: float, log) -> 
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             record = ray.get(ready[0])
-            log(f"done: {refs[ready[0]].name} ({record['budget']['kind']} used {record['budget']['used']:g})")
+            if record.get("busy"):
+                log(busy_note(refs[ready[0]]))
+            else:
+                log(f"done: {refs[ready[0]].name} ({record['budget']['kind']} used {record['budget']['used']:g})")
             records.append(record)
         return records
     finally:

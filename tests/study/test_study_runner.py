@@ -172,3 +172,23 @@ def test_a_run_another_process_is_training_is_left_alone(tmp_path):
     assert (run_dir / "metrics.jsonl").read_text() == '{"step": 0}\n'  # untouched
     with run_lock(run_dir) as held:  # released when the holder is done
         assert held
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_busy_run_is_logged_and_left_for_its_holder(tmp_path, tiny_model_dir, executor, request):
+    """Both executors report a run another process holds (a Ray task is such a process) and go on;
+    the Ray path used to read the busy record's missing budget and fail."""
+    from mas.study.runner import run_lock
+
+    if executor == "ray":
+        request.getfixturevalue("ray_cluster")
+    team_yaml = tiny_team_yaml(tmp_path / "team.yaml", tiny_model_dir, steps=1)
+    spec = StudySpec(config=team_yaml, methods=("grpo",), seeds=1, out=str(tmp_path / "out"))
+    (job,) = plan_jobs(spec)
+    lines = []
+    with run_lock(Path(job.run_dir)) as held:
+        assert held
+        result = run_study(spec, executor=executor, log=lines.append)
+    assert result.records == [{"method": "grpo", "seed": 0, "run_dir": job.run_dir, "busy": True}]
+    assert any("grpo/seed_0: another process is training it" in line for line in lines)
+    assert not (Path(job.run_dir) / "study_run.json").exists()
