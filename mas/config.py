@@ -176,6 +176,9 @@ class PolicyConfig(Section):
             raise ValueError("backend: openai serves a remote model that cannot be trained: it needs kind: frozen and an 'endpoint'")
         if self.endpoint is not None and self.backend != "openai":
             raise ValueError(f"'endpoint' given but backend is {self.backend!r}; valid: backend: openai")
+        if self.rollout_batch_tokens is not None and self.backend != "hf":
+            raise ValueError(f"'rollout_batch_tokens' given but backend is {self.backend!r}; it bounds the hf backend's "
+                             "generate calls (vLLM schedules its own batches); valid: backend: hf, or remove it")
         if self.kind == "frozen" and self.workers > 1:
             raise ValueError(f"workers: {self.workers} given for a frozen policy, which is never trained; data-parallel workers are for training")
         if self.kind == "frozen" and self.optim is not None:

@@ -711,6 +711,15 @@ def test_optimizer_settings_on_a_frozen_policy_are_refused():
     assert "frozen" in line_for(errors_of(data), "policies.planner")
 
 
+def test_rollout_batch_tokens_is_for_the_hf_backend_only():
+    data = base()
+    data["policies"]["planner"]["rollout_batch_tokens"] = 8192
+    assert validate_config(data).policies["planner"].rollout_batch_tokens == 8192
+    data["policies"]["planner"]["backend"] = "vllm"
+    line = line_for(errors_of(data), "policies.planner")
+    assert "rollout_batch_tokens" in line and "backend: hf" in line
+
+
 @pytest.mark.parametrize("credit,path", [
     ({"method": "m_grpo", "main_agent": "boss"}, "credit.main_agent"),
     ({"method": "critic", "critic": "oracle"}, "credit.critic"),

@@ -101,6 +101,25 @@ def test_hf_backend_batches_concurrent_requests_into_one_generate_per_policy(tin
     assert sorted(calls) == [("judge", 6), ("judge", 6), ("main", 12), ("main", 12)]
 
 
+def test_a_policys_rollout_batch_tokens_reaches_its_generate_calls(tiny_model_dir, monkeypatch):
+    """The config field is plumbed to the backend of the team that is built: with room for one
+    prompt per call, each of the policy's generate calls holds one row."""
+    cfg = team_config(tiny_model_dir, "debate")
+    cfg["policies"]["main"]["rollout_batch_tokens"] = 1
+    team = build_team(validate_config(cfg))
+    assert team.runtime.backend.batch_tokens == {"main": 1, "judge": None}
+    rows = []
+    orig = team.policies["main"].model.generate
+
+    def counted(*a, **kw):
+        rows.append(kw["input_ids"].shape[0])
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(team.policies["main"].model, "generate", counted)
+    team.engine.rollout(TASKS[:2], group_size=3, seed=0)
+    assert rows and set(rows) == {1} and len(rows) == 24  # 2 rounds x 12 requests, one per call
+
+
 # --- replay -----------------------------------------------------------------------------------
 
 

@@ -174,8 +174,9 @@ class HFBackend:
         (the longest prompt) within the policy's ``batch_tokens`` where it has one; at least 1."""
         per_row = max(1, max_new_tokens) * self.vocab_sizes[policy] * 4
         rows = self.logits_budget_bytes // per_row
-        if self.batch_tokens.get(policy):
-            rows = min(rows, self.batch_tokens[policy] // max(1, prompt_tokens))
+        cap = self.batch_tokens.get(policy)
+        if cap:
+            rows = min(rows, cap // max(1, prompt_tokens))
         return max(1, rows)
 
     def sync_weights(self, policy: str) -> None:
