@@ -8,6 +8,10 @@ wall seconds of the whole run (model build, both evaluations and the training) a
 it meets the bar of +5 points within 5 minutes.
 
     python bench/cpu_learning.py [--configs configs/cpu_debate.yaml ...] [--threads 2] [--set trainer.seed=1]
+    python bench/cpu_learning.py --recipe formats.graph=1600   # a variant of the warm start, built once into the cache
+
+With ``--recipe`` every policy on ``model: embedded`` trains from that variant's folder instead
+(``mas build-embedded --recipe``; built here first when the cache lacks it).
 
 Run it on an otherwise idle machine: the gains do not depend on load, the wall times do.
 """
@@ -41,21 +45,40 @@ def run_one(config: str, overrides: list[str], out: Path) -> dict:
             "before": before, "after": after, "gain_points": 100 * (after - before), "wall_s": wall}
 
 
+def embedded_overrides(config: str, folder: Path) -> list[str]:
+    """``policies.<name>.model=<folder>`` for each policy of ``config`` on the embedded model."""
+    from mas.config import load_config
+
+    return [f"policies.{name}.model={folder}" for name, p in load_config(REPO / config).policies.items()
+            if p.model == "embedded"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", nargs="*", default=DEFAULT)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the bar is set for 2 cores)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every config")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
+                    help="train from this variant of the embedded model's recipe (mas build-embedded --recipe)")
     args = ap.parse_args(argv)
 
     import torch
 
     torch.set_num_threads(args.threads)
+    variant = None
+    if args.recipe:
+        from mas.embedded import Recipe
+        from mas.embedded.build import ensure_embedded
+
+        recipe = Recipe().varied(args.recipe)
+        variant = ensure_embedded(recipe, log=lambda msg: print(msg, file=sys.stderr))
+        print(f"recipe {recipe.key()} ({', '.join(args.recipe)}): {variant}", file=sys.stderr)
     rows = []
     with tempfile.TemporaryDirectory(prefix="mas-cpu-learning-") as tmp:
         for config in args.configs:
-            rows.append(run_one(config, args.set, Path(tmp)))
+            extra = embedded_overrides(config, variant) if variant else []
+            rows.append(run_one(config, [*args.set, *extra], Path(tmp)))
             r = rows[-1]
             print(f"{r['config']}: {r['before']:.3f} -> {r['after']:.3f} ({r['gain_points']:+.1f} points) "
                   f"in {r['wall_s']:.0f} s", file=sys.stderr, flush=True)

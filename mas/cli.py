@@ -300,13 +300,22 @@ def cmd_build_embedded(args: argparse.Namespace) -> int:
     from mas.embedded.recipe import Recipe
 
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    if args.ship and args.recipe:
+        print("--ship takes the project's recipe (mas/embedded/recipe.py); a --recipe variant is built into the cache "
+              "and used by its folder", file=sys.stderr)
+        return 2
     if args.ship:
         print(f"shipped artifact: {ship(log=log)}")
         return 0
-    out = cache_folder(Recipe())
+    try:
+        recipe = Recipe().varied(args.recipe)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    out = cache_folder(recipe)
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out, ignore_errors=True)
-    build_embedded(Recipe(), out, log=log)
+    build_embedded(recipe, out, log=log)
     print(f"cached: {out}")
     return 0
 
@@ -396,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build-embedded", help="build the embedded model from the project's recipe (about 6 minutes on 2 cores)")
     b.add_argument("--ship", action="store_true",
                    help="write it as the shipped artifact (mas/embedded/artifact/) instead of into the cache")
+    b.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
+                   help="a variant of the recipe, built into its own cache folder (a model folder for policies' "
+                        "`model:`): steps=8000, seed=1, lr=0.002 or formats.graph=1600; repeatable")
     b.set_defaults(fn=cmd_build_embedded)
 
     v = sub.add_parser("validate", help="check configs; print the resolved config or every error")

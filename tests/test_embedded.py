@@ -148,6 +148,47 @@ def test_recipe_key_follows_the_formats():
         Recipe(formats=(("nope", 1),))
 
 
+def test_a_varied_recipe_changes_what_it_names_and_nothing_else():
+    base = Recipe()
+    assert base.varied([]) == base
+    v = base.varied(["steps=8000", "lr=0.002", "formats.graph=1600", "formats.team_relay=0"])
+    assert (v.steps, v.lr, v.seed, v.hidden_size) == (8000, 0.002, base.seed, base.hidden_size)
+    assert isinstance(v.steps, int) and isinstance(v.lr, float)
+    assert [n for n, _ in v.formats] == [n for n, _ in base.formats if n != "team_relay"]  # order kept, 0 drops it
+    assert dict(v.formats)["graph"] == 1600
+    assert {k: e for k, e in v.formats if k != "graph"} == {k: e for k, e in base.formats if k not in ("graph", "team_relay")}
+    assert v.key() != base.key() and base.varied(["formats.graph=1600"]).key() != base.key()
+    # the variant built by changing Recipe's defaults has the same key (its docs figures name it)
+    assert base.varied(["formats.graph=1600"]) == Recipe(formats=tuple((n, 1600 if n == "graph" else e) for n, e in base.formats))
+
+
+@pytest.mark.parametrize("change, message", [
+    ("steps", "expected KEY=VALUE"), ("nope=1", "unknown key"), ("formats.nope=5", "unknown format 'nope'"),
+    ("steps=many", "invalid literal"), ("formats.graph=lots", "invalid literal")])
+def test_a_bad_recipe_change_is_refused_by_name(change, message):
+    with pytest.raises(ValueError, match=re.escape(f"recipe change {change!r}") + ".*" + message):
+        Recipe().varied([change])
+
+
+def test_build_embedded_builds_a_variant_into_its_own_cache_folder(tmp_path, monkeypatch, capsys):
+    from mas.cli import main
+    from mas.embedded.artifact import ARTIFACT_DIR, cache_folder
+
+    monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
+    built = []
+    monkeypatch.setattr("mas.embedded.build.build_embedded", lambda recipe, out, log: built.append((recipe, out)))
+    assert main(["build-embedded", "--recipe", "formats.graph=1600", "--recipe", "seed=2"]) == 0
+    variant = Recipe().varied(["formats.graph=1600", "seed=2"])
+    assert built == [(variant, cache_folder(variant))] and str(cache_folder(variant)).startswith(str(tmp_path))
+    assert f"cached: {cache_folder(variant)}" in capsys.readouterr().out
+    assert main(["build-embedded", "--recipe", "steps=x"]) == 2
+    assert "recipe change 'steps=x'" in capsys.readouterr().err
+    shipped = sorted(p.name for p in ARTIFACT_DIR.iterdir())
+    assert main(["build-embedded", "--ship", "--recipe", "steps=7000"]) == 2  # a variant never overwrites the artifact
+    assert "--ship takes the project's recipe" in capsys.readouterr().err
+    assert len(built) == 1 and sorted(p.name for p in ARTIFACT_DIR.iterdir()) == shipped
+
+
 def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     build_embedded(SMALL, tmp_path / "a", log=lambda *_: None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 from .formats import FORMATS
 
@@ -37,6 +37,32 @@ class Recipe:
 
     def format_specs(self) -> dict:
         return {name: FORMATS[name].spec() for name, _ in self.formats}
+
+    def varied(self, changes: list[str]) -> Recipe:
+        """This recipe with ``KEY=VALUE`` changes (``mas build-embedded --recipe``): a number
+        (``steps=8000``, ``seed=1``, ``lr=0.002``) or one format's teacher episodes
+        (``formats.graph=1600``; 0 drops the format).  A variant has its own key, so it is
+        built into its own cache folder and never taken for the project's model."""
+        numbers = {f.name: f.type for f in fields(self) if f.name != "formats"}
+        formats, values = dict(self.formats), {}
+        for change in changes:
+            key, sep, value = change.partition("=")
+            try:
+                if not sep:
+                    raise ValueError("expected KEY=VALUE")
+                if key.startswith("formats."):
+                    name = key.removeprefix("formats.")
+                    if name not in FORMATS:
+                        raise ValueError(f"unknown format {name!r}; valid: {sorted(FORMATS)}")
+                    formats[name] = int(value)
+                elif key in numbers:
+                    values[key] = float(value) if numbers[key] in (float, "float") else int(value)
+                else:
+                    raise ValueError(f"unknown key; valid: {sorted(numbers)} or formats.<name>")
+            except ValueError as e:
+                raise ValueError(f"recipe change {change!r}: {e}") from None
+        values["formats"] = tuple((name, n) for name, n in formats.items() if n > 0)
+        return replace(self, **values)
 
     def key(self) -> str:
         blob = json.dumps({"recipe": asdict(self), "formats": self.format_specs()}, sort_keys=True)
