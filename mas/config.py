@@ -985,9 +985,9 @@ def _partial_cross_ref_errors(data: dict) -> list[tuple[tuple, Any, str]]:
     return []
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None, check: ConfigCheck | None = None) -> RunConfig:
-    """The YAML file at ``path`` with ``overrides`` applied, validated (``validate_config``; ``check``
-    as there)."""
+def read_config_data(path: str | Path) -> Any:
+    """The YAML file at ``path`` as data, unvalidated (``validate_config`` says what is wrong with
+    it); a file that cannot be read or parsed is a ``ConfigError``."""
     path = Path(path)
     try:
         data = load_yaml_bytes(path.read_bytes())  # bounded: size, UTF-8, alias expansion, depth
@@ -999,7 +999,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None, check: Con
         raise ConfigError(str(path), [str(e)]) from None
     except yaml.YAMLError as e:
         raise ConfigError(str(path), [f"YAML syntax: {e}"]) from None
-    return validate_config(apply_overrides(data or {}, overrides or []), str(path), check)
+    return data or {}
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, check: ConfigCheck | None = None) -> RunConfig:
+    """The YAML file at ``path`` with ``overrides`` applied, validated (``validate_config``; ``check``
+    as there)."""
+    return validate_config(apply_overrides(read_config_data(path), overrides or []), str(path), check)
 
 
 def dump_config(cfg: RunConfig) -> str:

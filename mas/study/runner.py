@@ -71,7 +71,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 
 try:
     import fcntl  # POSIX; where it is missing, runs are not locked
@@ -79,7 +78,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 from mas.checks import meaning_errors
-from mas.config import ConfigError, apply_overrides, validate_config
+from mas.config import ConfigError, apply_overrides, read_config_data, validate_config
 from mas.runtime.ray_cluster import start_local_ray
 
 BudgetKind = Literal["steps", "tokens", "seconds"]
@@ -165,11 +164,7 @@ def _credit_block(data: dict, method: str, sets: tuple[str, ...], cfg: Any) -> d
 
 def _team_data(spec: StudySpec) -> dict:
     """The study's config file with its overrides, as data."""
-    try:
-        data = yaml.safe_load(Path(spec.config).read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(spec.config, ["file not found"]) from None
-    return apply_overrides(data, list(spec.overrides))
+    return apply_overrides(read_config_data(spec.config), list(spec.overrides))
 
 
 def team_config(spec: StudySpec) -> Any:

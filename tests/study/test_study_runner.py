@@ -71,6 +71,24 @@ def test_a_different_study_in_the_same_directory_is_refused(tiny_study):
         run_study(StudySpec(config=spec["config"], methods=METHODS, seeds=3, out=str(tiny_study), overrides=("trainer.steps=2",), eval_every=1))
 
 
+@pytest.mark.parametrize("text, why", [
+    ("team: {name: x\n", "YAML syntax"),  # an unclosed mapping
+    ("a: &a [*a, *a]\n", "recursive structure"),  # a recursive alias: refused by the bounded reader, never expanded
+    ("- just\n- a list\n", "expected a mapping"),
+])
+def test_a_study_of_an_unreadable_config_is_a_config_error_naming_the_file(tmp_path, text, why, capsys):
+    from mas.cli import main
+
+    config = tmp_path / "team.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=why) as e:
+        run_study(StudySpec(config=str(config), methods=("grpo",), seeds=1, out=str(tmp_path / "study")))
+    assert str(config) in str(e.value)
+    assert main(["study", str(config), "--methods", "grpo", "--seeds", "1", "--out", str(tmp_path / "study")]) != 0
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err
+
+
 def test_an_interrupted_study_resumes_from_checkpoints(tmp_path, tiny_model_dir, capsys):
     """One run stopped after step 0 (checkpointed, as Ctrl-C or a crash after a checkpoint leaves it),
     one never started: re-running continues the first from step 1 and trains the second."""
