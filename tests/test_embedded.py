@@ -189,6 +189,15 @@ def test_build_embedded_builds_a_variant_into_its_own_cache_folder(tmp_path, mon
     assert len(built) == 1 and sorted(p.name for p in ARTIFACT_DIR.iterdir()) == shipped
 
 
+def test_a_missing_variant_names_the_variant_command_not_the_ship_one(tmp_path, monkeypatch):
+    from mas.embedded import EmbeddedUnavailable, embedded_path
+
+    monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(EmbeddedUnavailable, match=r"variant .* `mas build-embedded --recipe KEY=VALUE`") as e:
+        embedded_path(Recipe().varied(["seed=5"]))
+    assert "--ship" not in str(e.value)
+
+
 def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     build_embedded(SMALL, tmp_path / "a", log=lambda *_: None)
