@@ -71,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         from mas.embedded import Recipe
         from mas.embedded.build import ensure_embedded
 
-        recipe = Recipe().varied(args.recipe)
+        try:
+            recipe = Recipe().varied(args.recipe)
+        except ValueError as e:
+            ap.error(str(e))
         variant = ensure_embedded(recipe, log=lambda msg: print(msg, file=sys.stderr))
         print(f"recipe {recipe.key()} ({', '.join(args.recipe)}): {variant}", file=sys.stderr)
     rows = []
