@@ -71,7 +71,7 @@ def test_a_wheel_builds_without_warnings_and_holds_the_data_files(tmp_path):
     # --no-build-isolation: this environment's setuptools, no package index needed
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, src / name)
     for top in {Path(d).parts[0] for d in PACKAGE_DIR.values()}:
         shutil.copytree(REPO / top, src / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -84,6 +84,7 @@ def test_a_wheel_builds_without_warnings_and_holds_the_data_files(tmp_path):
     assert "Warning" not in output and "warning:" not in output.lower(), output[-5000:]
     (wheel,) = (tmp_path / "dist").glob("mas_rl-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), "the project's LICENSE is not in the wheel"
     for package in PACKAGES:
         if not is_code(folder(package)):
             expected = {f"{package.replace('.', '/')}/{f.name}" for f in shipped_files(folder(package))}
