@@ -56,7 +56,7 @@ class Recipe:
                         raise ValueError(f"unknown format {name!r}; valid: {sorted(FORMATS)}")
                     formats[name] = int(value)
                 elif key in numbers:
-                    values[key] = float(value) if numbers[key] in (float, "float") else int(value)
+                    values[key] = float(value) if numbers[key] == "float" else int(value)  # annotations are strings here (__future__)
                 else:
                     raise ValueError(f"unknown key; valid: {sorted(numbers)} or formats.<name>")
             except ValueError as e:
