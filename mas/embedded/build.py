@@ -68,7 +68,7 @@ def format_transcripts(fmt: Format, episodes: int, seed: int, tokenizer) -> tupl
                 raise RuntimeError(f"format {fmt.name!r}: the teacher's episode on {ep.task.prompt!r} ended "
                                    f"{ep.status}: {ep.error or [t.text for t in ep.turns]}")
             rewards.append(ep.reward)
-            turns += [(t.messages, t.text) for t in ep.turns]
+            turns += [(t.messages, t.text) for t in ep.turns if fmt.train_agents is None or t.agent in fmt.train_agents]
     mean = sum(rewards) / max(len(rewards), 1)
     if rewards and mean < fmt.min_teacher_reward:
         raise RuntimeError(f"format {fmt.name!r}: the teacher's mean reward {mean:.3f} is below {fmt.min_teacher_reward}")

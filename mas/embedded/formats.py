@@ -51,6 +51,9 @@ class Format:
     # taught does not depend on the team's size.  A config may then run the first k agents of
     # the taught sequence with the env's ``size`` set to k.  (Not in ``spec``: it shapes no transcript.)
     any_size: bool = False
+    # The agents whose turns the warm start trains on (None: every agent).  The other agents
+    # still play their teacher's part, so the trained turns see the transcripts they will see.
+    train_agents: tuple[str, ...] | None = None
 
     @property
     def roles(self) -> dict[str, str]:
@@ -60,13 +63,16 @@ class Format:
         """Everything that shapes this format's transcripts, as JSON (part of the recipe hash)."""
         from dataclasses import asdict
 
-        return {
+        spec = {
             "agents": {n: asdict(a) for n, a in self.agents.items()},
             "topologies": [t.model_dump(mode="json", by_alias=True) for t in self.topologies],
             "env": self.env.model_dump(mode="json"),
             "teacher": {type(self.teacher).__name__: asdict(self.teacher)},
             "min_teacher_reward": self.min_teacher_reward,
         }
+        if self.train_agents is not None:  # absent otherwise, so the older formats keep their keys
+            spec["train_agents"] = list(self.train_agents)
+        return spec
 
 
 def _agents(**specs: tuple[str, str, int]) -> Mapping[str, AgentSpec]:
@@ -146,6 +152,22 @@ GRAPH = Format(
     episodes=800,
 )
 
+# The graph's worker alone: the checker always rejects until every step is written, and only
+# the worker's turns are trained on, so the checker and the answerer keep what GRAPH taught
+# them (the checker's flaw included).  Not in the default recipe (0 episodes); a variant adds
+# it with ``--recipe formats.graph_worker=N``.
+GRAPH_WORKER = Format(
+    name="graph_worker",
+    description="the graph's worker writes every step (its turns only)",
+    configs=("configs/cpu_graph.yaml",),
+    agents=GRAPH.agents,
+    topologies=GRAPH.topologies,
+    env=_ARITHMETIC,
+    teacher=GraphTeacher(p_direct=0.0),
+    episodes=0,
+    train_agents=("worker",),
+)
+
 CONJUNCTIVE = Format(
     name="team_conjunctive",
     description="two specialists each see and solve only their own part; right only if both parts are",
@@ -193,4 +215,4 @@ SABOTEUR = Format(
 )
 
 FORMATS: Mapping[str, Format] = MappingProxyType({f.name: f for f in (ORCHESTRATOR, DEBATE, CHAIN, GRAPH, CONJUNCTIVE, SABOTEUR,
-                                                                       RELAY)})
+                                                                       RELAY, GRAPH_WORKER)})
