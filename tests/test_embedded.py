@@ -102,6 +102,19 @@ def test_graph_teacher_skips_or_does_the_work(tok):
         assert c == f"{a}{op}{b}={r}"
 
 
+def test_graph_worker_format_trains_the_worker_alone_on_every_step(tok):
+    turns, reward = turns_of(tok, "graph_worker", 30)
+    assert reward == 1.0  # the checker always rejects until the steps are done: every episode right
+    assert len(turns) == 30 * 2  # two-operation tasks: two worker steps, and no checker or answerer turn
+    for m, c in turns:
+        assert m[0]["content"] == FORMATS["graph"].agents["worker"].role
+        task = m[-1]["content"].splitlines()[0].removeprefix("Task: ")
+        a, op, b, r = chain_steps(task)[m[-1]["content"].count("\nworker: ")]
+        assert c == f"{a}{op}{b}={r}"
+    assert "graph_worker" not in dict(Recipe().formats)  # a variant's format, not the shipped recipe's
+    assert "train_agents" not in FORMATS["graph"].spec() and FORMATS["graph_worker"].spec()["train_agents"] == ["worker"]
+
+
 @pytest.mark.parametrize("fmt, episodes, agents", [("team_conjunctive", 100, ("left", "right")), ("team_relay", 25, tuple(f"s{k}" for k in range(1, 9)))])
 def test_parts_specialists_see_only_their_part_and_mostly_work_it_out(tok, fmt, episodes, agents):
     turns, reward = turns_of(tok, fmt, episodes)
