@@ -237,6 +237,20 @@ def test_report_errors_are_clear_and_a_partial_last_line_is_skipped(run_dir, tmp
     assert "1 unreadable log lines skipped" in report
 
 
+def test_a_damaged_config_yaml_is_reported_and_the_metrics_still_are(run_dir, tmp_path):
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for name in ("metrics.jsonl", "episodes.jsonl"):
+        (damaged / name).write_text((run_dir / name).read_text())
+    (damaged / "config.yaml").write_text("team: {name: [unclosed\n")  # hand-edited, or cut short
+    run = load_run(damaged)
+    assert run.config == {} and run.config_problem.startswith("config.yaml unreadable (YAML syntax")
+    report = write_report(damaged).read_text()
+    assert "config.yaml unreadable" in report and "Reward: team and per agent" in report
+    (damaged / "config.yaml").write_text("a: &a [*a]\n")  # a recursive alias: the bounded reader refuses it
+    assert load_run(damaged).config_problem.startswith("config.yaml unreadable")
+
+
 def test_tool_calls_and_observations_show_in_the_transcript():
     from mas.report.episodes import episode_block
 

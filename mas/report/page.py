@@ -190,6 +190,8 @@ def _tags(run: RunData) -> list[str]:
                     f"{stopped.get('reason', '?')}")
     if run.skipped_lines:
         tags.append(f"{run.skipped_lines} unreadable log lines skipped")
+    if run.config_problem:
+        tags.append(run.config_problem)
     return tags
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from mas.config import ConfigError, read_config_data
 
 
 class NotARunError(ValueError):
@@ -28,6 +28,7 @@ class RunData:
     agents: list[str] = field(default_factory=list)  # the team's agents, in config order
     warnings: list[dict[str, Any]] = field(default_factory=list)  # warnings.jsonl: {"step", "kind", "message"}
     warmup: dict[str, Any] | None = None  # the format warm-up's record (mas.warmup), if the run had one
+    config_problem: str | None = None  # why config.yaml could not be read (the report goes on without it)
 
     def series(self, *keys: str) -> list[float | None]:
         """One value per step under the nested ``keys`` (None where a step lacks it)."""
@@ -82,7 +83,7 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     steps = sorted((r for r in rows if "step" in r and "eval" not in r), key=lambda r: r["step"])
     evals = {r["eval"]: r for r in rows if "eval" in r}
     warmup = next((r["warmup"] for r in rows if isinstance(r.get("warmup"), dict)), None)
-    config = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
+    config, config_problem = _read_config(path / "config.yaml")
     info = json.loads((path / "run_info.json").read_text()) if (path / "run_info.json").exists() else {}
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else {}
     agents = [a["name"] for a in config.get("agents", [])]
@@ -91,4 +92,18 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     team = config.get("team", {}).get("name", path.name)
     return RunData(path=path, name=name or team, config=config, steps=steps, evals=evals, episodes=episodes,
                    info=info, summary=summary, skipped_lines=bad + bad_ep + bad_warn, agents=agents, warnings=warnings,
-                   warmup=warmup)
+                   warmup=warmup, config_problem=config_problem)
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], str | None]:
+    """The run's own config.yaml as data, through the bounded reader; a damaged one is reported,
+    not fatal: the metrics are still worth a report."""
+    if not path.exists():
+        return {}, None
+    try:
+        data = read_config_data(path)
+    except ConfigError as e:
+        return {}, f"{path.name} unreadable ({'; '.join(' '.join(line.split()) for line in e.lines)})"
+    if not isinstance(data, dict):
+        return {}, f"{path.name} is not a mapping"
+    return data, None

@@ -53,9 +53,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from mas.config import validate_config
+from mas.config import read_config_data, validate_config
 from mas.credit.shapley import queried_coalitions
 from mas.credit.sharp import SharpConfig
 from mas.study.runner import DONE_FILE, NA_FILE, SCALING_SPEC_FILE, SPEC_FILE, read_jsonl, step_usage, team_size
@@ -296,7 +295,7 @@ def analyse(out: str | Path) -> dict[str, Any]:
             if not rows:
                 continue
             config_path = run_dir / "config.yaml"
-            config = (yaml.safe_load(config_path.read_text()) or {}) if config_path.exists() else {}
+            config = read_config_data(config_path) if config_path.exists() else {}  # bounded; a damaged one is a ConfigError naming it
             configs.setdefault(m, config)
             key, label = metric_of(config) if config else ("accuracy", label)
             pts = run_points(rows, key)
