@@ -111,7 +111,6 @@ def test_graph_worker_format_trains_the_worker_alone_on_every_step(tok):
         task = m[-1]["content"].splitlines()[0].removeprefix("Task: ")
         a, op, b, r = chain_steps(task)[m[-1]["content"].count("\nworker: ")]
         assert c == f"{a}{op}{b}={r}"
-    assert "graph_worker" not in dict(Recipe().formats)  # a variant's format, not the shipped recipe's
     assert "train_agents" not in FORMATS["graph"].spec() and FORMATS["graph_worker"].spec()["train_agents"] == ["worker"]
 
 

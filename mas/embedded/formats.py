@@ -154,8 +154,10 @@ GRAPH = Format(
 
 # The graph's worker alone: the checker always rejects until every step is written, and only
 # the worker's turns are trained on, so the checker and the answerer keep what GRAPH taught
-# them (the checker's flaw included).  Not in the default recipe (0 episodes); a variant adds
-# it with ``--recipe formats.graph_worker=N``.
+# them (the checker's flaw included).  In GRAPH the worker writes steps in 40% of the episodes
+# only, and the build it gave miscopied operands ("9-1+3": "8-1=7"), which held cpu_graph to
+# +10 points; these 400 episodes (800 worker turns, 4% of the pool) raised it to +59.5
+# (docs/benchmarks.md, with the other configs and a second build seed).
 GRAPH_WORKER = Format(
     name="graph_worker",
     description="the graph's worker writes every step (its turns only)",
@@ -164,7 +166,7 @@ GRAPH_WORKER = Format(
     topologies=GRAPH.topologies,
     env=_ARITHMETIC,
     teacher=GraphTeacher(p_direct=0.0),
-    episodes=0,
+    episodes=400,
     train_agents=("worker",),
 )
 

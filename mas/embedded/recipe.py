@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from .formats import FORMATS
 
-DEFAULT_MIX: tuple[tuple[str, int], ...] = tuple((f.name, f.episodes) for f in FORMATS.values() if f.episodes > 0)
+DEFAULT_MIX: tuple[tuple[str, int], ...] = tuple((f.name, f.episodes) for f in FORMATS.values())
 
 
 @dataclass(frozen=True)
