@@ -37,6 +37,7 @@ from mas.credit.registry import followup_credit, plan_credit
 from mas.embedded.fit import fit_checks
 from mas.fault_points import enter_step, pause_point
 from mas.learner import TrainSample, UpdateSpan
+from mas.memory import release_freed_memory
 from mas.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
 from mas.rundir import check_fresh
 from mas.runtime import PolicyActorDied
@@ -391,6 +392,7 @@ def train(
             summary["stopped"] = {"reason": control.stop_reason, "after_step": step - 1 if step else None}
             break
         enter_step(step)
+        release_freed_memory()  # the heap the last step or evaluation freed goes back to the system
         pause_point("step_start", step)
         start_env = upcoming.env_state if upcoming is not None else team.env.state_dict()  # what the step draws from
         credit_before = method.state.state_dict() if method.state is not None else None

@@ -34,7 +34,7 @@ import torch
 
 from mas.backends.base import Backend, GenRequest, GenResult
 from mas.learner import Learner, TrainSample, UpdateSpan, _host
-from mas.memory import peak_rss_mb
+from mas.memory import peak_rss_mb, release_freed_memory
 from mas.runtime.policy_state import load_policy_state, save_policy_state
 from mas.sft import supervised_steps
 
@@ -146,6 +146,7 @@ class PolicyWorker:
             start = time.time()
             metrics = self.learners[name].update(samples, seed=seed)
             metrics["peak_rss_mb"] = peak_rss_mb()  # this actor's memory (the step's ``memory`` record)
+            release_freed_memory()  # the update's activations and gradients: back to the system, not kept
             return metrics, UpdateSpan(os.getpid(), _host(), start, time.time()), self.handles[name].version
 
     def warm_up(self, name: str, demonstrations: list, steps: int, batch_size: int, lr: float, seed: int,
