@@ -1,0 +1,89 @@
+"""Resident memory between training steps, with and without handing freed memory back.
+
+Trains one config twice, side by side in two fresh processes (one torch thread each): as
+shipped, where every step starts with ``mas.memory.release_freed_memory`` (glibc's
+``malloc_trim``), and with that call replaced by a no-op.  After each step it prints the
+resident set as the next step finds it (after the release, where there is one) and the
+process's peak so far, for both, and the ratio of their mean step times.
+
+    python bench/rss_per_step.py [--config configs/smol_orchestrator.yaml] [--steps 6] [--set key=value ...]
+
+Nothing here is asserted: the numbers go to docs/benchmarks.md with the machine they came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def child(config: str, overrides: list[str], keep: bool, out: Path) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    import mas
+    import mas.trainer
+    from mas.memory import peak_rss_mb, release_freed_memory, rss_mb
+
+    if keep:
+        mas.trainer.release_freed_memory = lambda: False
+    rows = []
+
+    class Record:
+        def on_step_end(self, step, metrics, groups, credit):
+            if not keep:
+                release_freed_memory()  # what the trainer does first thing in the next step
+            rows.append({"step": step, "rss_mb": rss_mb(), "peak_rss_mb": peak_rss_mb(), "step_s": metrics["time"]["step"]})
+
+    team = mas.load_team(str(REPO / config), overrides)
+    mas.train(team, out / "run", callbacks=[Record()])
+    (out / "rows.json").write_text(json.dumps(rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/smol_orchestrator.yaml")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (both runs)")
+    ap.add_argument("--json", type=Path, help="also write both runs' rows here")
+    ap.add_argument("--child", choices=["release", "keep"], help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    overrides = [*args.set, f"trainer.steps={args.steps}", "logging.progress=false"]
+    if args.child:
+        child(args.config, overrides, args.child == "keep", args.out)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="mas-rss-") as tmp:
+        procs = {}
+        for mode in ("release", "keep"):
+            out = Path(tmp) / mode
+            out.mkdir()
+            cmd = [sys.executable, __file__, "--child", mode, "--out", str(out), "--config", args.config,
+                   "--steps", str(args.steps), *[f"--set={s}" for s in args.set]]
+            procs[mode] = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        for mode, proc in procs.items():
+            if proc.wait() != 0:
+                print(f"the {mode} run failed (exit {proc.returncode})", file=sys.stderr)
+                return 1
+        rows = {mode: json.loads((Path(tmp) / mode / "rows.json").read_text()) for mode in procs}
+    print("| step | RSS between steps, released (MB) | kept (MB) | peak so far, released (MB) | kept (MB) |")
+    print("|---|---|---|---|---|")
+    for a, b in zip(rows["release"], rows["keep"]):
+        print(f"| {a['step']} | {a['rss_mb']:,.0f} | {b['rss_mb']:,.0f} | {a['peak_rss_mb']:,.0f} | {b['peak_rss_mb']:,.0f} |")
+    mean = {m: sum(r["step_s"] for r in rs) / len(rs) for m, rs in rows.items()}
+    print(f"\nmean step time: released {mean['release']:.1f} s, kept {mean['keep']:.1f} s "
+          f"(ratio {mean['release'] / mean['keep']:.2f})")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
