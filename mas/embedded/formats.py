@@ -164,7 +164,7 @@ GRAPH_WORKER = Format(
     configs=("configs/cpu_graph.yaml",),
     agents=GRAPH.agents,
     topologies=GRAPH.topologies,
-    env=_ARITHMETIC,
+    env=GRAPH.env,
     teacher=GraphTeacher(p_direct=0.0),
     episodes=400,
     train_agents=("worker",),
