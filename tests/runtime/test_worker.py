@@ -68,3 +68,14 @@ def test_updates_run_in_ticket_order_whatever_order_they_arrive_in(tiny_model_di
         t.join(timeout=60)
     assert order == [0, 1, 2]
     assert w.handles["main"].version == 3
+
+
+def test_an_update_hands_its_freed_memory_back_after_it_has_read_the_peak(tiny_model_dir, monkeypatch):
+    import mas.runtime.worker as worker_module
+
+    events: list[str] = []
+    monkeypatch.setattr(worker_module, "peak_rss_mb", lambda: events.append("peak") or 1.0)
+    monkeypatch.setattr(worker_module, "release_freed_memory", lambda: events.append("release") or True)
+    w = worker(tiny_model_dir, serving_copy=False)
+    metrics, _, _ = w.update("main", batch(), seed=1)
+    assert events == ["peak", "release"] and metrics["peak_rss_mb"] == 1.0  # the record holds the update's own peak
