@@ -18,7 +18,7 @@ from pathlib import Path
 # in the last bits; conditional numerical reproducibility removes that (set before torch loads).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-from mas.config import ConfigError, RunConfig, _path, dump_config, load_config
+from mas.config import ConfigError, RunConfig, dump_config, issue_lines, load_config
 
 
 def _run_dir(cfg: RunConfig, override: str | None) -> Path:
@@ -30,10 +30,6 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
     command; an argument with '=' that is not an existing file is an override."""
     files = [it for it in items if "=" not in it or Path(it).exists()]
     return files, [it for it in items if it not in files]
-
-
-def _issue_lines(issues: list) -> list[str]:
-    return [f"{_path(p)}: {m} (found {v!r})" for p, v, m in issues]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -52,12 +48,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
             cfg = load_config(path, overrides, check=meaning_errors)
             data = data_issues(cfg)
             if data:
-                raise ConfigError(path, _issue_lines(data))
+                raise ConfigError(path, issue_lines(data))
         except ConfigError as e:
             print(e, file=sys.stderr)
             status = 1
             continue
-        warnings = _issue_lines(config_warnings(cfg)) + [f"{line} [on this machine]" for line in _issue_lines(machine_issues(cfg))]
+        warnings = issue_lines(config_warnings(cfg)) + [f"{line} [on this machine]" for line in issue_lines(machine_issues(cfg))]
         for line in warnings:
             print(f"{path}: warning: {line}", file=sys.stderr)
         if args.strict and warnings:
@@ -108,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_fresh(run_dir, resume_hint=f" ({mas_command()} train --resume {shlex.quote(str(run_dir))})")
     machine = machine_issues(cfg)
     if machine:
-        raise ConfigError(str(args.resume or configs[0]), _issue_lines(machine))
+        raise ConfigError(str(args.resume or configs[0]), issue_lines(machine))
     team = build_team(cfg, run_dir=run_dir)
     # This process holds one team until it exits: move what exists now (torch, transformers, the
     # models: ~500k objects) out of the cyclic garbage collector's reach, which otherwise scans it
