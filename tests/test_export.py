@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,10 @@ def test_a_lora_checkpoint_names_its_base_relative_to_the_run_and_exports_merged
     assert (run / recorded).resolve() == Path(tiny_model_dir).resolve()
 
     out = tmp_path / "export"
-    assert main(["export", str(run), "--merge-lora", "--out", str(out)]) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["export", str(run), "--merge-lora", "--out", str(out)]) == 0
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]  # clean output
     assert "exported 1 policy" in capsys.readouterr().out  # 'judge' is frozen: nothing trained to export
     assert sorted(p.name for p in out.iterdir()) == ["main"]
     merged_dir = out / "main"
