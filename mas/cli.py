@@ -403,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write it as the shipped artifact (mas/embedded/artifact/) instead of into the cache")
     b.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
                    help="a variant of the recipe, built into its own cache folder (a model folder for policies' "
-                        "`model:`): steps=8000, seed=1, lr=0.002 or formats.graph=1600; repeatable")
+                        "`model:`): steps=8000, seed=1, lr=0.002, formats.graph=1600, extend.saboteur_solver=0 or extend_steps=900; repeatable")
     b.set_defaults(fn=cmd_build_embedded)
 
     v = sub.add_parser("validate", help="check configs; print the resolved config or every error")

@@ -21,7 +21,8 @@ from mas.embedded.teachers import chain_steps, value, worked
 from mas.tiny import train_tokenizer
 
 ROOT = Path(__file__).parents[1]
-SMALL = Recipe(formats=(("orchestrator", 12), ("chain", 6)), steps=3, hidden_size=32, num_layers=1, num_heads=2, vocab_size=300)
+SMALL = Recipe(formats=(("orchestrator", 12), ("chain", 6)), steps=3, hidden_size=32, num_layers=1, num_heads=2, vocab_size=300,
+               extend=())
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +128,16 @@ def test_parts_specialists_see_only_their_part_and_mostly_work_it_out(tok, fmt, 
     assert 0.1 <= direct / len(turns) <= 0.3  # p_direct = 0.2: a specialist mostly works its part out
 
 
+def test_saboteur_solver_format_trains_the_solver_alone_working_every_answer_out(tok):
+    turns, reward = turns_of(tok, "saboteur_solver", 40)
+    assert len(turns) == 40 and reward < 0.75  # one solver turn per episode; the reviewer still overrules
+    for m, c in turns:
+        assert m[0]["content"] == FORMATS["team_saboteur"].agents["solver"].role
+        task = m[-1]["content"].splitlines()[0].removeprefix("Task: ")
+        assert c == f"{worked(task)} ANSWER: {value(task)}"
+    assert FORMATS["saboteur_solver"].spec()["train_agents"] == ["solver"]
+
+
 def test_saboteur_teacher_overrules_with_near_misses(tok):
     turns, reward = turns_of(tok, "team_saboteur", 80)
     reviews = by_role(turns, "team_saboteur", "reviewer")
@@ -208,6 +219,42 @@ def test_a_missing_variant_names_the_variant_command_not_the_ship_one(tmp_path, 
     with pytest.raises(EmbeddedUnavailable, match=r"variant .* `mas build-embedded --recipe KEY=VALUE`") as e:
         embedded_path(Recipe().varied(["seed=5"]))
     assert "--ship" not in str(e.value)
+
+
+def test_a_second_stage_has_its_own_key_and_a_one_stage_recipe_keeps_its_old_one():
+    two = Recipe()
+    assert two.extend and two.base() == dataclasses.replace(two, extend=())
+    assert two.key() != two.base().key()
+    assert two.varied(["extend_steps=700"]).key() != two.key() and two.varied(["extend_lr=0.001"]).key() != two.key()
+    assert two.varied(["extend.saboteur_solver=0"]) == two.base()
+    # the second stage's knobs are not in a one-stage key: caches and figures named by it stay valid
+    one = two.base()
+    assert dataclasses.replace(one, extend_steps=1, extend_lr=0.1).key() == one.key()
+    assert "saboteur_solver" not in dict(two.formats)  # taught in the second stage only
+    with pytest.raises(ValueError, match="unknown warm-start formats"):
+        Recipe(extend=(("nope", 1),))
+
+
+def test_a_second_stage_starts_from_its_base_model_and_keeps_its_tokenizer(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from mas.embedded.artifact import cache_folder, problem
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
+    two = dataclasses.replace(SMALL, extend=(("saboteur_solver", 6),), extend_steps=2)
+    said = []
+    build_embedded(two, tmp_path / "two", log=said.append)
+    base = cache_folder(SMALL)
+    assert problem(base, SMALL.key()) is None  # the base was built first, into the cache
+    assert problem(tmp_path / "two", two.key()) is None
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / "two" / name).read_bytes() == (base / name).read_bytes(), name
+    w1, w2 = load_file(base / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    assert w1.keys() == w2.keys() and not all(torch.equal(w1[k], w2[k]) for k in w1)  # trained further
+    first = int(re.search(r"embedded model: (\d+) teacher turns", " ".join(said)).group(1))
+    second = re.search(rf"second stage from {SMALL.key()}, (\d+) teacher turns", " ".join(said))
+    assert second and int(second.group(1)) == first + 6  # the base pool again, plus one solver turn per episode
 
 
 def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):

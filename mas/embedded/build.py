@@ -8,6 +8,9 @@
 3. A small random ``Qwen2ForCausalLM`` is fine-tuned on all formats' assistant turns, pooled,
    for a fixed number of AdamW steps (loss on completion tokens only; batches drawn from
    length-sorted pools, so little of each batch is padding).
+   A recipe with a second stage (``Recipe.extend``) starts instead from its base recipe's
+   finished model and tokenizer (shipped, cached or built first), and trains it further on
+   the base pool plus the added formats' turns.
 4. Model and tokenizer are saved in Hugging Face format with a manifest (the recipe key and
    every file's sha256; ``artifact.py``): into the cache (``$MAS_CACHE_DIR`` or
    ``~/.cache/mas``) when a run needs a model that was not shipped (``ensure_embedded``), or
@@ -22,7 +25,9 @@ import random
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,6 +47,7 @@ from .recipe import Recipe
 
 
 Transcript = list[tuple[list[dict[str, str]], str]]  # (messages, completion text) per turn
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 def format_transcripts(fmt: Format, episodes: int, seed: int, tokenizer) -> tuple[Transcript, float]:
@@ -91,28 +97,21 @@ def teacher_transcripts(recipe: Recipe, tokenizer, log=print) -> Transcript:
 
 
 def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
-    from mas.tiny import TINY_CHAT_TEMPLATE, tiny_causal_lm, train_tokenizer
-
+    """The warm start (and, where the recipe has one, its second stage) saved to ``out``."""
     t0 = time.perf_counter()
-    torch.manual_seed(recipe.seed)
-    roles = [a.role for name, _ in recipe.formats for a in FORMATS[name].agents.values()]
-    provisional = train_tokenizer([" ".join(roles)], vocab_size=300)
-    log(f"embedded model: teacher transcripts of {len(recipe.formats)} formats...")
-    turns = teacher_transcripts(recipe, provisional, log=log)
-    corpus = [provisional.apply_chat_template(m + [{"role": "assistant", "content": c}], tokenize=False) for m, c in turns]
-    tok = train_tokenizer(corpus, vocab_size=recipe.vocab_size)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    assert tok.chat_template == TINY_CHAT_TEMPLATE
-    model = tiny_causal_lm(tok, hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
-                           num_heads=recipe.num_heads, seed=recipe.seed)
-    examples = [(render_prompt(tok, m), tok.encode(c, add_special_tokens=False) + [tok.eos_token_id]) for m, c in turns]
-    log(f"embedded model: {len(examples)} teacher turns, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params; "
-        f"warm start ({recipe.steps} steps)...")
-    _warm_start(model, examples, recipe, pad_id=tok.pad_token_id, log=log)
+    if recipe.extend:
+        model, base = _second_stage(recipe, log)
+    else:
+        model, tok = _first_stage(recipe, log)
     model.eval()
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))  # unique: concurrent first runs
     model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    if recipe.extend:  # the base's tokenizer files byte for byte (saving a loaded one adds loader settings)
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(base / name, tmp / name)
+    else:
+        tok.save_pretrained(tmp)
     write_manifest(tmp, recipe, {"torch": torch.__version__, "transformers": _version("transformers")})
     try:
         os.replace(tmp, out)
@@ -121,6 +120,58 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
             raise
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"embedded model ready in {time.perf_counter() - t0:.0f}s: {out}")
+
+
+def _provisional_turns(recipe: Recipe, log=print) -> tuple[Transcript, Any]:
+    """Every format's teacher turns, rendered with a tokenizer of the role prompts alone (the
+    model's own tokenizer is trained on these turns, so it cannot exist yet)."""
+    from mas.tiny import train_tokenizer
+
+    roles = [a.role for name, _ in recipe.formats for a in FORMATS[name].agents.values()]
+    provisional = train_tokenizer([" ".join(roles)], vocab_size=300)
+    log(f"embedded model: teacher transcripts of {len(recipe.formats)} formats...")
+    return teacher_transcripts(recipe, provisional, log=log), provisional
+
+
+def _examples(tok, turns: Transcript) -> list[tuple[list[int], list[int]]]:
+    return [(render_prompt(tok, m), tok.encode(c, add_special_tokens=False) + [tok.eos_token_id]) for m, c in turns]
+
+
+def _first_stage(recipe: Recipe, log=print):
+    """Teacher transcripts -> tokenizer -> a new model warm-started on them."""
+    from mas.tiny import TINY_CHAT_TEMPLATE, tiny_causal_lm, train_tokenizer
+
+    torch.manual_seed(recipe.seed)
+    turns, provisional = _provisional_turns(recipe, log)
+    corpus = [provisional.apply_chat_template(m + [{"role": "assistant", "content": c}], tokenize=False) for m, c in turns]
+    tok = train_tokenizer(corpus, vocab_size=recipe.vocab_size)
+    assert tok.chat_template == TINY_CHAT_TEMPLATE
+    model = tiny_causal_lm(tok, hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
+                           num_heads=recipe.num_heads, seed=recipe.seed)
+    examples = _examples(tok, turns)
+    log(f"embedded model: {len(examples)} teacher turns, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params; "
+        f"warm start ({recipe.steps} steps)...")
+    _warm_start(model, examples, recipe.steps, recipe.lr, recipe, pad_id=tok.pad_token_id, log=log)
+    return model, tok
+
+
+def _second_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
+    """The base recipe's finished model (shipped, cached or built now), trained ``extend_steps``
+    more on the base pool plus the ``extend`` formats' turns with the base's tokenizer; and the
+    base's folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    base = ensure_embedded(recipe.base(), log=log)
+    hf_logging.disable_progress_bar()  # a 26-tensor model needs no loading bar
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    torch.manual_seed(recipe.seed)
+    turns, _ = _provisional_turns(replace(recipe, formats=(*recipe.formats, *recipe.extend), extend=()), log)
+    examples = _examples(tok, turns)
+    log(f"embedded model: second stage from {base.name}, {len(examples)} teacher turns ({recipe.extend_steps} steps)...")
+    _warm_start(model, examples, recipe.extend_steps, recipe.extend_lr, recipe, pad_id=tok.pad_token_id, log=log)
+    return model, base
 
 
 def _batches(lengths: list[int], batch_size: int, gen: torch.Generator, pool: int = 50):
@@ -136,19 +187,17 @@ def _batches(lengths: list[int], batch_size: int, gen: torch.Generator, pool: in
             yield batches[b]
 
 
-def _warm_start(model, examples: list[tuple[list[int], list[int]]], recipe: Recipe, pad_id: int, log=print,
-                log_every: int = 500) -> None:
+def _warm_start(model, examples: list[tuple[list[int], list[int]]], steps: int, lr: float, recipe: Recipe, pad_id: int,
+                log=print, log_every: int = 500) -> None:
     from mas.tiny import sft_batch
 
     gen = torch.Generator().manual_seed(recipe.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / recipe.steps)
-    )
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps))
     batches = _batches([len(p) + len(c) for p, c in examples], recipe.batch_size, gen)
     model.train()
     t0, running = time.perf_counter(), 0.0
-    for step in range(recipe.steps):
+    for step in range(steps):
         loss = model(**sft_batch([examples[i] for i in next(batches)], pad_id)).loss
         opt.zero_grad()
         loss.backward()
@@ -157,7 +206,7 @@ def _warm_start(model, examples: list[tuple[list[int], list[int]]], recipe: Reci
         sched.step()
         running += loss.item()
         if (step + 1) % log_every == 0:
-            log(f"  warm start step {step + 1}/{recipe.steps}: loss {running / log_every:.3f} ({time.perf_counter() - t0:.0f}s)")
+            log(f"  warm start step {step + 1}/{steps}: loss {running / log_every:.3f} ({time.perf_counter() - t0:.0f}s)")
             running = 0.0
 
 

@@ -45,7 +45,7 @@ class Format:
     topologies: tuple[Any, ...]  # topology config objects; the teacher's episodes are split among them
     env: Any  # env config the teacher draws training tasks from (its seed is the recipe's)
     teacher: Callable  # (GenRequest, random.Random) -> str
-    episodes: int  # teacher episodes in the default recipe
+    episodes: int  # teacher episodes in the default recipe's warm start (0: none; see Recipe.extend)
     min_teacher_reward: float = 1.0  # the teacher's own mean reward; below 1 only where its flaw costs reward
     # A parts team (``topology.parts``): each specialist sees only its own part, so what it was
     # taught does not depend on the team's size.  A config may then run the first k agents of
@@ -216,5 +216,24 @@ SABOTEUR = Format(
     min_teacher_reward=0.3,  # the reviewer's overrules fail 60% of the episodes by design
 )
 
+# The saboteur's solver alone, every answer worked out; only the solver's turns are trained, so
+# the reviewer keeps its designed flaw.  Taught in the recipe's second stage (``Recipe.extend``,
+# episodes=0 keeps it out of the pooled warm start): on the one-stage build the solver's worked
+# answers were right 88% of the time, which held team_saboteur to +61.5; the second stage took
+# it to +69.0 and moved the other configs by 1.5 to 7 points (docs/benchmarks.md).  In the
+# pooled warm start the same turns reshuffled every other format's start by tens of points.
+SABOTEUR_SOLVER = Format(
+    name="saboteur_solver",
+    description="the saboteur team's solver works every answer out (its turns only)",
+    configs=("configs/team_saboteur.yaml",),
+    agents=SABOTEUR.agents,
+    topologies=SABOTEUR.topologies,
+    env=SABOTEUR.env,
+    teacher=SaboteurTeacher(p_direct=0.0, p_overrule=0.6),
+    episodes=0,
+    min_teacher_reward=0.3,  # the reviewer still overrules 60% of the episodes
+    train_agents=("solver",),
+)
+
 FORMATS: Mapping[str, Format] = MappingProxyType({f.name: f for f in (ORCHESTRATOR, DEBATE, CHAIN, GRAPH, CONJUNCTIVE, SABOTEUR,
-                                                                       RELAY, GRAPH_WORKER)})
+                                                                       RELAY, GRAPH_WORKER, SABOTEUR_SOLVER)})

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from .formats import FORMATS
 
-DEFAULT_MIX: tuple[tuple[str, int], ...] = tuple((f.name, f.episodes) for f in FORMATS.values())
+DEFAULT_MIX: tuple[tuple[str, int], ...] = tuple((f.name, f.episodes) for f in FORMATS.values() if f.episodes > 0)
 
 
 @dataclass(frozen=True)
@@ -29,41 +29,60 @@ class Recipe:
     steps: int = 6000  # six formats need about 3x the quickstart-only model's 2,000 steps (docs/benchmarks.md)
     batch_size: int = 32
     lr: float = 3e-3
+    # A second stage from the finished warm start (the recipe with ``extend=()``, its ``base``):
+    # ``extend_steps`` more steps at ``extend_lr`` over the same pool plus these formats' turns.
+    # A format added to the pool itself reshuffles every other format's start by tens of points
+    # (docs/benchmarks.md); added here it moves them by a few.  Empty: one stage, and the key
+    # is the one the recipe had before stages existed.
+    extend: tuple[tuple[str, int], ...] = (("saboteur_solver", 400),)
+    extend_steps: int = 600
+    extend_lr: float = 5e-4
 
     def __post_init__(self) -> None:
-        unknown = [name for name, _ in self.formats if name not in FORMATS]
+        unknown = [name for name, _ in (*self.formats, *self.extend) if name not in FORMATS]
         if unknown:
             raise ValueError(f"unknown warm-start formats {unknown}; valid: {sorted(FORMATS)}")
 
     def format_specs(self) -> dict:
-        return {name: FORMATS[name].spec() for name, _ in self.formats}
+        return {name: FORMATS[name].spec() for name, _ in (*self.formats, *self.extend)}
+
+    def base(self) -> Recipe:
+        """The one-stage warm start this recipe's second stage starts from."""
+        return replace(self, extend=())
 
     def varied(self, changes: list[str]) -> Recipe:
         """This recipe with ``KEY=VALUE`` changes (``mas build-embedded --recipe``): a number
-        (``steps=8000``, ``seed=1``, ``lr=0.002``) or one format's teacher episodes
-        (``formats.graph=1600``; 0 drops the format).  A variant has its own key, so it is
+        (``steps=8000``, ``seed=1``, ``lr=0.002``, ``extend_steps=900``), one format's teacher
+        episodes in the warm start (``formats.graph=1600``) or in its second stage
+        (``extend.saboteur_solver=400``); 0 drops the format.  A variant has its own key, so it is
         built into its own cache folder and never taken for the project's model."""
-        numbers = {f.name: f.type for f in fields(self) if f.name != "formats"}
-        formats, values = dict(self.formats), {}
+        numbers = {f.name: f.type for f in fields(self) if f.name not in ("formats", "extend")}
+        mixes = {"formats": dict(self.formats), "extend": dict(self.extend)}
+        values: dict = {}
         for change in changes:
             key, sep, value = change.partition("=")
             try:
                 if not sep:
                     raise ValueError("expected KEY=VALUE")
-                if key.startswith("formats."):
-                    name = key.removeprefix("formats.")
+                mix, dot, name = key.partition(".")
+                if dot and mix in mixes:
                     if name not in FORMATS:
                         raise ValueError(f"unknown format {name!r}; valid: {sorted(FORMATS)}")
-                    formats[name] = int(value)
+                    mixes[mix][name] = int(value)
                 elif key in numbers:
                     values[key] = float(value) if numbers[key] == "float" else int(value)  # annotations are strings here (__future__)
                 else:
-                    raise ValueError(f"unknown key; valid: {sorted(numbers)} or formats.<name>")
+                    raise ValueError(f"unknown key; valid: {sorted(numbers)}, formats.<name> or extend.<name>")
             except ValueError as e:
                 raise ValueError(f"recipe change {change!r}: {e}") from None
-        values["formats"] = tuple((name, n) for name, n in formats.items() if n > 0)
+        for mix, counts in mixes.items():
+            values[mix] = tuple((name, n) for name, n in counts.items() if n > 0)
         return replace(self, **values)
 
     def key(self) -> str:
-        blob = json.dumps({"recipe": asdict(self), "formats": self.format_specs()}, sort_keys=True)
+        recipe = asdict(self)
+        if not self.extend:  # a one-stage recipe keeps the key it had before stages existed
+            for name in ("extend", "extend_steps", "extend_lr"):
+                del recipe[name]
+        blob = json.dumps({"recipe": recipe, "formats": self.format_specs()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
