@@ -220,7 +220,7 @@ SABOTEUR = Format(
 # the reviewer keeps its designed flaw.  Taught in the recipe's second stage (``Recipe.extend``,
 # episodes=0 keeps it out of the pooled warm start): on the one-stage build the solver's worked
 # answers were right 88% of the time, which held team_saboteur to +61.5; the second stage took
-# it to +69.0 and moved the other configs by 1.5 to 7 points (docs/benchmarks.md).  In the
+# it to +69.0 and moved the other configs by 0.5 to 7 points (docs/benchmarks.md).  In the
 # pooled warm start the same turns reshuffled every other format's start by tens of points.
 SABOTEUR_SOLVER = Format(
     name="saboteur_solver",
