@@ -187,6 +187,7 @@ def test_a_varied_recipe_changes_what_it_names_and_nothing_else():
 
 @pytest.mark.parametrize("change, message", [
     ("steps", "expected KEY=VALUE"), ("nope=1", "unknown key"), ("formats.nope=5", "unknown format 'nope'"),
+    ("extend.nope=5", "unknown format 'nope'"), ("extend_steps=many", "invalid literal"),
     ("steps=many", "invalid literal"), ("formats.graph=lots", "invalid literal")])
 def test_a_bad_recipe_change_is_refused_by_name(change, message):
     with pytest.raises(ValueError, match=re.escape(f"recipe change {change!r}") + ".*" + message):
@@ -242,18 +243,20 @@ def test_a_second_stage_starts_from_its_base_model_and_keeps_its_tokenizer(tmp_p
 
     torch.set_num_threads(1)
     monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
-    two = dataclasses.replace(SMALL, extend=(("saboteur_solver", 6),), extend_steps=2)
+    base_recipe = dataclasses.replace(SMALL, lr=0.5)  # a base far from any fresh init (Adam moves each weight ~lr a step)
+    two = dataclasses.replace(base_recipe, extend=(("saboteur_solver", 6),), extend_steps=2)
     said = []
     build_embedded(two, tmp_path / "two", log=said.append)
-    base = cache_folder(SMALL)
-    assert problem(base, SMALL.key()) is None  # the base was built first, into the cache
+    base = cache_folder(base_recipe)
+    assert problem(base, base_recipe.key()) is None  # the base was built first, into the cache
     assert problem(tmp_path / "two", two.key()) is None
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (tmp_path / "two" / name).read_bytes() == (base / name).read_bytes(), name
     w1, w2 = load_file(base / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     assert w1.keys() == w2.keys() and not all(torch.equal(w1[k], w2[k]) for k in w1)  # trained further
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-3  # from the base's weights, not a new init
     first = int(re.search(r"embedded model: (\d+) teacher turns", " ".join(said)).group(1))
-    second = re.search(rf"second stage from {SMALL.key()}, (\d+) teacher turns", " ".join(said))
+    second = re.search(rf"second stage from {base_recipe.key()}, (\d+) teacher turns", " ".join(said))
     assert second and int(second.group(1)) == first + 6  # the base pool again, plus one solver turn per episode
 
 

@@ -15,7 +15,7 @@ default recipe, whose hash (and so the cache entry) changes with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -54,6 +54,12 @@ class Format:
     # The agents whose turns the warm start trains on (None: every agent).  The other agents
     # still play their teacher's part, so the trained turns see the transcripts they will see.
     train_agents: tuple[str, ...] | None = None
+
+    def one_agent(self, agent: str, name: str, description: str, teacher: Callable, episodes: int) -> "Format":
+        """This team played by ``teacher``, training on ``agent``'s turns alone: the other agents
+        keep what this format taught them, flaws included."""
+        return replace(self, name=name, description=description, teacher=teacher, episodes=episodes,
+                       train_agents=(agent,))
 
     @property
     def roles(self) -> dict[str, str]:
@@ -158,17 +164,8 @@ GRAPH = Format(
 # only, and the build it gave miscopied operands ("9-1+3": "8-1=7"), which held cpu_graph to
 # +10 points; these 400 episodes (800 worker turns, 4% of the pool) raised it to +59.5
 # (docs/benchmarks.md, with the other configs and a second build seed).
-GRAPH_WORKER = Format(
-    name="graph_worker",
-    description="the graph's worker writes every step (its turns only)",
-    configs=("configs/cpu_graph.yaml",),
-    agents=GRAPH.agents,
-    topologies=GRAPH.topologies,
-    env=GRAPH.env,
-    teacher=GraphTeacher(p_direct=0.0),
-    episodes=400,
-    train_agents=("worker",),
-)
+GRAPH_WORKER = GRAPH.one_agent("worker", "graph_worker", "the graph's worker writes every step (its turns only)",
+                               GraphTeacher(p_direct=0.0), episodes=400)
 
 CONJUNCTIVE = Format(
     name="team_conjunctive",
@@ -222,18 +219,8 @@ SABOTEUR = Format(
 # answers were right 88% of the time, which held team_saboteur to +61.5; the second stage took
 # it to +69.0 and moved the other configs by 0.5 to 7 points (docs/benchmarks.md).  In the
 # pooled warm start the same turns reshuffled every other format's start by tens of points.
-SABOTEUR_SOLVER = Format(
-    name="saboteur_solver",
-    description="the saboteur team's solver works every answer out (its turns only)",
-    configs=("configs/team_saboteur.yaml",),
-    agents=SABOTEUR.agents,
-    topologies=SABOTEUR.topologies,
-    env=SABOTEUR.env,
-    teacher=SaboteurTeacher(p_direct=0.0, p_overrule=0.6),
-    episodes=0,
-    min_teacher_reward=0.3,  # the reviewer still overrules 60% of the episodes
-    train_agents=("solver",),
-)
+SABOTEUR_SOLVER = SABOTEUR.one_agent("solver", "saboteur_solver", "the saboteur team's solver works every answer out (its turns only)",
+                                     SaboteurTeacher(p_direct=0.0, p_overrule=0.6), episodes=0)
 
 FORMATS: Mapping[str, Format] = MappingProxyType({f.name: f for f in (ORCHESTRATOR, DEBATE, CHAIN, GRAPH, CONJUNCTIVE, SABOTEUR,
                                                                        RELAY, GRAPH_WORKER, SABOTEUR_SOLVER)})

@@ -230,8 +230,9 @@ class RelayTeacher:
     only when every specialist is, then still succeeds in a few of 64 episodes at N = 8
     (0.67^8 ≈ 4%), and each specialist has a short answer left to unlearn.  (Measured on the
     build ``58b7f71d68ff``: greedy, a specialist works its part out and is right on about 88%
-    of held-out parts.  On the shipped ``49feff5a05f4`` a sampled specialist is right on about
-    63-65% of its parts: docs/benchmarks.md, team size.)"""
+    of held-out parts.  Sampled, a specialist is right on about 63-65% of its parts on
+    ``49feff5a05f4`` and 71-73% on the shipped two-stage ``851c280c22da``: docs/benchmarks.md,
+    team size.)"""
 
     p_direct: float = 0.2
 
