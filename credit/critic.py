@@ -370,7 +370,7 @@ def _episodes(groups: list[EpisodeGroup]) -> list[Episode]:
     return [ep for g in groups for ep in g.episodes]  # index = CreditBatch episode index e
 
 
-def _request(key: str, messages: tuple[tuple[str, str], ...], cfg: CriticConfig) -> CritiqueRequest:
+def critique_request(key: str, messages: tuple[tuple[str, str], ...], cfg: CriticConfig) -> CritiqueRequest:
     return CritiqueRequest(key=key, policy=cfg.critic, messages=messages, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
 
 
@@ -379,9 +379,9 @@ def plan_critic(groups: list[EpisodeGroup], cfg: CriticConfig) -> list[CritiqueR
     requests = []
     for e, ep in enumerate(_episodes(groups)):
         if cfg.mode == "mappa":
-            requests += [_request(f"critic/{e}/{t}", mappa_messages(ep, t, cfg), cfg) for t in range(len(ep.turns))]
+            requests += [critique_request(f"critic/{e}/{t}", mappa_messages(ep, t, cfg), cfg) for t in range(len(ep.turns))]
         elif ep.turns:
-            requests.append(_request(f"critic/{e}", llm_mca_messages(ep, cfg), cfg))
+            requests.append(critique_request(f"critic/{e}", llm_mca_messages(ep, cfg), cfg))
     return requests
 
 
@@ -398,15 +398,15 @@ def plan_retries(groups: list[EpisodeGroup], cfg: CriticConfig, results: Results
     for e, ep in enumerate(_episodes(groups)):
         for t in range(len(ep.turns)):
             key = f"critic/{e}/{t}"
-            reply = _reply(results, key)
+            reply = reply_text(results, key)
             if parse_process_score(reply) is None:
                 previous = (("assistant", reply),) if reply.strip() else ()
                 messages = mappa_messages(ep, t, cfg) + previous + (("user", MAPPA_RETRY_PROMPT),)
-                requests.append(_request(f"{key}/retry", messages, cfg))
+                requests.append(critique_request(f"{key}/retry", messages, cfg))
     return requests
 
 
-def _reply(results: Results, key: str) -> str:
+def reply_text(results: Results, key: str) -> str:
     """The critic's text for ``key``; a non-text result reads as '' (a parse failure)."""
     if key not in results:
         raise ValueError(f"critic credit: no result for planned critique {key!r}; run plan -> execute before the credit")
@@ -454,14 +454,14 @@ def _mappa_scores(batch: CreditBatch, cfg: CriticConfig, results: Results) -> tu
     for e, t in zip(batch.episode_ids.tolist(), batch.turn_ids.tolist()):
         key = f"critic/{e}/{t}"
         calls += 1
-        reply = _reply(results, key)
+        reply = reply_text(results, key)
         s = parse_process_score(reply)
         if s is None:
             failures += 1
             if cfg.retry and f"{key}/retry" in results:
                 calls += 1
                 retries += 1
-                reply = _reply(results, f"{key}/retry")
+                reply = reply_text(results, f"{key}/retry")
                 s = parse_process_score(reply)
                 failures += int(s is None)
         fallback.append(s is None)
@@ -491,7 +491,7 @@ def _llm_mca_credits(
             continue  # nothing to assign, no critique planned
         agents = names[lo : lo + T]
         calls += 1
-        replies[e] = _reply(results, f"critic/{e}")
+        replies[e] = reply_text(results, f"critic/{e}")
         credits = parse_credit_json(replies[e], agent_message_counts(agents))
         if credits is None:
             failures += 1

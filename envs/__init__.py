@@ -9,6 +9,10 @@ configs into an :class:`Env`.  Importing this package is cheap: heavy dependenci
 
 Third-party packages add envs through the ``mas.envs`` entry-point group (``mas/plugins.py``):
 the entry point names a module that calls :func:`register_env` when imported.
+
+Turn verifiers (``verifiers.py``): the built-in envs check their turns' own jobs; each built-in
+verifier is also registered under its env's name, so a config can name one explicitly
+(``verifier: {name: synthetic_math}``), and packages add more through ``mas.verifiers``.
 """
 
 from __future__ import annotations
@@ -19,9 +23,14 @@ from typing import Callable, Literal
 from .base import Env, check_env_state
 from .custom import CustomEnv, CustomEnvConfig
 from .math import GSM8KConfig, GSM8KEnv, SyntheticMathConfig, SyntheticMathEnv
+from .math.turns import verify_math_turn
 from .research import TOOL_NAMES as _RESEARCH_TOOLS
 from .research import HotpotQAConfig, HotpotQAEnv
+from .research.turns import verify_search_turn
 from .team import TeamConjunctiveConfig, TeamConjunctiveEnv, TeamRelayConfig, TeamRelayEnv, TeamSaboteurConfig, TeamSaboteurEnv
+from .team.relay import verify_part_turn
+from .team.saboteur import verify_saboteur_turn
+from .verifiers import register_verifier
 
 __all__ = ["ENV_CONFIGS", "ENV_TOOLS", "Env", "EnvConfig", "build_env", "check_env_state", "env_configs", "env_names",
            "register_env"]
@@ -47,6 +56,12 @@ ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hot
                                          "team_conjunctive": (), "team_saboteur": (), "team_relay": (), "custom": ()}
 
 _REGISTERED: list[type] = []  # config models of envs added with register_env
+
+# the built-in turn verifiers, by the name of the env they belong to (GSM8K has none: only its outcome is checkable)
+for _name, _fn in (("synthetic_math", verify_math_turn), ("team_relay", verify_part_turn),
+                   ("team_conjunctive", verify_part_turn), ("team_saboteur", verify_saboteur_turn),
+                   ("hotpotqa", verify_search_turn)):
+    register_verifier(_name, _fn)
 
 
 def register_env(name: str, config_cls: type, build: Callable[..., Env], tools: tuple[str, ...] = ()) -> None:

@@ -32,8 +32,10 @@ from typing import Any
 from mas.agents.policy import resolve_device
 from mas.config import ConfigError, RunConfig, issue_lines
 from mas.envs import build_env
+from mas.envs.verifiers import verifier_names
 from mas.errors import ModelLoadError
 from mas.hub import in_cache, is_local
+from mas.refs import RefError, import_ref
 from mas.sources import is_gguf_model, source_issue
 from mas.topologies.autogen import autogen_errors
 from mas.topologies.graph import graph_errors
@@ -105,8 +107,22 @@ def last_speakers(topo: Any) -> list[str]:
 
 def meaning_errors(cfg: RunConfig) -> list[Issue]:
     """Every error of a schema-valid config that the schema cannot see: ``topology_errors``, then,
-    once the topology is sound, ``config_errors`` (which reads its structure)."""
-    return topology_errors(cfg) or config_errors(cfg)
+    once the topology is sound, ``config_errors`` (which reads its structure); and
+    ``verifier_errors``."""
+    return (topology_errors(cfg) or config_errors(cfg)) + verifier_errors(cfg)
+
+
+def verifier_errors(cfg: Any) -> list[Issue]:
+    """A ``verifier.name`` reference (``package.module:function``) that does not import to a
+    function.  Registered names are checked by the schema (``VerifierConfig``)."""
+    name = cfg.verifier.name
+    if ":" not in name:
+        return []
+    try:
+        import_ref(name)
+    except RefError as e:
+        return [(("verifier", "name"), name, f"{e}; valid: {', '.join(verifier_names())}, or 'package.module:function'")]
+    return []
 
 
 def check_config(cfg: RunConfig, source: str = "config") -> RunConfig:

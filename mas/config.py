@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from mas.agents.parsers import parser_names
 from mas.credit import credit_config_union
 from mas.envs import ENV_TOOLS, env_configs
+from mas.envs.verifiers import AUTO, verifier_names
 from mas.plugins import load_plugins
 from mas.safe_yaml import YAMLBoundsError, load_yaml_bytes
 
@@ -530,6 +531,27 @@ class LoggingConfig(Section):
     wandb: WandbConfig | None = Field(None, description="Also log step metrics to Weights & Biases (needs `pip install wandb`).")
 
 
+class VerifierConfig(Section):
+    name: str = Field(
+        AUTO, min_length=1,
+        description="Turn verifier (envs/verifiers.py): 'auto' = the env's own (none for envs without one), 'none', a "
+        "registered name, or 'package.module:function' of yours, (episode, turn) -> score in [0, 1] or None. A training "
+        "signal only: the verified credit method reads it; metrics report each agent's verified accuracy.",
+    )
+    timeout_s: float = Field(
+        2.0, gt=0, allow_inf_nan=False,
+        description="Time limit of one verifier call; a call over it gives that turn no score and counts a verifier_timeout fault.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _known_name(cls, name: str) -> str:
+        if ":" not in name and name not in verifier_names():
+            raise ValueError(f"unknown verifier {name!r}; valid: {', '.join(verifier_names())}, "
+                             "or 'package.module:function'")
+        return name
+
+
 class TeamConfig(Section):
     name: str = Field(description="Team name; used for the run directory.")
     description: str = Field("", description="Free text.")
@@ -542,6 +564,7 @@ class RunConfig(Section):
     topology: TopologyConfig
     env: EnvConfig  # type: ignore[valid-type]
     credit: credit_config_union()  # type: ignore[valid-type]
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -740,6 +763,8 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
         if e["type"] == "extra_forbidden":
             valid = _valid_keys_at(data, loc[:-1])
             msg = f"unknown key{'; valid: ' + str(valid) if valid else ''}"
+        elif e["type"] == "value_error":  # our own validators' messages say everything already
+            msg = msg.removeprefix("Value error, ")
         elif e["type"] == "literal_error" and "expected" in ctx:
             msg = f"invalid value; valid: {ctx['expected']}"
         elif e["type"] == "union_tag_invalid":  # found: the bad tag, not the whole section

@@ -38,6 +38,7 @@ import asyncio
 import copy
 import math
 import dataclasses
+import threading
 import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,7 @@ from mas.agents.agent import Agent
 from mas.agents.prompts import PromptCache
 from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
 from mas.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
+from mas.envs.verifiers import VERIFIED, TurnVerifier, check_score
 from mas.fault_points import pause_point
 from mas.sandbox import Sandbox
 from mas.types import (
@@ -78,6 +80,8 @@ FAULT_KINDS: dict[str, str] = {
     "tool_timeout": "tool calls stopped at runtime.tool_timeout_s",
     "tool_memory": "tool calls stopped at runtime.tool_memory_mb",
     "critic_error": "critiques that got no reply (the credit method's fallback applies)",
+    "verifier_error": "turn verifier calls that raised or returned something other than a score in [0, 1] or None (the turn got no score)",
+    "verifier_timeout": "turn verifier calls stopped at verifier.timeout_s (the turn got no score)",
 }
 
 
@@ -538,9 +542,13 @@ class Engine:
         tool_memory_mb: int | None = 1024,
         tool_workers: int = 2,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        verify: TurnVerifier | None = None,
+        verify_timeout_s: float = 2.0,
     ):
         """``tool_*``: limits of the sandbox the env's tools run in (see ``mas.sandbox``);
-        ``sleep``: what an episode's time limit waits with (a test injects a manual clock)."""
+        ``sleep``: what an episode's and a verifier call's time limits wait with (a test injects a
+        manual clock); ``verify``: the turn verifier (``mas.envs.verifiers``), called on every turn
+        of a scored episode, each call within ``verify_timeout_s``."""
         self.tools = dict(tools or {})  # the env's tools by name; each agent may call those in its Agent.tools
         for agent in agents.values():
             missing = [t for t in agent.tools if t not in self.tools]
@@ -554,6 +562,8 @@ class Engine:
         self.backend = backend
         self.score = score
         self.sleep = sleep
+        self.verify = verify
+        self.verify_timeout_s = verify_timeout_s
         # generated_tokens: completion tokens of every generation served (rollouts, replays,
         # interventions, critic replies); a remote endpoint that returns no token ids is counted
         # by tokenising its text with the policy's tokenizer
@@ -740,6 +750,50 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - a scorer crash marks the episode, never the step
                 ep.status, ep.error, ep.reward = "error", f"score: {type(exc).__name__}: {exc}", 0.0
                 self.faults.add("score_error", f"task {ep.task.task_id!r}: {ep.error}")
+        if self.verify is not None and ep.status != "error":
+            for turn in ep.turns:
+                score = await self._verify_turn(ep, turn)
+                if score is None:
+                    turn.extra_rewards.pop(VERIFIED, None)  # a reused turn may carry its source's score
+                else:
+                    turn.extra_rewards[VERIFIED] = score
+
+    async def _verify_turn(self, ep: Episode, turn: Turn) -> float | None:
+        """The verifier's score of one turn, or None: where it gives none, and where it raised,
+        ran past ``verify_timeout_s`` or returned something else (each counted as a fault)."""
+        where = f"task {ep.task.task_id!r}, turn {turn.index} ({turn.agent})"
+        try:
+            value = await _within(_in_thread(self.verify, ep, turn), self.verify_timeout_s, self.sleep)
+            return check_score(value)
+        except TimeoutError:
+            self.faults.add("verifier_timeout", f"{where}: the verifier ran past {self.verify_timeout_s}s")
+        except Exception as exc:  # noqa: BLE001 - a verifier failure costs its turn's score, never the episode
+            self.faults.add("verifier_error", f"{where}: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """``fn(*args)`` on a daemon thread of its own, as a future of the running loop.  A call that
+    never returns keeps only its thread (it cannot be stopped), never the loop or the process."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            future.set_result(value) if ok else future.set_exception(value)
+
+    def work() -> None:
+        try:
+            result, ok = fn(*args), True
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            result, ok = exc, False
+        try:
+            loop.call_soon_threadsafe(settle, ok, result)
+        except RuntimeError:  # the loop closed while the call ran past its time
+            pass
+
+    threading.Thread(target=work, name="mas-verifier", daemon=True).start()
+    return future
 
 
 async def _within(coro: Awaitable[Any], timeout: float | None, sleep: Callable[[float], Awaitable[Any]]) -> Any:

@@ -26,6 +26,7 @@ from mas.config import RunConfig, dump_config
 from mas.memory import peak_rss_mb, rss_mb
 from mas.errors import MissingDependencyError  # still importable from here
 from mas.envs.base import DESIGNED
+from mas.envs.verifiers import VERIFIED
 from mas.types import Credit, CreditBatch, Episode, EpisodeGroup, flatten_turns
 
 
@@ -57,12 +58,16 @@ def step_metrics(
     positive credit over the team's; None when no turn got positive credit) and the part of it
     its unparsed turns earned, advantage statistics, turns, completion tokens, parse
     failures, tool calls and tool-call validity (where turns carry a ``tool_valid`` signal).
-    On a designed team task (episodes carrying ``info["designed"]``, ``envs/base.py``), also
-    ``designed_signal``: the gradient signal the agent actually got, as the Pearson correlation
-    between its advantages and its own designed correctness over its trained turns of the step
-    (``designed_signal``; None, not NaN, where it is undefined: fewer than two such turns, or
-    either side constant, e.g. an agent that was right every time or a group without reward
-    variance everywhere).
+    Where a turn verifier scored its turns (``turn.extra_rewards["verified"]``,
+    ``envs/verifiers.py``), ``verified_accuracy``: the mean verifier score of its scored turns,
+    and ``verified_turns``: how many were scored.
+    The per-agent signal ``designed_signal``: the gradient signal the agent actually got, as the
+    Pearson correlation between its advantages and its own correctness over its trained turns
+    of the step.  Its correctness is the designed ground truth on a designed team task
+    (episodes carrying ``info["designed"]``, ``envs/base.py``: one value per agent and episode),
+    else the verifier's score of each turn, wherever the agent has scored turns.  None, not
+    NaN, where it is undefined: fewer than two such turns, or either side constant, e.g. an
+    agent that was right every time or a group without reward variance everywhere.
     Per policy: the learner's loss, KL, clip fraction, entropy, gradient norm and learning rate.
     ``lengths`` keeps every episode's turns and completion tokens for the length distribution.
     ``generated``: completion tokens the engine generated this step, by phase (``rollout_tokens``,
@@ -104,9 +109,17 @@ def step_metrics(
             "tool_calls": sum(len(t.tool_calls) for t in turns),
             **({"tool_valid": statistics.fmean(tool_valid)} if tool_valid else {}),
         }
-        judged = [(a, ep.info[DESIGNED][name]) for (ep, _), a, s, kept in zip(flat, adv.tolist(), sel.tolist(), trained.tolist())
-                  if s and kept and name in ep.info.get(DESIGNED, {})]
-        if any(name in ep.info.get(DESIGNED, {}) for ep in episodes):
+        verified = [t.extra_rewards[VERIFIED] for t in turns if VERIFIED in t.extra_rewards]
+        if verified:
+            agents[name]["verified_accuracy"] = statistics.fmean(verified)
+            agents[name]["verified_turns"] = len(verified)
+        if any(name in ep.info.get(DESIGNED, {}) for ep in episodes):  # designed truth, one value per agent and episode
+            judged = [(a, ep.info[DESIGNED][name]) for (ep, _), a, s, kept in zip(flat, adv.tolist(), sel.tolist(), trained.tolist())
+                      if s and kept and name in ep.info.get(DESIGNED, {})]
+            agents[name]["designed_signal"] = pearson([a for a, _ in judged], [d for _, d in judged])
+        elif verified:  # else the verifier's score of each turn
+            judged = [(a, t.extra_rewards[VERIFIED]) for (_, t), a, s, kept in zip(flat, adv.tolist(), sel.tolist(), trained.tolist())
+                      if s and kept and VERIFIED in t.extra_rewards]
             agents[name]["designed_signal"] = pearson([a for a, _ in judged], [d for _, d in judged])
     return {
         "step": step,
@@ -211,13 +224,20 @@ def _tool_calls_per_agent(episodes: list[Episode], tool_agents: list[str] | tupl
             for a in sorted(names)}
 
 
-def _parse_counts(episodes: list[Episode]) -> dict[str, dict[str, int]]:
-    """Turns and parse failures of each agent (as in step metrics: failed tool calls are not parse failures)."""
-    out: dict[str, dict[str, int]] = {}
+def _parse_counts(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
+    """Turns and parse failures of each agent (as in step metrics: failed tool calls are not parse
+    failures), and where a verifier scored its turns, ``verified_accuracy`` (their mean score) and
+    ``verified_turns``."""
+    out: dict[str, dict[str, Any]] = {}
+    scores: dict[str, list[float]] = {}
     for t in (t for ep in episodes for t in ep.turns):
         row = out.setdefault(t.agent, {"turns": 0, "parse_failures": 0})
         row["turns"] += 1
         row["parse_failures"] += not t.valid and not t.tool_calls
+        if VERIFIED in t.extra_rewards:
+            scores.setdefault(t.agent, []).append(t.extra_rewards[VERIFIED])
+    for agent, values in scores.items():
+        out[agent].update(verified_accuracy=statistics.fmean(values), verified_turns=len(values))
     return dict(sorted(out.items()))
 
 
@@ -237,7 +257,8 @@ def eval_summary(m: dict[str, Any]) -> str:
 def eval_metrics(episodes: list[Episode], tool_agents: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Held-out results of a team: mean reward (``accuracy``; a math team's accuracy, a research
     team's F1 or EM as its env's reward says), the env's named scores (research: ``em``, ``f1``),
-    failure counts, ``agents``: each agent's turns and parse failures, and, where agents have tools,
+    failure counts, ``agents``: each agent's turns and parse failures (and its verified accuracy where
+    a verifier scored its turns), and, where agents have tools,
     ``tool_calls``: mean calls per episode by agent (``tool_agents`` are always listed, with 0 if
     they made none)."""
     out: dict[str, Any] = {

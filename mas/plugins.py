@@ -1,6 +1,6 @@
 """Plugins: envs, credit methods and parsers from other installed packages (entry points).
 
-A package adds to mas through three entry-point groups, e.g. in its ``pyproject.toml``::
+A package adds to mas through four entry-point groups, e.g. in its ``pyproject.toml``::
 
     [project.entry-points."mas.envs"]
     my_env = "my_pkg.mas_env"                  # a module that calls mas.envs.register_env("my_env", ...)
@@ -10,6 +10,9 @@ A package adds to mas through three entry-point groups, e.g. in its ``pyproject.
 
     [project.entry-points."mas.parsers"]
     json_answer = "my_pkg.parsers:parse_json"  # a function text -> (parsed dict, valid)
+
+    [project.entry-points."mas.verifiers"]
+    my_check = "my_pkg.checks:verify"          # a turn verifier (episode, turn) -> float | None
 
 Plugins are loaded once, when ``mas.config`` is imported (before the config schema is built),
 so their names are valid in YAML and listed among the valid choices of ``mas validate``'s
@@ -25,7 +28,7 @@ import warnings
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Callable
 
-GROUPS = ("mas.parsers", "mas.credit", "mas.envs")
+GROUPS = ("mas.parsers", "mas.credit", "mas.envs", "mas.verifiers")
 _loaded: dict[str, list[str]] = {}  # group -> names loaded
 _errors: list[str] = []
 
@@ -50,8 +53,15 @@ def _registered_env(name: str, obj: Any) -> None:
         raise LookupError(f"importing it registered no env {name!r} (call mas.envs.register_env({name!r}, ...))")
 
 
+def _register_verifier(name: str, obj: Any) -> None:
+    from mas.envs.verifiers import register_verifier
+
+    register_verifier(name, obj)
+
+
 _AFTER_LOAD: dict[str, Callable[[str, Any], None]] = {
     "mas.parsers": _register_parser,
+    "mas.verifiers": _register_verifier,
     "mas.credit": _registered_credit,
     "mas.envs": _registered_env,
 }

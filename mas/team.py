@@ -19,6 +19,7 @@ from mas.defaults import resolve_default_lrs
 from mas.embedded.build import ensure_embedded
 from mas.engine import Engine
 from mas.envs import build_env
+from mas.envs.verifiers import resolve_verifier
 from mas.envs.base import Env
 from mas.runtime import Runtime, build_runtime
 from mas.topologies import build_topology
@@ -102,6 +103,7 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir
     apply_runtime(cfg.runtime)
     env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
     check_eval_size(env, *(eval_size or (cfg.trainer.eval_size, "trainer.eval_size")))
+    verify = resolve_verifier(cfg.verifier.name, env)  # the turn verifier (a user's reference is imported now)
     cfg, defaults = resolve_default_lrs(cfg)  # unset optim.lr -> the model's default (from its config, no weights)
     if any(p.model == "embedded" for p in cfg.policies.values()):  # the shipped model, or one built now (and said so)
         ensure_embedded(log=lambda msg: print(msg, file=sys.stderr))
@@ -121,6 +123,8 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir
             tool_timeout_s=cfg.runtime.tool_timeout_s,
             tool_memory_mb=cfg.runtime.tool_memory_mb,
             tool_workers=cfg.runtime.tool_workers,
+            verify=verify,
+            verify_timeout_s=cfg.verifier.timeout_s,
         )
     except BaseException:
         runtime.close()

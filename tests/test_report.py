@@ -299,7 +299,7 @@ def test_decisive_badge_follows_the_credit_granularity():
     levels = {m: credit_level(get_credit(m).card.granularity) for m in credit_names()}
     assert levels == {"grpo": "episode", "dr_grpo": "episode", "rloo": "episode", "magrpo": "episode",
                       "reinforce_pp": "episode", "dr_mas": "statistics", "sharp": "agent", "ccpo": "agent",
-                      "m_grpo": "agent", "c3": "turn", "critic": "turn"}
+                      "m_grpo": "agent", "c3": "turn", "critic": "turn", "verified": "turn"}
     agents = ["lead", "helper", "lead"]
     # agent-level credit: lead's two turns share 1.0, helper has 0.5. The decisive agent is lead, so both
     # of its turns carry the badge (the largest-|credit| rule marked only the first), and its heatmap row

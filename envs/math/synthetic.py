@@ -25,9 +25,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mas.types import Episode, Task
+from mas.types import Episode, Task, Turn
 
 from ..base import check_env_state
+from .turns import verify_math_turn
 from .verify import score_answer
 
 __all__ = ["SyntheticMathConfig", "SyntheticMathEnv", "is_heldout", "make_task", "render"]
@@ -208,6 +209,10 @@ class SyntheticMathEnv:
 
     def score(self, episode: Episode) -> float:
         return score_answer(episode)
+
+    def verify_turn(self, episode: Episode, turn: Turn) -> float | None:
+        """Each turn's own step of the chain (``envs/math/turns.py``)."""
+        return verify_math_turn(episode, turn)
 
     def describe(self) -> dict[str, Any]:
         """Data source and size, for the reporting checklist."""

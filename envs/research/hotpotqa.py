@@ -28,12 +28,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mas.types import Episode, Task
+from mas.types import Episode, Task, Turn
 
 from ..splits import Splits
 from ..jsonl import read_jsonl
 from .metrics import best_em, best_f1
 from .search import Corpus, Paragraph, build_tools
+from .turns import verify_search_turn
 
 __all__ = ["HotpotQAConfig", "HotpotQAEnv", "SAMPLE_DIR", "TOOL_NAMES", "load_questions", "normalise_row"]
 
@@ -223,6 +224,10 @@ class HotpotQAEnv:
         scores = {"em": 0.0, "f1": 0.0} if answer is None else {"em": best_em(answer, golds), "f1": best_f1(answer, golds)}
         episode.info["scores"] = scores
         return scores[self.cfg.reward]
+
+    def verify_turn(self, episode: Episode, turn: Turn) -> float | None:
+        """A search or read turn: did it reach a supporting paragraph (``envs/research/turns.py``)."""
+        return verify_search_turn(episode, turn)
 
     def describe(self) -> dict[str, Any]:
         """Data source and size, for the reporting checklist."""

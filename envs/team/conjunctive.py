@@ -39,11 +39,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mas.types import Episode, Task
+from mas.types import Episode, Task, Turn
 
 from ..base import check_env_state, designed_outcomes
 from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
-from .relay import first_word, right
+from .relay import part_judgements, right, verify_part_turn
 
 __all__ = ["TeamConjunctiveConfig", "TeamConjunctiveEnv", "answer_integers"]
 
@@ -129,9 +129,11 @@ class TeamConjunctiveEnv:
         both = len(got) == 2
         part_a, part_b = both and right(got[0], gold[0]), both and right(got[1], gold[1])
         episode.info["scores"] = {"part_a": float(part_a), "part_b": float(part_b)}
-        turns = sorted(episode.turns, key=lambda t: t.index)[:2]  # the specialists of part A and part B
-        episode.info["designed"] = designed_outcomes((t, right(first_word(t.parsed.get("answer")), g)) for t, g in zip(turns, gold))
+        episode.info["designed"] = designed_outcomes(part_judgements(episode, gold))  # the first two turns: parts A and B
         return float(part_a and part_b)
+
+    def verify_turn(self, episode: Episode, turn: Turn) -> float | None:
+        return verify_part_turn(episode, turn)
 
     def describe(self) -> dict[str, Any]:
         """Data source and size, for the reporting checklist."""

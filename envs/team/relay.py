@@ -40,13 +40,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mas.types import Episode, Task
+from mas.types import Episode, Task, Turn
 
-from ..base import check_env_state, designed_outcomes
+from ..base import check_env_state, designed_outcomes, spoke
 from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
 from ..math.verify import numbers_match
 
-__all__ = ["MISSING", "TeamRelayConfig", "TeamRelayEnv", "first_word", "part_words"]
+__all__ = ["MISSING", "TeamRelayConfig", "TeamRelayEnv", "first_word", "part_judgements", "part_words", "verify_part_turn"]
 
 MISSING = "?"  # what the team's answer holds for a part nobody answered (topologies/chain.py writes it)
 
@@ -65,6 +65,25 @@ def first_word(text: str | None) -> str | None:
 def right(word: str | None, gold: str) -> bool:
     """Whether one part's answer has the gold value (``?`` and words without a number never do)."""
     return word is not None and word != MISSING and numbers_match(word, gold)
+
+
+def part_judgements(episode: Episode, gold: list[str] | None = None) -> list[tuple[Turn, bool]]:
+    """Each specialist turn with whether it solved its own part: the k-th turn of the episode
+    answers part k (``gold[k]``, by default ``task.meta["answers"][k]``), its answer's first
+    word is what it said."""
+    gold = episode.task.meta["answers"] if gold is None else gold
+    turns = sorted(episode.turns, key=lambda t: t.index)
+    return [(t, right(first_word(t.parsed.get("answer")), g)) for t, g in zip(turns, gold)]
+
+
+def verify_part_turn(episode: Episode, turn: Turn) -> float | None:
+    """The turn verifier of a parts task (``envs/verifiers.py``): 1.0 if the turn solved its own
+    part, 0.0 if not; None for a turn beyond the parts or one that said nothing.  The parts'
+    answers are the task's answer, one word each (a relay's and a conjunctive task's)."""
+    for t, ok in part_judgements(episode, episode.task.answer.split()):
+        if t.index == turn.index:
+            return float(ok) if spoke(t) else None
+    return None
 
 
 class TeamRelayConfig(BaseModel):
@@ -136,10 +155,11 @@ class TeamRelayEnv:
         complete = len(words) == len(gold)  # an answer with a word too many or too few has no part in place
         parts = [complete and right(words[k], g) for k, g in enumerate(gold)]
         episode.info["scores"] = {f"part_{k + 1}": float(ok) for k, ok in enumerate(parts)}
-        turns = sorted(episode.turns, key=lambda t: t.index)
-        # specialist k is the agent of the k-th turn; its own answer's first word is what it said for part k
-        episode.info["designed"] = designed_outcomes((t, right(first_word(t.parsed.get("answer")), g)) for t, g in zip(turns, gold))
+        episode.info["designed"] = designed_outcomes(part_judgements(episode))
         return float(all(parts))
+
+    def verify_turn(self, episode: Episode, turn: Turn) -> float | None:
+        return verify_part_turn(episode, turn)
 
     def describe(self) -> dict[str, Any]:
         """Data source and size, for the reporting checklist."""

@@ -35,13 +35,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mas.types import Episode, Task
+from mas.types import Episode, Task, Turn
 
 from ..base import check_env_state, designed_outcomes, spoke
 from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
 from ..math.verify import numbers_match, score_answer
 
-__all__ = ["TeamSaboteurConfig", "TeamSaboteurEnv", "designed", "first_answer"]
+__all__ = ["TeamSaboteurConfig", "TeamSaboteurEnv", "designed", "first_answer", "judgements", "verify_saboteur_turn"]
 
 
 def first_answer(episode: Episode) -> str | None:
@@ -52,8 +52,9 @@ def first_answer(episode: Episode) -> str | None:
     return None
 
 
-def designed(episode: Episode) -> dict[str, float]:
-    """Who did their job (module docstring): the first turn by its answer, each later turn by its verdict."""
+def judgements(episode: Episode) -> list[tuple[Turn, bool]]:
+    """Each turn with whether it did its job (module docstring): the first turn by its answer,
+    each later turn by its verdict on the answer standing before it."""
     gold = episode.task.answer
     judged = []
     standing_right = False  # is the answer standing before this turn right?
@@ -68,7 +69,21 @@ def designed(episode: Episode) -> dict[str, float]:
             judged.append((t, own_right or not standing_right))
         if own is not None or k == 0:
             standing_right = own_right
-    return designed_outcomes(judged)
+    return judged
+
+
+def designed(episode: Episode) -> dict[str, float]:
+    """Who did their job (module docstring), per agent."""
+    return designed_outcomes(judgements(episode))
+
+
+def verify_saboteur_turn(episode: Episode, turn: Turn) -> float | None:
+    """The turn verifier (``envs/verifiers.py``): the judgement of ``judgements`` for this turn;
+    None for a turn that said nothing."""
+    for t, ok in judgements(episode):
+        if t.index == turn.index:
+            return float(ok) if spoke(t) else None
+    return None
 
 
 class TeamSaboteurConfig(BaseModel):
@@ -106,6 +121,9 @@ class TeamSaboteurEnv:
         episode.info["scores"] = {"first_answer": float(first_right), "overruled": float(first_right and reward == 0.0)}
         episode.info["designed"] = designed(episode)
         return reward
+
+    def verify_turn(self, episode: Episode, turn: Turn) -> float | None:
+        return verify_saboteur_turn(episode, turn)
 
     def describe(self) -> dict[str, Any]:
         """Data source and size, for the reporting checklist."""

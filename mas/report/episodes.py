@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mas.envs.verifiers import VERIFIED
 from mas.report.methods import DECISIVE_RULES, Decisive, decisive, positive_share, unparsed
 from mas.report.render import finite, macro, slug
 
@@ -82,6 +83,10 @@ KEY_HELP = {
     "solo_baseline": "CCPO: mean solo reward of the group",
     "delta": "CCPO v1: joint minus solo reward",
     "critic_score": "critic's score for this turn",
+    "verifier_score": "verified: the turn verifier's score (0 where it gave none)",
+    "verified": "verified: the turn verifier scored this turn",
+    "outcome_reward": "verified: the outcome part of the turn's reward",
+    "process_score": "verified: a verifier or critic score went into the turn's reward",
     "critic_reply": "the critic's reply (its rationale)",
     "fallback": "the critic's reply did not parse; the fallback was used",
     "is_main": "M-GRPO: a main-agent turn",
@@ -184,7 +189,10 @@ def _turn_view(ep: dict, i: int, t: dict, scale: float, key: Decisive, turns: li
         flags.append(("decisive agent" if key.agents else "largest |credit| in this episode", "key"))
     parsed = t.get("parsed") if isinstance(t.get("parsed"), dict) else {}
     parent = t.get("parent")
+    extra = t.get("extra_rewards") if isinstance(t.get("extra_rewards"), dict) else {}
+    verified = extra.get(VERIFIED)
     return {
+        "verified": verified if finite(verified) else None,  # the turn verifier's score (envs/verifiers.py)
         "i": i, "id": _turn_id(ep, i), "agent": str(t.get("agent")), "policy": str(t.get("policy", "")),
         "parent": parent if isinstance(parent, int) and not isinstance(parent, bool) else None,
         "tokens": t.get("completion_tokens", 0), "credit": c, "credit_attr": repr(float(c)) if finite(c) else "",

@@ -54,6 +54,9 @@ SHARE_NOTES = {
     "critic": "shares follow the critic's per-turn scores (MAPPA) or per-message credits (LLM-MCA), normalised per "
               "agent, so each agent's mean advantage is 0 (token-weighted under MAPPA): a share says which of an "
               "agent's turns the critic rated above that agent's average.",
+    "verified": "shares follow each turn's reward, its verifier's score mixed with the team's outcome, normalised per "
+                "agent, so each agent's mean advantage is 0: a share says which of an agent's turns did their own job "
+                "(and helped the team) more than that agent's average.",
 }
 
 GENERIC_SHARE_NOTE = "an agent's summed positive credit over the team's, per step; what drives it depends on the method."

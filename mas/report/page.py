@@ -150,7 +150,9 @@ def _agent_charts(run: RunData) -> list[str]:
     charts = []
     for key, title, y_label in (("completion_tokens_mean", "Completion length per turn", "tokens"),
                                 ("invalid", "Parse-failure rate", "fraction of turns"),
-                                ("tool_valid", "Valid tool calls", "fraction")):
+                                ("tool_valid", "Valid tool calls", "fraction"),
+                                ("verified_accuracy", "Verified accuracy (mean turn-verifier score)", "score"),
+                                ("designed_signal", "Per-agent signal (advantage vs own correctness)", "Pearson r")):
         series = [Series(a, xs, run.series("agents", a, key), color=colour(i), attrs={"agent": a})
                   for i, a in enumerate(run.agents)]
         if any(y is not None for s in series for y in s.ys):

@@ -42,6 +42,11 @@ and team size N (``runner.team_size``):
     agents.  Undefined values (an agent always right, a step without reward variance) are
     left out and counted.
 And, from ``not_applicable.json``, the methods that were left out of the grid, with why.
+
+Verified accuracy (where a turn verifier scored the agents' turns, ``envs/verifiers.py``): per
+agent, the mean verifier score of its turns in the held-out evaluation before training and in
+the last one, per method the mean over seeds; the team's is the mean over its agents.  It is
+measured whatever the credit method: it says whether the agents got better at their own jobs.
 """
 
 from __future__ import annotations
@@ -88,12 +93,18 @@ def run_points(rows: list[dict], metric: str = "accuracy") -> dict[str, Any]:
     points = []
     for r in rows:
         if r.get("eval") == "before":
-            points.append({"steps": 0.0, "tokens": 0.0, "seconds": 0.0, "value": float(r[metric])})
+            points.append({"steps": 0.0, "tokens": 0.0, "seconds": 0.0, "value": float(r[metric]), "verified": verified_of(r)})
         elif r.get("eval") == "periodic" and int(r["step"]) in cum:
             c = cum[int(r["step"])]
-            points.append({**c, "value": float(r[metric])})
+            points.append({**c, "value": float(r[metric]), "verified": verified_of(r)})
     points.sort(key=lambda p: p["steps"])
     return {"points": points, **total, "rollout_tokens": rollout, "credit_tokens": credit, "credit_seconds": credit_s}
+
+
+def verified_of(record: dict) -> dict[str, float]:
+    """Each agent's verified accuracy in one evaluation record ({} where no verifier scored)."""
+    agents = record.get("agents") or {}
+    return {a: float(m["verified_accuracy"]) for a, m in agents.items() if isinstance(m, dict) and "verified_accuracy" in m}
 
 
 def run_costs(rows: list[dict]) -> dict[str, Any]:
@@ -212,12 +223,31 @@ def method_row(method: str, runs: list[dict], target: float | None, baseline_row
     }
     ratios = [r["credit_tokens"] / r["rollout_tokens"] for r in runs if r["rollout_tokens"] > 0]
     row["extra_compute"] = statistics.fmean(ratios) if ratios else 0.0
+    row["verified"] = verified_summary(runs)
     shares = [r["credit_seconds"] / r["seconds"] for r in runs if r["seconds"] > 0]
     row["credit_time_share"] = statistics.fmean(shares) if shares else 0.0
     for key in ("steps_to_baseline", "tokens_to_baseline"):
         base = baseline_row.get(key) if baseline_row else None
         row[key.replace("_to_baseline", "_share_of_baseline")] = row[key] / base if row[key] is not None and base else None
     return row
+
+
+def verified_summary(runs: list[dict]) -> dict[str, Any]:
+    """Verified accuracy before training and at the last evaluation (module docstring): per agent
+    and for the team (the mean over agents), each the mean over seeds; {} where none was scored."""
+    out: dict[str, Any] = {}
+    for when, index in (("before", 0), ("final", -1)):
+        per_agent: dict[str, list[float]] = {}
+        for r in runs:
+            pts = r["points"]
+            if not pts or (when == "before" and pts[0]["steps"] != 0):
+                continue
+            for a, v in (pts[index].get("verified") or {}).items():
+                per_agent.setdefault(a, []).append(v)
+        if per_agent:
+            agents = {a: statistics.fmean(v) for a, v in per_agent.items()}
+            out[when] = {"agents": agents, "team": statistics.fmean(agents.values())}
+    return out
 
 
 # --- the study -----------------------------------------------------------------------------------------
@@ -263,7 +293,7 @@ def scaling_point(n: int | None, method: str, runs: list[dict], costs: list[dict
         "gain": {"mean": statistics.fmean(gains) if gains else None, "ci95": list(bootstrap_ci(gains)) if gains else [None, None],
                  "values": gains},
         **{k: cost(k) for k in ("credit_tokens_per_step", "credit_seconds_per_step", "reruns_per_episode", "coalitions_per_episode")},
-        "planned": planned, "signal": signal_summary([c["signal"] for c in costs]),
+        "planned": planned, "signal": signal_summary([c["signal"] for c in costs]), "verified": row.get("verified", {}),
     }
 
 

@@ -233,8 +233,33 @@ def table_rows(study: dict) -> list[dict[str, str]]:
             "tokens": f"{r['tokens']:,.0f}",
             "extra": f"+{100 * r['extra_compute']:.0f}%",
             "time_share": f"{100 * r['credit_time_share']:.0f}%",
+            "verified": _verified_text(r.get("verified") or {}),
         })
     return rows
+
+
+def _verified_text(v: dict) -> str:
+    """The team's verified accuracy, before -> final ('—' where no verifier scored)."""
+    if "final" not in v:
+        return "—"
+    before = f"{v['before']['team']:.3f} → " if "before" in v else ""
+    return before + f"{v['final']['team']:.3f}"
+
+
+def verified_rows(study: dict) -> dict[str, Any]:
+    """Per method and agent, the held-out verified accuracy before -> final (empty without a verifier)."""
+    agents = sorted({a for r in study["table"] for when in ("before", "final")
+                     for a in ((r.get("verified") or {}).get(when) or {}).get("agents", {})})
+    rows = []
+    for r in study["table"]:
+        v = r.get("verified") or {}
+        cells = []
+        for a in agents:
+            before = ((v.get("before") or {}).get("agents") or {}).get(a)
+            final = ((v.get("final") or {}).get("agents") or {}).get(a)
+            cells.append("—" if final is None else (f"{before:.3f} → " if before is not None else "") + f"{final:.3f}")
+        rows.append({"method": r["method"], "cells": cells})
+    return {"agents": agents, "rows": rows if agents else []}
 
 
 def render_study(study: dict) -> str:
@@ -252,6 +277,7 @@ def render_study(study: dict) -> str:
         scaling_charts=[Markup(c) for c in scaling_charts(study["scaling"], study["metric"])],
         scaling=scaling_rows(study["scaling"]),
         metric=study["metric"],
+        verified=verified_rows(study),
     )
 
 

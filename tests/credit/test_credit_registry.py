@@ -28,8 +28,8 @@ from mas.credit.dr_mas import DrMasConfig, dr_mas
 from mas.types import Credit
 
 BUILTIN = ["dr_grpo", "dr_mas", "grpo", "rloo"]  # the episode-level baselines and Dr. MAS: no plan
-ALL_METHODS = sorted(BUILTIN + ["c3", "ccpo", "critic", "m_grpo", "magrpo", "reinforce_pp", "sharp"])
-PLANNED = {"c3", "ccpo", "critic", "sharp"}  # methods that ask the engine for extra evaluations
+ALL_METHODS = sorted(BUILTIN + ["c3", "ccpo", "critic", "m_grpo", "magrpo", "reinforce_pp", "sharp", "verified"])
+PLANNED = {"c3", "ccpo", "critic", "sharp", "verified"}  # methods that may ask the engine for extra evaluations (verified: with a critic)
 
 
 class _NanConfig(CreditConfigBase):
