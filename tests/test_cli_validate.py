@@ -182,3 +182,17 @@ def test_lora_policies_on_one_base_share_an_actor_so_their_resources_must_agree(
     data["agents"][0]["policy"], data["agents"][1]["policy"] = "alpha", "beta"
     assert main(["validate", str(write(tmp_path, "lora.yaml", data))]) == 1
     assert "policies.beta.resources: LoRA policies on one base share one actor; set the same resources as policies.alpha.resources" in capsys.readouterr().err
+
+
+def test_validate_refuses_an_unknown_verifier_with_the_valid_names(good, capsys):
+    assert main(["validate", "-q", str(good), "policies.main.model=embedded", "verifier.name=gold_oracle"]) != 0
+    err = capsys.readouterr().err
+    assert "  - verifier.name: unknown verifier 'gold_oracle'; valid: auto, none, hotpotqa, synthetic_math, team_conjunctive, " \
+           "team_relay, team_saboteur, or 'package.module:function' (found 'gold_oracle')" in err
+    assert main(["validate", "-q", str(good), "policies.main.model=embedded", "verifier.name=no_such_pkg.checks:verify"]) != 0
+    err = capsys.readouterr().err
+    assert "  - verifier.name: cannot import 'no_such_pkg.checks'" in err and "valid: auto, none," in err
+    # a registered name and a reference that imports are fine
+    assert main(["validate", "-q", str(good), "policies.main.model=embedded", "verifier.name=team_relay"]) == 0
+    assert main(["validate", "-q", str(good), "policies.main.model=embedded",
+                 "verifier.name=mas.envs.math.turns:verify_math_turn"]) == 0

@@ -122,6 +122,74 @@ def test_a_reward_that_is_not_a_number_or_raises_scores_zero_and_is_counted(tiny
     assert any(w["kind"] == "fault.score_error" for w in warnings)
 
 
+# --- turn verifiers ----------------------------------------------------------------------------------
+
+
+def by_parity(ep, turn) -> float:
+    """A verifier the tiny models' turns can pass or fail: the parity of the turn's first token."""
+    return float(turn.completion_ids[0] % 2) if turn.completion_ids else None
+
+
+def scored_turns(tmp_path) -> list[dict]:
+    rows = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    return [t for ep in rows for t in ep["turns"]]
+
+
+def test_verifier_scores_reach_the_turns_metrics_and_the_verified_credit(tiny_model_dir, tmp_path):
+    cfg = small(tiny_model_dir)
+    cfg["credit"] = {"method": "verified"}
+    team = build(cfg)
+    team.engine.verify = by_parity
+    rows, _ = run(team, tmp_path)
+    turns = scored_turns(tmp_path)
+    assert turns and all(t["extra_rewards"]["verified"] in (0.0, 1.0) for t in turns if t["completion_tokens"])
+    for r in rows:
+        assert sum(r["faults"][k] for k in ("verifier_error", "verifier_timeout")) == 0
+        for name, m in r["agents"].items():
+            assert 0.0 <= m["verified_accuracy"] <= 1.0 and m["verified_turns"] == m["turns"]
+        assert 0.0 < r["credit"]["verified_share"] <= 1.0
+
+
+@pytest.mark.parametrize("fault", ["raises", "out_of_range", "times_out"])
+def test_a_verifier_that_raises_returns_nonsense_or_hangs_costs_its_turns_score_and_is_counted(tiny_model_dir, tmp_path, fault):
+    team = build(small(tiny_model_dir))
+    release = threading.Event()
+
+    def verify(ep, turn):
+        if turn.agent != "helper":
+            return by_parity(ep, turn)
+        if fault == "raises":
+            raise KeyError("injected verifier failure")
+        if fault == "out_of_range":
+            return 1.7
+        release.wait()  # hangs until the test ends
+        return 1.0
+
+    async def deadline_passes(seconds):  # an injected clock: every verifier call's time limit is up at once
+        return None
+
+    team.engine.verify = verify
+    if fault == "times_out":
+        team.engine.sleep = deadline_passes
+    try:
+        rows, warnings = run(team, tmp_path)
+    finally:
+        release.set()
+    kind = "verifier_timeout" if fault == "times_out" else "verifier_error"
+    helper_turns = sum(r["agents"]["helper"]["turns"] for r in rows if "helper" in r["agents"])
+    if fault == "times_out":  # the helper's calls hang; the others may or may not beat a deadline that is up at once
+        assert helper_turns <= total(rows, kind) <= sum(r["episodes"]["turns"] * r["episodes"]["count"] for r in rows)
+    else:
+        assert total(rows, kind) == helper_turns
+    assert helper_turns > 0
+    assert sum(r["episodes"]["errors"] for r in rows) == 0  # a verifier's failure is no episode's
+    assert any(w["kind"] == f"fault.{kind}" for w in warnings)
+    turns = scored_turns(tmp_path)
+    assert all("verified" not in t["extra_rewards"] for t in turns if t["agent"] == "helper")
+    if fault != "times_out":
+        assert any("verified" in t["extra_rewards"] for t in turns if t["agent"] != "helper")
+
+
 # --- backends -------------------------------------------------------------------------------------
 
 

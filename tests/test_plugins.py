@@ -1,4 +1,4 @@
-"""Plugins: an installed package adds an env, a credit method and a parser through entry points,
+"""Plugins: an installed package adds an env, a credit method, a parser and a turn verifier through entry points,
 and `mas validate` accepts them and lists them among the valid choices.
 
 The package is a real distribution on disk (a ``.dist-info`` with ``entry_points.txt`` next to
@@ -26,6 +26,9 @@ coin_credit = coinplug.credit
 [mas.parsers]
 shout = coinplug.parsers:shout
 broken = coinplug.parsers:missing
+
+[mas.verifiers]
+heads_turn = coinplug.parsers:heads_turn
 """
 
 MODULES = {
@@ -73,6 +76,9 @@ MODULES = {
     "parsers.py": '''
         def shout(text):
             return {"answer": text.upper(), "label": "answer"}, True
+
+        def heads_turn(episode, turn):
+            return float("HEADS" in turn.text.upper())
     ''',
 }
 
@@ -114,7 +120,7 @@ def test_plugins_are_valid_choices_in_configs_and_errors(plugin_path, tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(config()))
     bad = tmp_path / "bad.yaml"
-    bad_cfg = config(env={"name": "dice"}, credit={"method": "oracle"})
+    bad_cfg = config(env={"name": "dice"}, credit={"method": "oracle"}, verifier={"name": "tails_turn"})
     bad_cfg["agents"][0]["parser"] = "whisper"
     bad.write_text(yaml.safe_dump(bad_cfg))
 
@@ -126,6 +132,7 @@ def test_plugins_are_valid_choices_in_configs_and_errors(plugin_path, tmp_path):
     assert "'coin_env'" in lines["env.name"] and "'synthetic_math'" in lines["env.name"]
     assert "'coin_credit'" in lines["credit.method"] and "'grpo'" in lines["credit.method"]
     assert "'shout'" in lines["agents[0].parser"] and "'answer'" in lines["agents[0].parser"]
+    assert "heads_turn" in lines["verifier.name"] and "synthetic_math" in lines["verifier.name"]
 
 
 def test_a_plugin_env_parser_and_credit_method_run(plugin_path, tmp_path):
@@ -135,7 +142,12 @@ def test_a_plugin_env_parser_and_credit_method_run(plugin_path, tmp_path):
         from mas.agents.agent import build_agents
         from mas.credit import get_credit
         from mas.envs import build_env
+        from mas.envs.verifiers import resolve_verifier
+        from mas.types import Turn
         cfg = load_config("good.yaml")
+        assert cfg.verifier.name == "heads_turn"
+        verify = resolve_verifier(cfg.verifier.name, None)
+        assert verify(None, Turn("caller", "main", 0, None, [], [], [], [], "Heads!")) == 1.0
         env = build_env(cfg.env)
         agent = build_agents(cfg.agents, "coin")["caller"]
         assert agent.parse("heads") == ({"answer": "HEADS", "label": "answer"}, True)
@@ -143,7 +155,7 @@ def test_a_plugin_env_parser_and_credit_method_run(plugin_path, tmp_path):
         assert get_credit("coin_credit").config_cls.__name__ == "CoinCreditConfig"
         print("plugin ok")
     ''')
-    (tmp_path / "good.yaml").write_text(yaml.safe_dump(config()))
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(config(verifier={"name": "heads_turn"})))
     env = {**os.environ, "PYTHONPATH": str(plugin_path)}
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
                          cwd=tmp_path, timeout=300)

@@ -5,7 +5,9 @@ be re-analysed at any time, and ``study.json`` and ``study.html`` always show th
 
 Per run, every held-out evaluation is one point on three axes:
 
-    steps    updates done (0 before training, s + 1 after step s)
+    steps    updates done (0 before training, s + 1 after step s); a run with a format
+             warm-up (``trainer.warmup``) starts its RL from the evaluation after the
+             warm-up, so that one is its point 0 (the one before the warm-up is left out)
     tokens   generated tokens so far: rollouts + the credit method's own generations
     seconds  training wall time so far: the sum of the step times (evaluations excluded)
 
@@ -91,8 +93,9 @@ def run_points(rows: list[dict], metric: str = "accuracy") -> dict[str, Any]:
         credit_s += float((r.get("time") or {}).get("credit", 0.0))
         cum[int(r["step"])] = dict(total)
     points = []
+    start = "warmup" if any(r.get("eval") == "warmup" for r in rows) else "before"  # RL starts from the warm-up
     for r in rows:
-        if r.get("eval") == "before":
+        if r.get("eval") == start:
             points.append({"steps": 0.0, "tokens": 0.0, "seconds": 0.0, "value": float(r[metric]), "verified": verified_of(r)})
         elif r.get("eval") == "periodic" and int(r["step"]) in cum:
             c = cum[int(r["step"])]

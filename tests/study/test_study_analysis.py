@@ -139,3 +139,38 @@ def test_metric_label_names_the_env_reward_and_a_sampled_evaluation():
     assert metric_of({"env": {"reward": "f1"}}) == ("accuracy", "F1")
     assert metric_of({"trainer": {"eval_do_sample": True}}) == ("accuracy", "accuracy (sampled)")
     assert metric_of({"env": {"reward": "em"}, "trainer": {"eval_do_sample": False}}) == ("accuracy", "EM")
+
+
+def _agents(**verified: float) -> dict:
+    return {"agents": {a: {"turns": 4, "parse_failures": 0, "verified_accuracy": v, "verified_turns": 4} for a, v in verified.items()}}
+
+
+def test_a_warmed_up_run_starts_from_the_evaluation_after_its_warm_up():
+    """RL is measured from the warm-up: the raw model's evaluation before it is no point of the curve."""
+    rows = [ev("before", 0.0), {**ev("warmup", 0.2), **_agents(adder=0.5, orchestrator=0.4)}]
+    rows += [step(s, 100, 0, 1.0) for s in range(2)]
+    rows.append({**ev("periodic", 0.5, 1), **_agents(adder=0.9, orchestrator=0.6)})
+    p = run_points(rows)
+    assert [(q["steps"], q["value"]) for q in p["points"]] == [(0, 0.2), (2, 0.5)]
+    assert p["points"][0]["verified"] == {"adder": 0.5, "orchestrator": 0.4}
+
+
+def test_verified_accuracy_before_and_final_per_agent_and_team(tmp_path):
+    """Two seeds: each agent's mean over seeds; the team's is the mean over its agents."""
+    def run(before: dict, after: dict) -> list[dict]:
+        return [{**ev("before", 0.1), **_agents(**before)}, step(0, 10, 0, 1.0), step(1, 10, 0, 1.0),
+                {**ev("periodic", 0.3, 1), **_agents(**after)}]
+
+    _write_study(tmp_path, {"verified": [run({"a": 0.5, "b": 0.7}, {"a": 0.9, "b": 0.7}),
+                                         run({"a": 0.3, "b": 0.7}, {"a": 0.7, "b": 0.9})],
+                            "grpo": [run({"a": 0.5}, {"a": 0.5}), run({"a": 0.3}, {"a": 0.3})]})
+    study = analyse(tmp_path)
+    v = {r["method"]: r["verified"] for r in study["table"]}
+    assert v["verified"]["before"]["agents"] == pytest.approx({"a": 0.4, "b": 0.7})
+    assert v["verified"]["final"]["agents"] == pytest.approx({"a": 0.8, "b": 0.8})
+    assert v["verified"]["final"]["team"] == pytest.approx(0.8) and v["verified"]["before"]["team"] == pytest.approx(0.55)
+    assert v["grpo"]["final"]["team"] == pytest.approx(0.4)
+    from mas.study.page import render_study
+
+    html = render_study(study)
+    assert 'id="verified"' in html and "0.400 → 0.800" in html and "0.550 → 0.800" in html
