@@ -15,7 +15,7 @@ Per turn n (agent k, episode i, task group b), with v_n the verifier's score
     R^{i,n} = R_i − invalid_penalty · invalid_n          (Dr. MAS's per-row reward)
     r_n     = w · v_n + (1 − w) · R^{i,n}                 where the verifier scored n
     r_n     = w · c_n + (1 − w) · R^{i,n}                 else, with ``critic`` set and its score parsed
-    r_n     = R^{i,n}                                     else
+    r_n     = R^{i,n}                                     else (and for agents outside ``agents``, when given)
     A_n     = (r_n − μ_{b,k}) / (σ_{b,k} + ε)             normaliser ``agent`` (Dr. MAS, Eq. 5)
 
 with c_n = s_n / 10 the MAPPA coach's 0..10 score of the turn (the hybrid design: a turn the
@@ -73,6 +73,12 @@ class VerifiedConfig(CreditConfigBase):
         "outcome from scored turns. Default 0.5: the verifier and the team's goal weigh the same (docs/credit.md) [A].",
     )
     key: str = Field(VERIFIED, min_length=1, description="Per-turn signal (Turn.extra_rewards key) read as the verifier's score.")
+    agents: tuple[str, ...] = Field(
+        (),
+        description="Use the verifier's scores of these agents' turns only; the others keep the outcome (dr_mas's credit). "
+        "() = every agent. E.g. the specialists of an orchestrator team, whose sums the outcome cannot attribute, "
+        "while the orchestrator keeps the outcome that rewards its decision to delegate.",
+    )
     normaliser: NormaliserName = normaliser_field("agent", "Default: agent (Dr. MAS).")
     scale_by_std: bool = scale_by_std_field()
     eps: float = eps_field()
@@ -92,13 +98,13 @@ class VerifiedConfig(CreditConfigBase):
         return CriticConfig(critic=self.critic, mode="mappa", max_new_tokens=self.critic_max_new_tokens)
 
 
-def _unverified(groups: list[EpisodeGroup], key: str):
-    """(episode index e, turn position t, episode) of every turn without a verifier score."""
+def _unverified(groups: list[EpisodeGroup], cfg: "VerifiedConfig"):
+    """(episode index e, turn position t, episode) of every turn without a verifier score that counts."""
     e = 0
     for g in groups:
         for ep in g.episodes:
             for t, turn in enumerate(ep.turns):
-                if key not in turn.extra_rewards:
+                if cfg.key not in turn.extra_rewards or (cfg.agents and turn.agent not in cfg.agents):
                     yield e, t, ep
             e += 1
 
@@ -108,7 +114,7 @@ def plan_verified(groups: list[EpisodeGroup], cfg: VerifiedConfig) -> list:
     if cfg.critic is None:
         return []
     critic = cfg.critic_config()
-    return [critique_request(f"critic/{e}/{t}", mappa_messages(ep, t, critic), critic) for e, t, ep in _unverified(groups, cfg.key)]
+    return [critique_request(f"critic/{e}/{t}", mappa_messages(ep, t, critic), critic) for e, t, ep in _unverified(groups, cfg)]
 
 
 def plan_verified_retries(groups: list[EpisodeGroup], cfg: VerifiedConfig, results: Results) -> list:
@@ -117,7 +123,7 @@ def plan_verified_retries(groups: list[EpisodeGroup], cfg: VerifiedConfig, resul
         return []
     critic = cfg.critic_config()
     out = []
-    for e, t, ep in _unverified(groups, cfg.key):
+    for e, t, ep in _unverified(groups, cfg):
         key = f"critic/{e}/{t}"
         reply = reply_text(results, key)
         if parse_process_score(reply) is None:
@@ -162,6 +168,9 @@ def verified(batch: CreditBatch, cfg: VerifiedConfig, results: Results | None = 
     w = cfg.weight
     outcome = turn_rewards_with_penalty(batch, cfg.invalid_penalty)  # [N] R^{i,n}
     present = batch.has_turn_reward(cfg.key)  # [N] bool
+    if cfg.agents:  # only the named agents' scores count
+        chosen = torch.tensor([a in cfg.agents for a in batch.agent_names], dtype=torch.bool)  # [K]
+        present = present & chosen[batch.agent_ids]  # [N]
     zeros = torch.zeros(batch.num_turns, dtype=dtype)
     score = batch.turn_rewards[cfg.key].to(dtype) if cfg.key in batch.turn_rewards else zeros  # [N] v, 0 where absent
     score = torch.where(present, score, zeros)  # [N]

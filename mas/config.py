@@ -657,9 +657,10 @@ def _credit_refs(credit: Any, agents: list[str], policies: list[str], trainer: A
         value = getattr(credit, field, None)
         if value is not None and value not in agents:
             errs.append((("credit", field), value, f"unknown agent; valid: {agents}"))
-    for i, value in enumerate(getattr(credit, "exclude", ()) or ()):
-        if value not in agents:
-            errs.append((("credit", "exclude", i), value, f"unknown agent; valid: {agents}"))
+    for field in ("exclude", "agents"):
+        for i, value in enumerate(getattr(credit, field, ()) or ()):
+            if value not in agents:
+                errs.append((("credit", field, i), value, f"unknown agent; valid: {agents}"))
     critic = getattr(credit, "critic", None)
     if critic is not None and critic not in policies:
         errs.append((("credit", "critic"), critic, f"unknown policy; valid: {policies}"))

@@ -225,3 +225,26 @@ def test_hybrid_critique_that_never_parses_leaves_the_outcome():
 def test_without_a_critic_nothing_is_planned():
     groups = [make_group([["a"]], [1.0])]
     assert plan_credit(groups, VerifiedConfig()) == []
+
+
+def test_agents_limits_the_verifier_to_the_named_agents_and_the_rest_is_dr_mas():
+    groups = random_groups(5, num_groups=2, group_size=4, max_turns=4, agent_names=["lead", "adder"], min_turns=1)
+    _with_random_scores(groups, 5, p=1.0)
+    batch = build_credit_batch(groups, ["lead", "adder"])
+    got = run_credit(batch, VerifiedConfig(agents=("adder",)))
+    lead = batch.agent_ids == 0
+    assert torch.equal(got.advantages[lead], run_credit(batch, DrMasConfig()).advantages[lead])
+    assert torch.equal(got.advantages[~lead], run_credit(batch, VerifiedConfig()).advantages[~lead])
+    assert not bool(got.breakdown["verified"][lead].any())
+
+
+def test_agents_must_name_agents_of_the_team(tmp_path):
+    from mas.config import ConfigError, load_config
+    from team_helpers import team_config
+
+    path = tmp_path / "team.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(team_config(tmp_path, credit={"method": "verified", "agents": ["helper", "ghost"]})))
+    with pytest.raises(ConfigError, match=r"credit.agents\[1\]: unknown agent"):
+        load_config(path)
