@@ -33,6 +33,8 @@ CASES = {
     "reinforce_pp": ("chain", {}),
     "magrpo": ("debate", {}),
     "critic": ("chain", {"critic": "judge", "outcome_weight": 0.5, "max_new_tokens": 8}),
+    # the hybrid: the arithmetic verifier scores the lead's turns, the critic the others'
+    "verified": ("chain", {"agents": ["lead"], "critic": "judge", "critic_max_new_tokens": 8}),
 }
 
 # what each method's stored episodes must show in the report's method details (per turn)
@@ -40,11 +42,12 @@ DETAILS = {
     "grpo": {"norm_mean"}, "dr_grpo": {"norm_mean"}, "rloo": {"norm_mean"}, "dr_mas": {"baseline_mean", "baseline_std"},
     "sharp": {"marginal", "broadcast", "tool"}, "c3": {"node_value", "sibling_baseline"}, "ccpo": {"turn_reward", "upstream"},
     "m_grpo": {"is_main", "item_advantage"}, "reinforce_pp": {"return", "baseline"}, "magrpo": {"norm_mean"},
-    "critic": {"critic_score", "critic_reply"},
+    "critic": {"critic_score", "critic_reply"}, "verified": {"turn_reward", "verifier_score", "process_score"},
 }
 
 # methods with extra evaluations: the timer their wall time is counted under (the others stay 0)
-TIMERS = {"sharp": "credit_interventions", "ccpo": "credit_interventions", "c3": "credit_replays", "critic": "credit_critic"}
+TIMERS = {"sharp": "credit_interventions", "ccpo": "credit_interventions", "c3": "credit_replays", "critic": "credit_critic",
+          "verified": "credit_critic"}
 
 
 def test_every_registered_method_has_a_smoke_case():
