@@ -81,14 +81,16 @@ class OptimConfig(Section):
     micro_batch_tokens: int = Field(
         4096, ge=16, description="With packing: most token positions per forward/backward pass (rows x their longest, padding "
         "included); a packed row never exceeds it unless one turn alone does. Gradients accumulate over passes.")
-    logprob_chunk: int | None = Field(
-        1024, ge=1, description="Completion tokens whose full-vocabulary logits are made at once, under activation "
-        "checkpointing, so [tokens, vocab] logits never sit in memory for a whole micro-batch. null: all at once (for debugging).")
+    logprob_chunk: Literal["auto"] | Annotated[int, Field(ge=1)] | None = Field(
+        "auto", description="Completion tokens whose full-vocabulary logits are made at once, under activation "
+        "checkpointing, so [tokens, vocab] logits never sit in memory for a whole micro-batch. null: all at once. auto: "
+        "1024 where one pass's activations and float32 logits (3 x tokens x vocab x 4 bytes) would not fit in half the "
+        "device's free memory, else all at once (mas.learner.plan_memory_savers).")
     gradient_checkpointing: Literal["auto"] | bool = Field(
         "auto", description="Recompute the decoder layers' activations in backward instead of keeping them (transformers' "
-        "gradient checkpointing, non-reentrant), at about half a forward-backward more compute. auto: on where one pass's "
-        "activations would exceed 2 GiB (estimated from the model's depth, width and dtype and micro_batch_tokens; "
-        "SmolLM2-135M in bfloat16: above about 1,800 tokens); a smaller micro_batch_tokens is the cheaper saving.")
+        "gradient checkpointing, non-reentrant), at about half a forward-backward more compute. auto: on only where one "
+        "pass's activations (estimated from the model's depth, width and dtype and micro_batch_tokens) and logits would "
+        "not fit in half the device's free memory even with chunked logits (mas.learner.plan_memory_savers).")
 
 
 class EndpointConfig(Section):
