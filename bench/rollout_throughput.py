@@ -243,9 +243,11 @@ def main() -> None:
                     help="vllm: the vLLM backend against the hf backend on the team's batches (module docstring)")
     ap.add_argument("--dtype", default=None, help="override policies' dtype (float32, bfloat16)")
     ap.add_argument("--parity", action="store_true", help="--backend vllm: logprobs against the learner's recompute")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, repeatable")
     args = ap.parse_args()
     names = list(load_config(args.config).policies)
-    overrides = [f"policies.{p}.device={args.device}" for p in names] if args.device else []
+    overrides = list(args.set)
+    overrides += [f"policies.{p}.device={args.device}" for p in names] if args.device else []
     overrides += [f"policies.{p}.dtype={args.dtype}" for p in names] if args.dtype else []
     overrides += [f"policies.{p}.backend=vllm" for p in names] if args.backend == "vllm" else []
     cfg = load_config(args.config, overrides)

