@@ -87,3 +87,45 @@ def test_sigterm_while_the_engine_generates_stops_the_run_and_leaves_no_engine_p
     record = next(r for r in steps if r.get("step") == 0 and "eval" not in r)
     vllm = record["backend"]["vllm"]  # the engine's cost in the step record
     assert vllm["engine_start_s"] > 0 and vllm["generate_calls"] > 0 and vllm["per_call_s"] > 0
+
+
+SCRIPT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from vllm_helpers import policy
+from mas.agents.policy import build_policies
+
+if __name__ == "__main__":
+    from mas.backends.vllm import VLLMBackend
+    backend = VLLMBackend(build_policies({"base": policy("frozen")}), max_model_len=512)
+    print("PIDS", *backend.engine_pids(), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_process_killed_outright_leaves_no_engine_process(tmp_path):
+    """SIGKILL runs no handler and no finaliser: the engine's watcher process stops its processes."""
+    require_vllm()
+    import psutil
+
+    script = tmp_path / "serve.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    proc = subprocess.Popen([sys.executable, str(script), str(REPO / "tests" / "backends")], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()  # blocks until the engine is up (or the script died)
+        assert line.startswith("PIDS "), f"the script did not start an engine: {line!r}"
+        pids = [int(p) for p in line.split()[1:]]
+        assert pids and all(psutil.pid_exists(p) for p in pids)
+        proc.kill()
+        proc.wait(timeout=GENEROUS_S)
+        deadline = time.monotonic() + GENEROUS_S
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], f"engine processes outlived their killed parent: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

