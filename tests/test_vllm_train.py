@@ -77,6 +77,10 @@ def test_sigterm_while_the_engine_generates_stops_the_run_and_leaves_no_engine_p
             proc.kill()
             proc.communicate()
     print(f"exit {proc.returncode} {exit_s:.1f} s after SIGTERM")  # the figure docs/vllm.md reports
+    if os.environ.get("MAS_ARTIFACTS_DIR"):  # scripts/test.sh keeps it: .mas_tmp/artifacts/vllm_sigterm.json
+        out_dir = Path(os.environ["MAS_ARTIFACTS_DIR"])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "vllm_sigterm.json").write_text(json.dumps({"exit_code": proc.returncode, "seconds_after_sigterm": exit_s}))
     assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
     assert "stopped in step 1, which was dropped" in out + err
     left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
