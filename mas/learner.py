@@ -396,8 +396,9 @@ class Learner:
     sequence per turn, ``micro_batch_size`` turns per pass); ``logprob_chunk`` makes the
     output head's logits that many completion tokens at a time, under activation
     checkpointing (off: all at once); ``gradient_checkpointing`` recomputes the decoder
-    layers' activations in backward instead of keeping them ("auto": where one pass's
-    activations would exceed ``CHECKPOINT_AUTO_BYTES``).
+    layers' activations in backward instead of keeping them.  Either set to "auto" is chosen
+    from the memory it would save against the free device memory (``plan_memory_savers``;
+    the choice and its estimate are ``memory_plan``).
     """
 
     def __init__(
@@ -427,9 +428,13 @@ class Learner:
         self.micro_batch_size = optim.micro_batch_size
         self.packing = optim.packing
         self.micro_batch_tokens = optim.micro_batch_tokens
-        self.logprob_chunk = optim.logprob_chunk
-        self.checkpointing = (_wants_checkpointing(optim.gradient_checkpointing, policy.model, optim.micro_batch_tokens)
-                              and enable_checkpointing(policy.model))
+        # a pass's tokens: at most micro_batch_tokens with packing (without it, the debugging path,
+        # micro_batch_size turns of unknown length: the same bound is the estimate)
+        self.memory_plan = plan_memory_savers(policy.model, optim.micro_batch_tokens, optim.gradient_checkpointing,
+                                              optim.logprob_chunk,
+                                              free_memory_bytes(policy.device))
+        self.logprob_chunk = self.memory_plan.logprob_chunk
+        self.checkpointing = self.memory_plan.checkpointing and enable_checkpointing(policy.model)
         self.max_grad_norm = optim.max_grad_norm
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_coef, self.loss_agg, self.ppo_epochs, self.max_tokens = kl_coef, loss_agg, ppo_epochs, max_tokens
@@ -775,8 +780,10 @@ def ppo_clip_tokens(
     return loss, stats
 
 
-CHECKPOINT_AUTO_BYTES = 2 * 1024**3  # "auto" checkpoints when a micro-batch's activations would exceed this
 ACTIVATION_ELEMENTS = 32  # kept for backward per token, layer and hidden unit (measured on SmolLM2: 28-34)
+LOGIT_COPIES = 3  # float32 [tokens, V] tensors alive at once for the head: logits, log-softmax, their gradient
+AUTO_CHUNK = 1024  # completion tokens per head chunk when "auto" chunks
+MEMORY_SHARE = 0.5  # of the free device memory, what one pass's activations and logits may take under "auto"
 
 
 def activation_bytes(model: nn.Module, tokens: int) -> int | None:
@@ -791,14 +798,83 @@ def activation_bytes(model: nn.Module, tokens: int) -> int | None:
     return tokens * layers * hidden * ACTIVATION_ELEMENTS * size
 
 
-def _wants_checkpointing(setting: Any, model: nn.Module, tokens: int) -> bool:
-    """``auto``: on where it pays, i.e. where one pass's activations would exceed
-    ``CHECKPOINT_AUTO_BYTES`` (recomputing the layers costs about half a forward-backward more;
-    a smaller ``micro_batch_tokens`` is the cheaper way to save memory when it is enough)."""
-    if setting == "auto":
-        need = activation_bytes(model, tokens)
-        return need is not None and need > CHECKPOINT_AUTO_BYTES
-    return bool(setting)
+def logits_bytes(model: nn.Module, tokens: int) -> int | None:
+    """Estimated memory of the output head over ``tokens`` completion positions at once:
+    ``LOGIT_COPIES`` float32 [tokens, V] tensors (None when the vocabulary size is unknown)."""
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    vocab = getattr(getattr(hf, "config", None), "vocab_size", None)
+    return tokens * vocab * 4 * LOGIT_COPIES if vocab else None
+
+
+def free_memory_bytes(device: torch.device | str) -> int | None:
+    """Free memory of ``device`` now: CUDA's free bytes, or the host's available memory
+    (``MemAvailable`` of /proc/meminfo) for the CPU; None where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Which memory savers a learner uses, and the estimate they were chosen from (bytes)."""
+
+    checkpointing: bool  # decoder layers recomputed in backward
+    logprob_chunk: int | None  # completion tokens per head chunk (None: all at once)
+    activations: int | None  # one pass's activations, kept for backward, without checkpointing
+    logits: int | None  # the head over one pass's tokens at once
+    budget: int | None  # MEMORY_SHARE of the free device memory (None: unknown)
+    reason: str
+
+
+def plan_memory_savers(model: nn.Module, tokens: int, checkpointing: Any, logprob_chunk: Any,
+                       free_bytes: int | None) -> MemoryPlan:
+    """Gradient checkpointing and chunked log-probabilities for passes of ``tokens`` positions.
+
+    Each saver costs time (checkpointing recomputes the decoder layers in backward, about half a
+    forward-backward more; chunking recomputes the head per chunk), so ``"auto"`` turns one on
+    only where the memory it saves is needed: the estimated activations and logits of one pass
+    (``activation_bytes``, ``logits_bytes``) against ``MEMORY_SHARE`` of ``free_bytes``.  The
+    cheaper saver comes first: chunked logits alone when that fits, then checkpointing too.
+    Without an estimate (unknown model shape or free memory) ``"auto"`` keeps both on, the safe
+    side.  Explicit settings (True/False, a chunk size or None) are kept as given."""
+    act, logits = activation_bytes(model, tokens), logits_bytes(model, tokens)
+    budget = int(free_bytes * MEMORY_SHARE) if free_bytes is not None else None
+    auto_ckpt, auto_chunk = checkpointing == "auto", logprob_chunk == "auto"
+    ckpt = True if auto_ckpt else bool(checkpointing)
+    chunk = AUTO_CHUNK if auto_chunk else logprob_chunk
+    if not (auto_ckpt or auto_chunk):
+        return MemoryPlan(ckpt, chunk, act, logits, budget, "as configured")
+    if act is None or logits is None or budget is None:
+        return MemoryPlan(ckpt, chunk, act, logits, budget, "no estimate (model shape or free memory unknown): savers on")
+
+    def head(c: int | None) -> int:  # the output head's memory with chunk size c
+        return logits if c is None else logits_bytes(model, min(tokens, c))
+
+    kept = act // ACTIVATION_ELEMENTS  # checkpointed: only each layer's input is kept
+    if auto_ckpt and auto_chunk:  # the cheaper saver first
+        if act + logits <= budget:
+            ckpt, chunk = False, None
+        elif act + head(AUTO_CHUNK) <= budget:
+            ckpt = False
+    elif auto_chunk:
+        chunk = None if (kept if ckpt else act) + logits <= budget else AUTO_CHUNK
+    else:
+        ckpt = act + head(chunk) > budget
+    need = (kept if ckpt else act) + head(chunk)
+    return MemoryPlan(ckpt, chunk, act, logits, budget,
+                      f"activations {act / 2**30:.2f} GiB, logits {logits / 2**30:.2f} GiB; with these savers "
+                      f"{need / 2**30:.2f} GiB against a budget of {budget / 2**30:.2f} GiB")
 
 
 def enable_checkpointing(model: nn.Module) -> bool:

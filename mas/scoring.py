@@ -365,3 +365,33 @@ class TokenLogprob(torch.autograd.Function):
         out.mul_(grad.neg().unsqueeze(-1))  # logsumexp's share: -g * softmax
         out.scatter_add_(-1, targets.unsqueeze(-1), grad.unsqueeze(-1))  # gather's share: +g at the target
         return out, None
+
+
+def turn_logprobs(
+    model: nn.Module,
+    turns: Sequence[tuple[Sequence[int], Sequence[int]]],
+    temperatures: Sequence[float],
+    max_tokens: int = 4096,
+) -> list[list[float]]:
+    """Each turn's completion-token logprobs under ``model`` as the learner scores them (packed
+    prefix tree, ``token_logprobs_packed``), without gradients: what a rollout backend's
+    sampling logprobs must equal for the PPO ratio to start at 1.  ``turns``: (prompt_ids,
+    completion_ids) pairs; ``temperatures``: each turn's (0 = greedy, scored at T = 1)."""
+    seqs = [list(p) + list(c) for p, c in turns]
+    packing = pack(seqs, [len(p) for p, _ in turns], max_tokens)
+    temps = torch.tensor([t if t > 0 else 1.0 for t in temperatures], dtype=torch.float32)[
+        torch.tensor(packing.sample, dtype=torch.long)]  # [K]
+    device = next(model.parameters()).device
+    out = [[0.0] * len(c) for _, c in turns]
+    heads = split_model(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for group in passes(packing, max_tokens=max_tokens):
+                logp, _ = token_logprobs_packed(model, group.to(device), temps[group.pairs], chunk=None, heads=heads)
+                for k, v in zip(group.pairs.tolist(), logp.float().cpu().tolist()):
+                    out[packing.sample[k]][packing.index[k]] = v
+    finally:
+        model.train(was_training)
+    return out

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mas.backends.base import policy_seed
+from mas.backends.base import policy_seed, take_backend_metrics
 from mas.callbacks import Callback, CallbackList, RunControl
 from mas.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from mas.checks import config_warnings
@@ -175,6 +175,9 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
 
     faults, fault_messages = merge_faults(current.faults, team.engine.take_faults())  # this step's rollout, then credit
     metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts(), faults)
+    engines = take_backend_metrics(team.backend)  # vLLM: engine start-up (first step), per-call cost, sync time
+    if engines:
+        metrics["backend"] = engines
     warnings = [(f"fault.{kind}", f"step {step}: {faults[kind]} x {kind}, e.g. {message}") for kind, message in fault_messages.items()]
     diverged = divergence_warning(results)
     if diverged:

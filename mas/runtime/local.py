@@ -44,4 +44,5 @@ class LocalRuntime:
         return self.worker.warm_up(name, demonstrations, **kwargs)
 
     def close(self) -> None:
-        """Nothing to free beyond what Python collects."""
+        """Stop the rollout backend's engines (vLLM's processes); the rest Python collects."""
+        self.worker.close()

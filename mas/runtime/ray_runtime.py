@@ -351,8 +351,16 @@ class RayRuntime:
         return got
 
     def close(self) -> None:
-        """Kill the actors and leave Ray (shutting down a local instance this run started)."""
+        """Kill the actors and leave Ray (shutting down a local instance this run started).  Each
+        actor first closes its backend: a vLLM engine's processes are the actor's children, and
+        killing the actor alone would leave them running."""
         ray = getattr(self, "ray", None)
+        closing = [a.close.remote() for group in self.groups for a in group.actors if ray is not None]
+        if closing:
+            try:  # wait for all (a dead actor's call is ready at once, as an error); a stuck one is killed below
+                ray.wait(closing, num_returns=len(closing), timeout=30)
+            except Exception:  # noqa: BLE001 - Ray already gone
+                pass
         for group in self.groups:
             for a in group.actors:
                 try:

@@ -117,6 +117,13 @@ class PolicyWorker:
             self.backend.sync_weights(name)
         return self.handles[name].version
 
+    def close(self) -> None:
+        """Free what outlives this object otherwise: the rollout backend's engines (vLLM's processes)."""
+        if self.backend is not None:
+            from mas.backends.base import close_backend
+
+            close_backend(self.backend)
+
     def _serving_handles(self) -> dict[str, "PolicyHandle"]:
         """Handles on deep copies of the models that hf samples from while the learners train."""
         from mas.agents.policy import PolicyHandle

