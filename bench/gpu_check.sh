@@ -9,8 +9,8 @@
 #       math-verify, bm25s, tenacity and their requirements), as cp312 manylinux wheels, into
 #       .gpu_wheels/ (git-ignored; about 10 MB)
 #   there:                     bash bench/gpu_check.sh          (carry .gpu_wheels; timeout_s >= 500)
-#   here, to check the script: GPU_CHECK_DRY=1 bash bench/gpu_check.sh
-#       the same parts on CPU, small (a 2-layer model, 2 steps), in the current environment
+#   here, to check the script: GPU_CHECK_DRY=1 GPU_CHECK_PYTHON=.venv/bin/python bash bench/gpu_check.sh
+#       the same parts on CPU, small (a 2-layer model, 2 steps), in the installed environment
 #
 # Parts: (1) set-up: the wheels and mas itself (copied into a site folder: no build, no network);
 # (2) the model: SmolLM2-135M-Instruct's shape (30 layers, width 576, 9 heads / 3 KV heads,
@@ -45,6 +45,7 @@ fi
 
 DRY=${GPU_CHECK_DRY:-0}
 PY=${GPU_CHECK_PYTHON:-python3}
+[ "$DRY" = 1 ] && [ -z "${GPU_CHECK_PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
 OUTDIR=${OUT:-$REPO/.mas_tmp/gpu_check}
 mkdir -p "$OUTDIR"
 LOG=$OUTDIR/gpu_check.log
@@ -106,7 +107,9 @@ print(f"torch {torch.__version__}, transformers {transformers.__version__}, cuda
       f"device {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}")
 EOF
 }
-if [ "$DRY" != 1 ]; then export PYTHONPATH=$WORK/site:$REPO${PYTHONPATH:+:$PYTHONPATH}; else export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}; fi
+# the device: mas from the site folder; a dry run: the installed environment (the checkout on PYTHONPATH
+# would hide the package-dir mapping of agents/, credit/, envs/ and topologies/)
+if [ "$DRY" != 1 ]; then export PYTHONPATH=$WORK/site:$REPO${PYTHONPATH:+:$PYTHONPATH}; fi
 part setup 120 setup || { echo "set-up failed: nothing else can run"; exit 1; }
 
 DEVICE=cuda; STEPS=10; LAYERS=30

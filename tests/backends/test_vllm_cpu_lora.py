@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mas.backends import vllm_cpu_lora as ops
+from vllm_helpers import require_vllm
 
 
 def reference(x, w, slots, dtype):
@@ -65,7 +66,8 @@ def test_sequence_forms_expand_slots_per_token_and_rows_without_adapter_get_noth
 @pytest.mark.vllm
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_ops_equal_vllms_own_on_adapter_rows(dtype):
-    torch_ops = pytest.importorskip("vllm.lora.ops.torch_ops")
+    require_vllm()
+    from vllm.lora.ops import torch_ops
     x, a, s = case(3, T=9, dtype=dtype, slots=torch.tensor([0, 2, 2, 1, 0, 0, 1, 2, 2]))
     mine, theirs = torch.zeros(9, 5), torch.zeros(9, 5)
     ops.bgmv_shrink(x, a, mine, s, 0.25)
