@@ -1,10 +1,11 @@
 """The shipped embedded model: built from the current recipe, verified before use, never used when
-stale or corrupt (then rebuilt into the cache), and MAS_CACHE_DIR still first."""
+stale or corrupt (then rebuilt into the cache), and used before a cached build of its key."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -76,8 +77,37 @@ def test_a_corrupt_cached_copy_is_never_used_and_is_rebuilt(empty_cache, monkeyp
     assert problem(cached, Recipe().key()) is None and "config.json does not match" in said[0]
 
 
-def test_a_valid_copy_in_mas_cache_dir_comes_first(empty_cache):
-    cached = copy_of_artifact(cache_folder(Recipe()))
+def rebuilt_copy(dest: Path) -> Path:
+    """A verified build of the current recipe with other weights, as a rebuild on another machine gives."""
+    folder = copy_of_artifact(dest)
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    write_manifest(folder, Recipe())
+    assert problem(folder, Recipe().key()) is None
+    return folder
+
+
+def test_the_shipped_artifact_wins_over_a_cached_build_of_its_key_and_says_so_once(empty_cache):
+    cached = rebuilt_copy(cache_folder(Recipe()))
+    with pytest.warns(UserWarning, match=r"cached build .* differs from the shipped artifact \(model.safetensors\)") as said:
+        assert embedded_path() == ARTIFACT_DIR
+    assert str(cached) in str(said[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second lookup is silent
+        assert embedded_path() == ARTIFACT_DIR
+
+
+def test_a_cached_build_identical_to_the_shipped_one_is_not_warned_about(empty_cache):
+    copy_of_artifact(cache_folder(Recipe()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert embedded_path() == ARTIFACT_DIR
+
+
+def test_a_verified_cached_build_is_used_when_the_shipped_artifact_is_refused(empty_cache, monkeypatch):
+    cached = rebuilt_copy(cache_folder(Recipe()))
+    monkeypatch.setattr("mas.embedded.artifact.ARTIFACT_DIR", empty_cache / "no-artifact")  # as if none shipped
     assert embedded_path() == cached
 
 
