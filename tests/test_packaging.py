@@ -118,3 +118,22 @@ def test_setup_installs_editable_without_setuptools_editable_warning(tmp_path):
     assert "Editable installation" in outputs["control"]
     assert "Editable installation" not in outputs["setup.sh"], outputs["setup.sh"][-3000:]
 
+
+def test_a_checkout_on_pythonpath_without_installing_says_how_to_install(tmp_path):
+    """PYTHONPATH=. from a checkout: one error that says to install (it was "No module named
+    'mas.agents'" at the first use of a root folder).  ``-S`` skips the site hooks, so the
+    editable install's finder is absent; the dependencies stay importable from site-packages."""
+    import os
+    import site
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *site.getsitepackages()])}
+    for code in ("import mas", "import mas.cli", "from mas.agents.policy import build_policies"):
+        done = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode != 0, code
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("ImportError: mas was imported from ") and "a source checkout that is not installed" in last
+        assert "bash scripts/setup.sh" in last and "pip install -e ." in last
+    installed = subprocess.run([sys.executable, "-c", "import mas.agents"], cwd=tmp_path, capture_output=True, text=True,
+                               timeout=120)
+    assert installed.returncode == 0, installed.stderr  # the installed package imports as before
