@@ -137,3 +137,23 @@ def test_ship_takes_the_measured_cached_build_and_rebuilds_only_a_refused_one(em
         assert built == [] and (target / "marker.txt").read_text() == "the measured build"
     else:
         assert len(built) == 1 and not (target / "marker.txt").exists()
+
+
+def test_the_embedded_tokenizer_has_one_id_per_row_of_the_models_vocabulary():
+    """AutoTokenizer would load it as a Qwen2 tokenizer, adding <|endoftext|> as id 384 beyond the
+    model's 384 embeddings; loaded as its tokenizer.json defines it, every id has a row."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from mas.embedded import load_embedded
+
+    model, tok = load_embedded()
+    rows = model.get_input_embeddings().weight.shape[0]
+    assert len(tok) == rows == model.config.vocab_size == 384
+    assert max(tok.get_vocab().values()) == rows - 1
+    own = Tokenizer.from_file(str(ARTIFACT_DIR / "tokenizer.json"))  # the file's own pipeline, nothing added
+    for text in ("Task: 3+4-2. CALL adder: 3+4", "x:y(z)!? ünïcödé", "<|endoftext|> and <eos>"):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert ids == own.encode(text, add_special_tokens=False).ids and max(ids) < rows
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))  # every id has an embedding

@@ -131,11 +131,25 @@ def embedded_path(recipe: Recipe | None = None) -> Path:
     raise EmbeddedUnavailable(f"no usable embedded model for recipe {key} ({'; '.join(reasons) or 'none was built'}); {how}")
 
 
+def load_tokenizer(folder: Path):
+    """The embedded model's tokenizer exactly as its ``tokenizer.json`` defines it: one id per row
+    of the model's vocabulary (384), with the file's own pre-tokenizer.
+
+    ``AutoTokenizer`` takes the class from ``config.json``'s model type (qwen2) over the generic
+    one the files name, and ``Qwen2Tokenizer`` adds its unknown token ``<|endoftext|>`` as id
+    384, which the model has no embedding for, and swaps in Qwen's normaliser and pre-tokenizer.
+    Those gave the same ids on every teacher turn the model was built from and the same greedy
+    held-out episodes on every embedded config (docs/benchmarks.md), so the shipped figures hold."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
 def load_embedded(recipe: Recipe | None = None):
     """(model, tokenizer) of the verified embedded model (left padding)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = embedded_path(recipe)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     tok.padding_side = "left"
     return AutoModelForCausalLM.from_pretrained(path), tok
