@@ -113,6 +113,31 @@ def _neutral_generation_config(model: torch.nn.Module) -> Iterator[None]:
         hf_model.generation_config = saved
 
 
+@contextmanager
+def _contiguous_head_input(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """Hand the output head a contiguous input while generating on CPU with a bfloat16 or
+    float16 head.
+
+    generate scores only the prompt's last position (``logits_to_keep``): a [B, 1, H] view of
+    the prefill's [B, P, H] hidden states.  torch's CPU ``linear`` on such a view, with a
+    reduced-precision weight that needs no gradient (a LoRA base, a frozen policy), expands the
+    weight once per row: B x V x H x 2 bytes, 8 GB for 150 SmolLM2 rows, where a contiguous
+    copy of the view (B x H) gives the same logits bit for bit.  float32 takes another path
+    without that cost, on which the copy would change the last bits, so it is left alone.
+    """
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PeftModel -> HF model
+    head = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if device.type != "cpu" or weight is None or weight.dtype not in (torch.bfloat16, torch.float16):
+        yield
+        return
+    hook = head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
 def _vocab_size(model: torch.nn.Module) -> int:
     """Width of the model's logits (the output embedding's rows; config.vocab_size otherwise)."""
     hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PeftModel -> HF model
@@ -216,7 +241,8 @@ class HFBackend:
 
         sampling = r0.temperature > 0
         kwargs = dict(do_sample=True, temperature=r0.temperature, top_p=r0.top_p, top_k=r0.top_k) if sampling else {}
-        with torch.no_grad(), handle.activate(), _neutral_generation_config(handle.model):
+        with (torch.no_grad(), handle.activate(), _neutral_generation_config(handle.model),
+              _contiguous_head_input(handle.model, torch.device(handle.device))):
             out = handle.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
