@@ -163,6 +163,45 @@ def test_batch_tokens_bound_rows_times_the_longest_prompt(full_handle, monkeypat
     assert HFBackend({"solver": full_handle}, batch_tokens={"solver": None}).rows_per_call("solver", 6, P) >= len(requests)
 
 
+def test_greedy_groups_are_bounded_by_a_default_derived_from_the_model_and_sampled_ones_are_not(full_handle, monkeypatch):
+    """Without a rollout_batch_tokens, a greedy group's rows x longest prompt stays within the
+    prompt budget over what a prompt token holds; the cut changes no greedy token.  A sampled
+    group is not cut (a cut would change which random numbers each row draws)."""
+    from mas.backends.hf import default_prompt_budget, prompt_token_bytes
+
+    model = full_handle.model
+    per_token = prompt_token_bytes(model)
+    cfg = model.config
+    kv = cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    assert per_token == 4 * (2 * cfg.num_hidden_layers * kv + 8 * cfg.hidden_size + 6 * cfg.intermediate_size)  # float32
+    default = HFBackend({"solver": full_handle})
+    assert default.greedy_batch_tokens == {"solver": default_prompt_budget(torch.device("cpu")) // per_token}
+    assert default_prompt_budget(torch.device("cpu")) == 1024**3
+
+    ps = prompts(full_handle.tokenizer)
+    greedy = [req("solver", p, 0.0, max_new_tokens=6) for p in ps * 3]
+    P = max(len(q.prompt_ids) for q in greedy)
+    calls = spy_generate(model, monkeypatch)
+    expected = HFBackend({"solver": full_handle}, prompt_budget_bytes=10**15).generate_batch(greedy)
+    assert len(calls) == 1
+
+    bounded = HFBackend({"solver": full_handle}, prompt_budget_bytes=(4 * P + 1) * per_token)  # 4 rows of P fit
+    assert bounded.greedy_batch_tokens == {"solver": 4 * P + 1} and bounded.rows_per_call("solver", 6, P, greedy=True) == 4
+    calls.clear()
+    results = bounded.generate_batch(greedy)
+    assert [c["input_ids"].shape[0] for c in calls] == [4, 4, 1]
+    assert [r.completion_ids for r in results] == [e.completion_ids for e in expected]
+
+    calls.clear()
+    bounded.generate_batch([req("solver", p, 1.0, max_new_tokens=6) for p in ps * 3], seed=0)
+    assert [c["input_ids"].shape[0] for c in calls] == [9]  # sampled: one call, as before
+    # a policy's own rollout_batch_tokens wins, for greedy and sampled groups alike
+    own = HFBackend({"solver": full_handle}, batch_tokens={"solver": 2 * P}, prompt_budget_bytes=(4 * P + 1) * per_token)
+    assert own.rows_per_call("solver", 6, P, greedy=True) == own.rows_per_call("solver", 6, P) == 2
+    with pytest.raises(ValueError, match="prompt_budget_bytes"):
+        HFBackend({"solver": full_handle}, prompt_budget_bytes=0)
+
+
 HEAD_MEMORY = """
 import contextlib, sys, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
