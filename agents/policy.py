@@ -6,7 +6,9 @@ A policy is one of (DESIGN.md, "Policies and updates"):
 - ``lora``: one peft adapter on a base model.  All LoRA policies that name the same
   (model, dtype, device) share ONE base model: a single ``PeftModel`` holds one adapter per
   policy, so N agents cost one base;
-- ``frozen``: a model that is never updated (``requires_grad`` False, eval mode).
+- ``frozen``: a model that is never updated (``requires_grad`` False, eval mode).  A frozen
+  policy on the base that LoRA policies hold shares that base's tensors: a second module tree
+  over the same parameters, without the adapter layers, so it computes the base alone.
 
 ``build_policies`` turns the ``policies`` section of the config into ``PolicyHandle``s.  The
 learner asks a handle for its ``trainable_parameters()``, computes its loss inside
@@ -326,12 +328,23 @@ def _initial_weights_loader(cfg: "PolicyConfig") -> Callable[[], nn.Module]:
     return lambda: load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.device, cfg.trust_remote_code)[0]
 
 
+def sharing_tensors(model: nn.Module) -> nn.Module:
+    """A second module tree over ``model``'s very parameter and buffer tensors (no weight is copied).
+
+    peft wraps a base by replacing its modules in place; wrapping this tree instead leaves
+    ``model`` computing the base alone, in the memory of one copy."""
+    memo: dict[int, Any] = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
 def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[str, PolicyHandle]:
     """Build one ``PolicyHandle`` per entry of the config's ``policies`` section.
 
     LoRA policies with the same (model, dtype, device, trust_remote_code) share one base model
     wrapped once in a ``PeftModel`` holding one adapter per policy (adapter name = policy name);
-    a GGUF short name and the path of the same file count as the same model.
+    a GGUF short name and the path of the same file count as the same model.  A frozen policy
+    on such a base shares its tensors (``sharing_tensors``) and computes without the adapters;
+    frozen policies on one model share one module.
     ``seed`` fixes the LoRA initialisation.  Every model ends in eval mode.
     """
     from peft import LoraConfig as PeftLoraConfig
@@ -341,6 +354,10 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
 
     handles: dict[str, PolicyHandle] = {}
     lora_groups: dict[tuple, list[str]] = {}
+    frozen_models: dict[tuple, tuple[nn.Module, Any]] = {}  # weights key -> (model, tokenizer) of a frozen policy
+
+    def weights_key(cfg: "PolicyConfig") -> tuple:
+        return (model_key(cfg.model), cfg.dtype, str(resolve_device(cfg.device)), cfg.trust_remote_code)
 
     def load(name: str, cfg: "PolicyConfig"):
         try:
@@ -356,11 +373,15 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
                                          endpoint=cfg.endpoint, remote_model=cfg.model)
             continue
         if cfg.kind == "lora":
-            key = (model_key(cfg.model), cfg.dtype, str(resolve_device(cfg.device)), cfg.trust_remote_code)
-            lora_groups.setdefault(key, []).append(name)
+            lora_groups.setdefault(weights_key(cfg), []).append(name)
             continue
-        model, tok = load(name, cfg)
         full = cfg.kind == "full"
+        if full:
+            model, tok = load(name, cfg)
+        else:  # frozen: never changes, so every frozen policy on these weights computes with one module
+            if weights_key(cfg) not in frozen_models:
+                frozen_models[weights_key(cfg)] = load(name, cfg)
+            model, tok = frozen_models[weights_key(cfg)]
         for p in model.parameters():
             p.requires_grad_(full)
         handles[name] = PolicyHandle(
@@ -368,7 +389,7 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
             source=_initial_weights_loader(cfg) if full else None,
         )
 
-    for names in lora_groups.values():
+    for key, names in lora_groups.items():
         for name in names:
             # peft stores adapters under module keys and re-prefixes them on load with 'lora_'
             if "." in name or "lora_" in name or name in "lora_":
@@ -376,7 +397,11 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
                     f"policy {name!r}: a LoRA policy's name is its peft adapter name; it may not contain '.' "
                     f"or 'lora_', nor be part of 'lora_'"
                 )
-        base, tok = load(names[0], policies[names[0]])
+        if key in frozen_models:  # a frozen policy holds these weights: wrap a tree over its tensors
+            frozen, tok = frozen_models[key]
+            base = sharing_tensors(frozen)
+        else:
+            base, tok = load(names[0], policies[names[0]])
         dev = resolve_device(policies[names[0]].device)
         peft_model = None
         rng_devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []

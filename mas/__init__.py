@@ -4,7 +4,18 @@ The Python API (docs/python_api.md) is ``mas.load_team``, ``mas.train`` and ``ma
 they are imported on first use, so ``import mas`` stays cheap.
 """
 
-from mas.version import __version__
+import importlib.util as _util
+
+# agents/, credit/, envs/ and topologies/ sit beside mas/ in a checkout and install as mas.agents,
+# mas.credit, ... (pyproject.toml's package-dir); a checkout put on sys.path (PYTHONPATH=.) has no
+# such mapping, and would fail later on the first of them with "No module named 'mas.agents'"
+if _util.find_spec("mas.agents") is None:
+    raise ImportError(
+        f"mas was imported from {__path__[0]}, a source checkout that is not installed: its agents/, credit/, envs/ "
+        "and topologies/ folders become mas.agents, mas.credit, ... only when it is. Install it with "
+        "`bash scripts/setup.sh` (or `pip install -e .`) instead of putting the checkout on PYTHONPATH.")
+
+from mas.version import __version__  # noqa: E402
 
 __all__ = ["evaluate", "load_team", "train"]
 

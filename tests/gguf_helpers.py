@@ -38,8 +38,11 @@ def with_trained_lora(model, seed: int = 1):
     logits function) so a test can check the merge against the adapter itself."""
     from peft import LoraConfig, get_peft_model
 
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=[
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], lora_dropout=0.0))
+    from mas.agents.policy import peft_quietly
+
+    with peft_quietly():
+        peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=[
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], lora_dropout=0.0))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():

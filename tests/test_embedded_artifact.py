@@ -1,10 +1,11 @@
 """The shipped embedded model: built from the current recipe, verified before use, never used when
-stale or corrupt (then rebuilt into the cache), and MAS_CACHE_DIR still first."""
+stale or corrupt (then rebuilt into the cache), and used before a cached build of its key."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -76,8 +77,37 @@ def test_a_corrupt_cached_copy_is_never_used_and_is_rebuilt(empty_cache, monkeyp
     assert problem(cached, Recipe().key()) is None and "config.json does not match" in said[0]
 
 
-def test_a_valid_copy_in_mas_cache_dir_comes_first(empty_cache):
-    cached = copy_of_artifact(cache_folder(Recipe()))
+def rebuilt_copy(dest: Path) -> Path:
+    """A verified build of the current recipe with other weights, as a rebuild on another machine gives."""
+    folder = copy_of_artifact(dest)
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    write_manifest(folder, Recipe())
+    assert problem(folder, Recipe().key()) is None
+    return folder
+
+
+def test_the_shipped_artifact_wins_over_a_cached_build_of_its_key_and_says_so_once(empty_cache):
+    cached = rebuilt_copy(cache_folder(Recipe()))
+    with pytest.warns(UserWarning, match=r"cached build .* differs from the shipped artifact \(model.safetensors\)") as said:
+        assert embedded_path() == ARTIFACT_DIR
+    assert str(cached) in str(said[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second lookup is silent
+        assert embedded_path() == ARTIFACT_DIR
+
+
+def test_a_cached_build_identical_to_the_shipped_one_is_not_warned_about(empty_cache):
+    copy_of_artifact(cache_folder(Recipe()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert embedded_path() == ARTIFACT_DIR
+
+
+def test_a_verified_cached_build_is_used_when_the_shipped_artifact_is_refused(empty_cache, monkeypatch):
+    cached = rebuilt_copy(cache_folder(Recipe()))
+    monkeypatch.setattr("mas.embedded.artifact.ARTIFACT_DIR", empty_cache / "no-artifact")  # as if none shipped
     assert embedded_path() == cached
 
 
@@ -107,3 +137,23 @@ def test_ship_takes_the_measured_cached_build_and_rebuilds_only_a_refused_one(em
         assert built == [] and (target / "marker.txt").read_text() == "the measured build"
     else:
         assert len(built) == 1 and not (target / "marker.txt").exists()
+
+
+def test_the_embedded_tokenizer_has_one_id_per_row_of_the_models_vocabulary():
+    """AutoTokenizer would load it as a Qwen2 tokenizer, adding <|endoftext|> as id 384 beyond the
+    model's 384 embeddings; loaded as its tokenizer.json defines it, every id has a row."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from mas.embedded import load_embedded
+
+    model, tok = load_embedded()
+    rows = model.get_input_embeddings().weight.shape[0]
+    assert len(tok) == rows == model.config.vocab_size == 384
+    assert max(tok.get_vocab().values()) == rows - 1
+    own = Tokenizer.from_file(str(ARTIFACT_DIR / "tokenizer.json"))  # the file's own pipeline, nothing added
+    for text in ("Task: 3+4-2. CALL adder: 3+4", "x:y(z)!? ünïcödé", "<|endoftext|> and <eos>"):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert ids == own.encode(text, add_special_tokens=False).ids and max(ids) < rows
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))  # every id has an embedding

@@ -120,6 +120,38 @@ def test_a_policys_rollout_batch_tokens_reaches_its_generate_calls(tiny_model_di
     assert rows and set(rows) == {1} and len(rows) == 24  # 2 rounds x 12 requests, one per call
 
 
+@pytest.mark.parametrize("topology", ["debate", "chain"])
+def test_greedy_evaluation_gives_the_same_episodes_when_its_calls_are_cut_by_tokens(tiny_model_dir, monkeypatch, topology):
+    """The default bound on greedy calls (HFBackend.greedy_batch_tokens) cuts an evaluation's
+    calls into several; every episode is the same as with every task in one call."""
+    import mas.backends.hf as hf
+
+    tasks = [Task(f"e{i}", f"{i}+{i % 3}", str(i + i % 3)) for i in range(10)]
+
+    def evaluate(budget_rows: int | None):
+        if budget_rows is not None:  # room for this many rows of 40-token prompts per greedy call
+            monkeypatch.setattr(hf, "default_prompt_budget", lambda device: budget_rows * 40 * per_token)
+        team = build_team(validate_config(team_config(tiny_model_dir, topology)))
+        rows: list[int] = []
+        for policy in team.policies.values():
+            orig = policy.model.generate
+
+            def counted(*a, _orig=orig, **kw):
+                rows.append(kw["input_ids"].shape[0])
+                return _orig(*a, **kw)
+
+            monkeypatch.setattr(policy.model, "generate", counted)
+        episodes = team.engine.evaluate(tasks, seed=0)
+        return [(ep.reward, [(t.agent, t.prompt_ids, t.completion_ids, t.text) for t in ep.turns]) for ep in episodes], rows
+
+    team = build_team(validate_config(team_config(tiny_model_dir, topology)))
+    per_token = hf.prompt_token_bytes(team.policies["main"].model)
+    whole, whole_rows = evaluate(None)
+    cut, cut_rows = evaluate(3)
+    assert max(whole_rows) >= 10 and max(cut_rows) < 10 and len(cut_rows) > len(whole_rows)  # the bound did cut
+    assert cut == whole
+
+
 # --- replay -----------------------------------------------------------------------------------
 
 

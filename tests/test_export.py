@@ -16,6 +16,7 @@ import yaml
 from hub_stub import FakeHub, closed_port  # noqa: F401 (a fixture)
 from team_helpers import team_config, varied_reward
 
+from mas.agents.policy import peft_quietly
 from mas.cli import main
 
 
@@ -60,7 +61,8 @@ def test_a_lora_checkpoint_names_its_base_relative_to_the_run_and_exports_merged
     assert (merged_dir / "tokenizer.json").exists() and "base model: `" in (merged_dir / "README.md").read_text()
     merged = AutoModelForCausalLM.from_pretrained(merged_dir)
     assert not any("lora" in n for n, _ in merged.named_parameters())
-    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(adapter))
+    with peft_quietly():
+        reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(adapter))
     ids = torch.tensor([[3, 7, 11, 19, 5]])
     assert torch.allclose(logits(merged, ids), logits(reference, ids), atol=1e-5)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

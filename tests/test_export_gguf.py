@@ -14,6 +14,7 @@ import yaml
 from gguf_helpers import logits, read_back, tiny_llama, write_tiny_gguf
 from team_helpers import team_config, varied_reward
 
+from mas.agents.policy import peft_quietly
 from mas.cli import main
 from mas.tiny import tiny_causal_lm
 
@@ -77,7 +78,8 @@ def test_a_lora_policy_on_a_gguf_llama_exports_merged_into_gguf(tmp_path, cache,
 
     base_model, _ = load_model_and_tokenizer(str(base), "float32", "cpu", False)
     base_logits = logits(base_model, IDS)
-    adapted = PeftModel.from_pretrained(base_model, str(adapter)).eval()
+    with peft_quietly():
+        adapted = PeftModel.from_pretrained(base_model, str(adapter)).eval()
     expected = logits(adapted, IDS)
     assert (expected - base_logits).abs().max() > 1e-4  # the adapter trained: a lost merge would show
     loaded, _ = read_back(out / "main" / "main.f16.gguf")
@@ -92,8 +94,9 @@ def test_a_lora_policy_on_a_hugging_face_folder_exports_as_gguf(tmp_path, cache,
     out = tmp_path / "export"
     assert main(["export", str(run), "--out", str(out), "--merge-lora", "--gguf", "--gguf-dtype", "f32"]) == 0
     merged = AutoModelForCausalLM.from_pretrained(out / "main").eval()  # the merged HF folder, as before
-    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                                        str(run / "checkpoints" / "step_000000" / "policies" / "main")).eval()
+    with peft_quietly():
+        adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                            str(run / "checkpoints" / "step_000000" / "policies" / "main")).eval()
     assert (logits(merged, IDS) - logits(adapted, IDS)).abs().max() < 1e-5
     loaded, _ = read_back(out / "main" / "main.f32.gguf")
     assert (logits(loaded, IDS) - logits(adapted, IDS)).abs().max() < 1e-5

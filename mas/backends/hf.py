@@ -22,6 +22,13 @@ tokens of Qwen2.5's 151,936-token vocabulary.  Two bounds:
 * ``batch_tokens`` (a policy's ``rollout_batch_tokens``, default none): a chunk is cut further
   so that rows * P (P the group's longest prompt) stays within it, since the prefill's
   activations grow with B * P; this is what a held-out evaluation of every task at once hits.
+* without it, a greedy group (temperature 0: held-out evaluations) is cut the same way by a
+  default derived from the model, ``greedy_batch_tokens``: ``prompt_budget_bytes`` (1 GiB on
+  CPU, an eighth of the device's memory on CUDA) over ``prompt_token_bytes``, what one prompt
+  token holds during generate (its keys and values in every layer, and one layer's prefill
+  activations).  A greedy row's tokens depend on nothing but its own prompt, so the cut
+  changes no result; sampled groups are not cut by default, since a cut changes which random
+  numbers each row draws.  On CPU smaller calls are no slower per row (docs/benchmarks.md).
 * the logprobs are read step by step (the sampled token's logit and a logsumexp of each [B, V]
   step, each step released once read): besides generate's own kept logits, only [B, S] floats
   and one step's [B, V] temporaries are allocated, never a stacked [B, S, V] tensor.
@@ -113,6 +120,58 @@ def _neutral_generation_config(model: torch.nn.Module) -> Iterator[None]:
         hf_model.generation_config = saved
 
 
+@contextmanager
+def _contiguous_head_input(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """Hand the output head a contiguous input while generating on CPU with a bfloat16 or
+    float16 head.
+
+    generate scores only the prompt's last position (``logits_to_keep``): a [B, 1, H] view of
+    the prefill's [B, P, H] hidden states.  torch's CPU ``linear`` on such a view, with a
+    reduced-precision weight that needs no gradient (a LoRA base, a frozen policy), expands the
+    weight once per row: B x V x H x 2 bytes, 8 GB for 150 SmolLM2 rows, where a contiguous
+    copy of the view (B x H) gives the same logits bit for bit.  float32 takes another path
+    without that cost, on which the copy would change the last bits, so it is left alone.
+    """
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PeftModel -> HF model
+    head = hf_model.get_output_embeddings() if hasattr(hf_model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if device.type != "cpu" or weight is None or weight.dtype not in (torch.bfloat16, torch.float16):
+        yield
+        return
+    hook = head.register_forward_pre_hook(lambda module, args: (args[0].contiguous(), *args[1:]))
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
+def prompt_token_bytes(model: torch.nn.Module) -> int | None:
+    """Estimated bytes one prompt token holds in a generate call of ``model``: its keys and values
+    in every layer's cache, and the prefill's activations of one layer at a time (hidden states and
+    norms, the MLP's intermediate, float32 upcasts included), in the weights' dtype.  Measured on
+    SmolLM2-135M in bfloat16 (50 KB here): 41-46 KB a prompt token for 16,000-40,000 tokens in
+    one call (docs/benchmarks.md).  None: the model's config does not say its shape."""
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(hf_model, "config", None)
+    layers, hidden = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None)
+    heads = getattr(cfg, "num_attention_heads", None)
+    if not layers or not hidden or not heads:
+        return None
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    kv_dim = (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim
+    intermediate = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    size = next(hf_model.parameters()).element_size()
+    return size * (2 * layers * kv_dim + 8 * hidden + 6 * intermediate)
+
+
+def default_prompt_budget(device: torch.device) -> int:
+    """Bytes a greedy generate call's prompt tokens may hold by default: 1 GiB of host memory on
+    CPU, an eighth of the device's memory on CUDA (where a large batch is what makes it fast)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 8
+    return 1024**3
+
+
 def _vocab_size(model: torch.nn.Module) -> int:
     """Width of the model's logits (the output embedding's rows; config.vocab_size otherwise)."""
     hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PeftModel -> HF model
@@ -122,18 +181,30 @@ def _vocab_size(model: torch.nn.Module) -> int:
     return int(hf_model.config.vocab_size)
 
 
+def _greedy_batch_tokens(handle: ServedPolicy, budget: int | None) -> int | None:
+    """A policy's default bound on rows x longest prompt of a greedy call: ``budget`` (default:
+    ``default_prompt_budget`` of its device) over ``prompt_token_bytes`` (None: no bound)."""
+    per_token = prompt_token_bytes(handle.model)
+    if per_token is None:
+        return None
+    return max(1, (budget or default_prompt_budget(torch.device(handle.device))) // per_token)
+
+
 class HFBackend:
     """Serves ``PolicyHandle``s with ``model.generate``; synchronous, one call per request group
     (several when a group's kept logits would exceed ``logits_budget_bytes``; see the module
     docstring)."""
 
     def __init__(self, policies: dict[str, ServedPolicy], logits_budget_bytes: int = 2 * 1024**3,
-                 batch_tokens: dict[str, int | None] | None = None):
+                 batch_tokens: dict[str, int | None] | None = None, prompt_budget_bytes: int | None = None):
         if logits_budget_bytes < 1:
             raise ValueError(f"logits_budget_bytes must be positive (found {logits_budget_bytes})")
+        if prompt_budget_bytes is not None and prompt_budget_bytes < 1:
+            raise ValueError(f"prompt_budget_bytes must be positive (found {prompt_budget_bytes})")
         self.policies = policies
         self.logits_budget_bytes = int(logits_budget_bytes)
         self.batch_tokens = {name: (batch_tokens or {}).get(name) for name in policies}
+        self.greedy_batch_tokens = {name: _greedy_batch_tokens(h, prompt_budget_bytes) for name, h in policies.items()}
         self.vocab_sizes = {name: _vocab_size(h.model) for name, h in policies.items()}
         # read once: a completion ends at any of these (model generation_config EOS ids + tokenizer EOS)
         self.stop_ids = {name: completion_stop_ids(h.tokenizer, h.model) for name, h in policies.items()}
@@ -157,9 +228,9 @@ class HFBackend:
         for policy, by_params in groups.items():
             if seed is not None:
                 torch.manual_seed(policy_seed(seed, policy))
-            for idx in by_params.values():
+            for (temperature, _, _), idx in by_params.items():
                 rows = self.rows_per_call(policy, max(requests[i].max_new_tokens for i in idx),
-                                          max(len(requests[i].prompt_ids) for i in idx))
+                                          max(len(requests[i].prompt_ids) for i in idx), greedy=temperature == 0)
                 for start in range(0, len(idx), rows):  # consecutive chunks, in request order
                     chunk = idx[start : start + rows]
                     for i, res in zip(chunk, self._generate_group(self.policies[policy], [requests[i] for i in chunk])):
@@ -168,13 +239,14 @@ class HFBackend:
         self.stats.seconds += time.perf_counter() - t0
         return out  # type: ignore[return-value]
 
-    def rows_per_call(self, policy: str, max_new_tokens: int, prompt_tokens: int = 1) -> int:
+    def rows_per_call(self, policy: str, max_new_tokens: int, prompt_tokens: int = 1, greedy: bool = False) -> int:
         """Most requests of ``policy`` in one generate call: rows * max_new_tokens * V * 4 bytes
         of kept float32 logits stay within ``logits_budget_bytes``, and rows * ``prompt_tokens``
-        (the longest prompt) within the policy's ``batch_tokens`` where it has one; at least 1."""
+        (the longest prompt) within the policy's ``batch_tokens`` where it has one, else, for a
+        ``greedy`` group, within its ``greedy_batch_tokens``; at least 1."""
         per_row = max(1, max_new_tokens) * self.vocab_sizes[policy] * 4
         rows = self.logits_budget_bytes // per_row
-        cap = self.batch_tokens.get(policy)
+        cap = self.batch_tokens.get(policy) or (self.greedy_batch_tokens.get(policy) if greedy else None)
         if cap:
             rows = min(rows, cap // max(1, prompt_tokens))
         return max(1, rows)
@@ -216,7 +288,8 @@ class HFBackend:
 
         sampling = r0.temperature > 0
         kwargs = dict(do_sample=True, temperature=r0.temperature, top_p=r0.top_p, top_k=r0.top_k) if sampling else {}
-        with torch.no_grad(), handle.activate(), _neutral_generation_config(handle.model):
+        with (torch.no_grad(), handle.activate(), _neutral_generation_config(handle.model),
+              _contiguous_head_input(handle.model, torch.device(handle.device))):
             out = handle.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,

@@ -9,8 +9,13 @@ A folder is used only when its manifest names the current recipe's key and every
 matches; anything else (a stale artifact after the recipe changed, a truncated or edited
 file) is never loaded.  Lookup, in order:
 
-1. ``$MAS_CACHE_DIR/embedded/<key>/`` (else ``~/.cache/mas``): a model built on this machine;
-2. the shipped artifact, when its key is the current one.
+1. the shipped artifact, when its manifest verifies for the current key;
+2. ``$MAS_CACHE_DIR/embedded/<key>/`` (else ``~/.cache/mas``): a model built on this machine.
+
+The shipped artifact wins over a cached build of the same key: a build depends on the machine's
+floating point and thread count, so a rebuild is a different model, and the README's figures
+are the shipped build's.  A cached build of the same key with other weights is therefore not
+used, and a warning says so once per process (``model: <its folder>`` still uses it).
 
 ``embedded_path`` raises ``EmbeddedUnavailable``, saying which folder was refused and why,
 when neither is usable; building (``mas build-embedded``, ``mas.embedded.build``) is the
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -79,32 +85,71 @@ def problem(folder: Path, key: str) -> str | None:
     return None
 
 
+_warned_other_weights: set[Path] = set()  # cached builds already named as passed over (once per process)
+
+
+def _differing_files(a: Path, b: Path) -> list[str]:
+    """Files whose sha256 differs between two verified folders' manifests."""
+    fa, fb = (json.loads((Path(f) / MANIFEST).read_text())["files"] for f in (a, b))
+    return sorted(name for name in set(fa) | set(fb) if fa.get(name) != fb.get(name))
+
+
+def _warn_if_cached_differs(cached: Path, key: str) -> None:
+    """Say once that a verified cached build of ``key`` with other weights is passed over."""
+    if cached in _warned_other_weights or not cached.exists() or problem(cached, key) is not None:
+        return
+    differ = _differing_files(cached, ARTIFACT_DIR)
+    if differ:
+        _warned_other_weights.add(cached)
+        warnings.warn(
+            f"the embedded model's cached build {cached} (recipe {key}) differs from the shipped artifact "
+            f"({', '.join(differ)}); the shipped one is used, since it is the build the documented figures were "
+            f"measured on. To use the cached build, name its folder as the policy's model; delete it to silence this.",
+            UserWarning, stacklevel=3)
+
+
 def embedded_path(recipe: Recipe | None = None) -> Path:
-    """The verified folder of the embedded model for ``recipe`` (default: the project's)."""
+    """The verified folder of the embedded model for ``recipe`` (default: the project's): the
+    shipped artifact whenever it verifies, else a verified build in the cache."""
     recipe = recipe or Recipe()
     key = recipe.key()
     cached = cache_folder(recipe)
     reasons = []
+    if recipe == Recipe():  # only the project's recipe ships
+        why = problem(ARTIFACT_DIR, key) if ARTIFACT_DIR.exists() else "it is missing"
+        if why is None:
+            _warn_if_cached_differs(cached, key)
+            return ARTIFACT_DIR
+        reasons.append(f"the shipped artifact {ARTIFACT_DIR} was refused: {why}")
     if cached.exists():
         why = problem(cached, key)
         if why is None:
             return cached
         reasons.append(f"the cached copy {cached} was refused: {why}")
-    if recipe == Recipe():  # only the project's recipe ships
-        why = problem(ARTIFACT_DIR, key) if ARTIFACT_DIR.exists() else "it is missing"
-        if why is None:
-            return ARTIFACT_DIR
-        reasons.append(f"the shipped artifact {ARTIFACT_DIR} was refused: {why}")
     how = (f"`{REBUILD}` builds it into the cache (about 6 minutes on 2 cores), and `{REBUILD} --ship` rewrites the shipped one"
            if recipe == Recipe() else f"it is a variant of the project's recipe: `{REBUILD} --recipe KEY=VALUE` builds it into the cache")
     raise EmbeddedUnavailable(f"no usable embedded model for recipe {key} ({'; '.join(reasons) or 'none was built'}); {how}")
 
 
+def load_tokenizer(folder: Path):
+    """The embedded model's tokenizer exactly as its ``tokenizer.json`` defines it: one id per row
+    of the model's vocabulary (384), with the file's own pre-tokenizer.
+
+    ``AutoTokenizer`` takes the class from ``config.json``'s model type (qwen2) over the generic
+    one the files name, and ``Qwen2Tokenizer`` adds its unknown token ``<|endoftext|>`` as id
+    384, which the model has no embedding for, and swaps in Qwen's normaliser and pre-tokenizer.
+    Those gave the same ids on every teacher turn the model was built from and the same greedy
+    held-out episodes on every embedded config (docs/benchmarks.md), so the shipped figures hold."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
 def load_embedded(recipe: Recipe | None = None):
     """(model, tokenizer) of the verified embedded model (left padding)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = embedded_path(recipe)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     tok.padding_side = "left"
     return AutoModelForCausalLM.from_pretrained(path), tok

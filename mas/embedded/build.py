@@ -37,7 +37,8 @@ from mas.agents.prompts import render_prompt
 from mas.backends.scripted import ScriptedBackend
 from mas.config import SamplingConfig
 
-from .artifact import ARTIFACT_DIR, EmbeddedUnavailable, MANIFEST, cache_folder, embedded_path, problem, write_manifest
+from .artifact import (ARTIFACT_DIR, EmbeddedUnavailable, MANIFEST, cache_folder, embedded_path, load_tokenizer, problem,
+                       write_manifest)
 from .formats import FORMATS, Format
 from .recipe import Recipe
 
@@ -159,12 +160,12 @@ def _second_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
     """The base recipe's finished model (shipped, cached or built now), trained ``extend_steps``
     more on the base pool plus the ``extend`` formats' turns with the base's tokenizer; and the
     base's folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     base = ensure_embedded(recipe.base(), log=log)
     hf_logging.disable_progress_bar()  # a 26-tensor model needs no loading bar
-    tok = AutoTokenizer.from_pretrained(base)
+    tok = load_tokenizer(base)
     model = AutoModelForCausalLM.from_pretrained(base)
     torch.manual_seed(recipe.seed)
     turns, _ = _provisional_turns(replace(recipe, formats=(*recipe.formats, *recipe.extend), extend=()), log)

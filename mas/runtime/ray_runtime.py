@@ -1,8 +1,8 @@
 """The Ray runtime: one actor per policy, holding its weights, learner and rollout backend.
 
 Actor groups.  Every policy served by ``hf`` or ``vllm`` lives in a Ray actor (a
-``PolicyWorker``, mas/runtime/worker.py): a full or frozen policy in its own, a LoRA family
-(adapters on one base) in one, so the base is loaded once; ``workers: N`` gives a policy N
+``PolicyWorker``, mas/runtime/worker.py): a full policy in its own, the LoRA and frozen
+policies on one base in one (``actor_groups``), so the base is loaded once; ``workers: N`` gives a policy N
 actors that train data-parallel (mas/runtime/data_parallel.py; rank 0 serves rollouts).  A
 policy on an OpenAI-compatible endpoint stays a client in the driver.  Each actor asks for its
 policy's ``resources`` (default: 1 GPU where the cluster has GPUs, else 1 CPU; a ``custom``
@@ -41,19 +41,28 @@ from mas.learner import TrainSample, UpdateSpan
 from mas.runtime.base import PolicyActorDied, learner_args
 from mas.runtime.ray_cluster import RaySession
 from mas.runtime.worker import PolicyWorker, describe_policy
+from mas.sources import model_key
 
 if TYPE_CHECKING:
     from mas.config import PolicyConfig, RunConfig
 
 
 def actor_groups(policies: dict[str, "PolicyConfig"]) -> list[list[str]]:
-    """Policies that share one actor, in config order: a LoRA family (same base model, dtype,
-    device) shares one; every other policy has its own; endpoint policies have none."""
+    """Policies that share one actor, in config order: the LoRA and frozen policies on one base
+    (the same resolved weights, ``mas.sources.model_key``: a short name and the path of its file
+    are one; the same dtype, device, resources and workers) share one, which loads the base once
+    (``build_policies``); a full policy has its own; endpoint policies have none.  A frozen
+    policy given other resources than the LoRA family on its model keeps an actor (and a copy)
+    of its own, where those resources place it."""
     groups: dict[tuple, list[str]] = {}
     for name, p in policies.items():
         if p.backend == "openai":
             continue
-        key = ("lora", p.model, p.dtype, p.device, p.trust_remote_code) if p.kind == "lora" else ("own", name)
+        if p.kind == "full":
+            key: tuple = ("own", name)
+        else:
+            key = ("base", model_key(p.model), p.dtype, p.device, p.trust_remote_code,
+                   p.resources.model_dump_json(), p.workers)
         groups.setdefault(key, []).append(name)
     return list(groups.values())
 

@@ -77,6 +77,39 @@ def test_lora_policies_share_one_base_model(lora_pair, policy_config, tiny_model
     assert hs["alpha"].model is not hs["c"].model
 
 
+def base_tensors(model) -> set[int]:
+    """Storage of every non-adapter tensor of ``model`` (its base's weights and buffers)."""
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return {t.untyped_storage().data_ptr() for n, t in named if "lora_" not in n}
+
+
+@pytest.mark.parametrize("order", ["frozen_first", "lora_first"])
+def test_a_frozen_policy_on_a_lora_base_shares_its_tensors_and_sees_the_base_alone(policy_config, tiny_model_dir, order):
+    cfgs = {"judge": policy_config("frozen"), "alpha": policy_config("lora")}
+    if order == "lora_first":
+        cfgs = dict(reversed(cfgs.items()))
+    hs = build_policies(cfgs, seed=0)
+    judge, alpha = hs["judge"], hs["alpha"]
+    assert base_tensors(judge.model) == base_tensors(alpha.model)  # one set of base tensors in memory
+    assert not any("lora_" in n for n, _ in judge.model.named_parameters())  # no adapter layers in its tree
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    before = logits(judge.model)
+    torch.testing.assert_close(before, logits(base), atol=1e-5, rtol=0)
+    for _ in range(3):
+        adamw_step(alpha, lr=5e-2)
+    with alpha.activate():
+        assert not torch.allclose(logits(alpha.model), before, atol=1e-4)  # the adapter trained
+    with judge.activate() as model:  # the frozen policy still computes the base, without the adapter
+        assert torch.equal(logits(model), before)
+    assert not any(p.requires_grad for p in judge.model.parameters())
+
+
+def test_frozen_policies_on_one_model_share_one_module(policy_config, tiny_model_dir_b):
+    hs = build_policies({"a": policy_config("frozen"), "b": policy_config("frozen"),
+                         "c": policy_config("frozen", model=str(tiny_model_dir_b))})
+    assert hs["a"].model is hs["b"].model and hs["c"].model is not hs["a"].model
+
+
 def test_lora_trainable_parameters_are_disjoint_and_lora_only(lora_pair):
     a, b = lora_pair["alpha"], lora_pair["beta"]
     pa, pb = a.trainable_parameters(), b.trainable_parameters()

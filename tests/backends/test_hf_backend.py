@@ -163,6 +163,106 @@ def test_batch_tokens_bound_rows_times_the_longest_prompt(full_handle, monkeypat
     assert HFBackend({"solver": full_handle}, batch_tokens={"solver": None}).rows_per_call("solver", 6, P) >= len(requests)
 
 
+def test_greedy_groups_are_bounded_by_a_default_derived_from_the_model_and_sampled_ones_are_not(full_handle, monkeypatch):
+    """Without a rollout_batch_tokens, a greedy group's rows x longest prompt stays within the
+    prompt budget over what a prompt token holds; the cut changes no greedy token.  A sampled
+    group is not cut (a cut would change which random numbers each row draws)."""
+    from mas.backends.hf import default_prompt_budget, prompt_token_bytes
+
+    model = full_handle.model
+    per_token = prompt_token_bytes(model)
+    cfg = model.config
+    kv = cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    assert per_token == 4 * (2 * cfg.num_hidden_layers * kv + 8 * cfg.hidden_size + 6 * cfg.intermediate_size)  # float32
+    default = HFBackend({"solver": full_handle})
+    assert default.greedy_batch_tokens == {"solver": default_prompt_budget(torch.device("cpu")) // per_token}
+    assert default_prompt_budget(torch.device("cpu")) == 1024**3
+
+    ps = prompts(full_handle.tokenizer)
+    greedy = [req("solver", p, 0.0, max_new_tokens=6) for p in ps * 3]
+    P = max(len(q.prompt_ids) for q in greedy)
+    calls = spy_generate(model, monkeypatch)
+    expected = HFBackend({"solver": full_handle}, prompt_budget_bytes=10**15).generate_batch(greedy)
+    assert len(calls) == 1
+
+    bounded = HFBackend({"solver": full_handle}, prompt_budget_bytes=(4 * P + 1) * per_token)  # 4 rows of P fit
+    assert bounded.greedy_batch_tokens == {"solver": 4 * P + 1} and bounded.rows_per_call("solver", 6, P, greedy=True) == 4
+    calls.clear()
+    results = bounded.generate_batch(greedy)
+    assert [c["input_ids"].shape[0] for c in calls] == [4, 4, 1]
+    assert [r.completion_ids for r in results] == [e.completion_ids for e in expected]
+
+    calls.clear()
+    bounded.generate_batch([req("solver", p, 1.0, max_new_tokens=6) for p in ps * 3], seed=0)
+    assert [c["input_ids"].shape[0] for c in calls] == [9]  # sampled: one call, as before
+    # a policy's own rollout_batch_tokens wins, for greedy and sampled groups alike
+    own = HFBackend({"solver": full_handle}, batch_tokens={"solver": 2 * P}, prompt_budget_bytes=(4 * P + 1) * per_token)
+    assert own.rows_per_call("solver", 6, P, greedy=True) == own.rows_per_call("solver", 6, P) == 2
+    with pytest.raises(ValueError, match="prompt_budget_bytes"):
+        HFBackend({"solver": full_handle}, prompt_budget_bytes=0)
+
+
+HEAD_MEMORY = """
+import contextlib, sys, torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+import mas.backends.hf as hf
+from mas.agents.policy import PolicyHandle
+from mas.backends.base import GenRequest
+from mas.memory import peak_rss_mb
+from mas.tiny import train_tokenizer
+
+torch.set_num_threads(1)
+if sys.argv[1] == "without":
+    hf._contiguous_head_input = lambda model, device: contextlib.nullcontext()
+tok = train_tokenizer(["hello world 1 2 3"], vocab_size=300)
+cfg = Qwen2Config(vocab_size=16384, hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=4, tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval().requires_grad_(False)  # a frozen bfloat16 model
+backend = hf.HFBackend({"p": PolicyHandle("p", "frozen", model, tok, "cpu")})
+before = peak_rss_mb()
+backend.generate_batch([GenRequest("p", [5 + i % 7] * 12, 0.0, 1.0, 0, 2) for i in range(64)])
+print(peak_rss_mb() - before)
+"""
+
+
+def test_a_reduced_precision_head_is_not_expanded_once_per_row_on_cpu():
+    """generate scores the prompt's last position through a [B, 1, H] view; torch's CPU linear on
+    it with a bfloat16 weight that needs no gradient expands the weight per row (B x V x H x 2
+    bytes: 512 MB here, 8 GB for 150 SmolLM2 rows).  Measured in fresh processes."""
+    import subprocess
+    import sys
+
+    grown = {}
+    for variant in ("with", "without"):
+        done = subprocess.run([sys.executable, "-c", HEAD_MEMORY, variant], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        grown[variant] = float(done.stdout.split()[-1])
+    assert grown["with"] < 128, grown  # KV cache, kept logits and temporaries: a few MB
+    assert grown["without"] > 256, grown  # the control: this torch still expands the weight (512 MB)
+
+
+def test_the_contiguous_head_input_changes_no_bit_of_a_bfloat16_generation(monkeypatch):
+    import contextlib
+
+    import mas.backends.hf as hf
+    from mas.tiny import tiny_causal_lm, train_tokenizer
+
+    tok = train_tokenizer(["3+4 is 7, and 12-5 is 7; the answer is 7."], vocab_size=300)
+    model = tiny_causal_lm(tok, seed=3).to(torch.bfloat16).eval().requires_grad_(False)
+    handle = PolicyHandle("p", "frozen", model, tok, "cpu")
+    requests = [req("p", p, 0.0, max_new_tokens=8) for p in prompts(tok) * 4] + [req("p", p, 1.0) for p in prompts(tok)]
+    seen = []
+    head = model.get_output_embeddings()
+    head.register_forward_hook(lambda module, args, out: seen.append(args[0].is_contiguous()))  # what forward got
+    got = HFBackend({"p": handle}).generate_batch(requests, seed=0)
+    assert seen and all(seen)  # the prefill's last-position view reaches the head as a copy
+    monkeypatch.setattr(hf, "_contiguous_head_input", lambda model, device: contextlib.nullcontext())
+    seen.clear()
+    plain = HFBackend({"p": handle}).generate_batch(requests, seed=0)
+    assert not all(seen)  # the control: without it the view is not contiguous
+    assert [(r.completion_ids, r.logprobs) for r in got] == [(r.completion_ids, r.logprobs) for r in plain]
+
+
 def test_logprobs_are_read_step_by_step_without_stacking_the_logits(full_handle, monkeypatch):
     """No [B, S, V] tensor is built from generate's per-step logits (only [B, S] floats are kept)."""
     ps = prompts(full_handle.tokenizer)

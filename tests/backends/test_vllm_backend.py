@@ -295,7 +295,10 @@ class FakeLLM:
         if lora.lora_int_id not in self.adapters:  # vLLM caches adapters by id: a new id loads anew
             from peft import PeftModel
 
-            self.adapters[lora.lora_int_id] = PeftModel.from_pretrained(copy.deepcopy(self.base), lora.lora_path).eval()
+            from mas.agents.policy import peft_quietly
+
+            with peft_quietly():
+                self.adapters[lora.lora_int_id] = PeftModel.from_pretrained(copy.deepcopy(self.base), lora.lora_path).eval()
         return self.adapters[lora.lora_int_id]
 
     def generate(self, prompts, sampling_params, use_tqdm=True, lora_request=None):

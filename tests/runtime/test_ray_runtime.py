@@ -13,8 +13,9 @@ from team_helpers import dyad_config, team_config, varied_reward
 
 from mas.checkpoint import latest_checkpoint, load_checkpoint
 from mas.cli import main
-from mas.config import load_config, validate_config
-from mas.runtime.ray_runtime import RayLearner
+from mas import sources
+from mas.config import PolicyConfig, ResourcesConfig, load_config, validate_config
+from mas.runtime.ray_runtime import RayLearner, actor_groups
 from mas.team import build_team
 from mas.tiny import tiny_causal_lm
 from mas.trainer import train, train_step
@@ -25,6 +26,24 @@ QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
 def quickstart(kind: str, *overrides: str):
     return load_config(QUICKSTART, [f"runtime.kind={kind}", "runtime.num_threads=1", "logging.progress=false", *overrides])
+
+
+def test_actor_groups_key_policies_by_their_resolved_weights(tiny_model_dir, monkeypatch):
+    """A short name and the path of its file are one model, so their LoRA adapters and a frozen
+    policy on it share one actor (one base in memory); so are two spellings of one folder."""
+    path = str(sources.gguf_file("smollm2-135m-instruct"))
+    monkeypatch.chdir(tiny_model_dir.parent)
+    policies = {
+        "a": PolicyConfig(kind="lora", model="smollm2-135m-instruct"),
+        "b": PolicyConfig(kind="lora", model=path),
+        "judge": PolicyConfig(kind="frozen", model=path),
+        "own": PolicyConfig(kind="full", model="smollm2-135m-instruct"),
+        "placed": PolicyConfig(kind="frozen", model=path, resources=ResourcesConfig(num_cpus=2)),  # placed elsewhere
+        "bf16": PolicyConfig(kind="lora", model=path, dtype="bfloat16"),
+        "tiny": PolicyConfig(kind="lora", model=f"./{tiny_model_dir.name}"),
+        "tiny_abs": PolicyConfig(kind="frozen", model=str(tiny_model_dir)),
+    }
+    assert actor_groups(policies) == [["a", "b", "judge"], ["own"], ["placed"], ["bf16"], ["tiny", "tiny_abs"]]
 
 
 def metric_rows(run_dir) -> list[dict]:
@@ -93,6 +112,22 @@ def test_updates_of_two_policies_run_at_the_same_time_in_two_processes(tmp_path,
     think, solve = spans["think"], spans["solve"]
     assert think.pid != solve.pid and os.getpid() not in (think.pid, solve.pid)
     assert max(think.start, solve.start) < min(think.end, solve.end)  # the intervals overlap
+
+
+def test_a_lora_policy_and_a_frozen_one_on_its_model_spelled_otherwise_train_in_one_actor(tiny_model_dir, tmp_path,
+                                                                                           ray_instance):
+    link = tmp_path / "same-model"
+    link.symlink_to(tiny_model_dir, target_is_directory=True)
+    cfg = team_config(tiny_model_dir, "chain")
+    cfg["policies"]["main"] = {"kind": "lora", "model": str(link), "device": "cpu",
+                               "lora": {"r": 4, "alpha": 8}, "optim": {"lr": 1e-2, "micro_batch_size": 4}}
+    cfg["runtime"] = {"kind": "ray", "num_threads": 1}
+    with build_team(validate_config(cfg)) as team:
+        team.engine.score = varied_reward
+        groups = team.runtime.by_policy
+        assert groups["main"] is groups["judge"] and len(team.runtime.groups) == 1  # one process, one base
+        spans = train_step(team, 0).spans
+    assert set(spans) == {"main"} and spans["main"].pid == groups["main"].where[0]["pid"]
 
 
 def tiny_run(model_dir, tmp_path, **runtime) -> tuple:
