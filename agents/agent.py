@@ -2,7 +2,8 @@
 
 Agents hold no weights.  Several agents may name the same policy and differ only by role.
 An agent with tools gets their signatures and the tool-call format appended to its role
-prompt (``agents.tools.tools_prompt``), so the prompt always matches what the parser reads.
+prompt (``agents.tools.tools_prompt``), so the prompt always matches what the parser reads;
+``tools_prompt: false`` leaves the role as written (it then has to say how to call them).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def build_agent(cfg: AgentConfig, team: str, tools: Mapping[str, ToolSpec] | Non
         missing = [t for t in cfg.tools if t not in (tools or {})]
         if missing:
             raise ValueError(f"agent {cfg.name!r}: the env offers no tool(s) {missing}; valid: {sorted(tools or {})}")
-        role = f"{role}\n\n{tools_prompt([tools[t] for t in cfg.tools], cfg.max_tool_calls)}"
+        if cfg.tools_prompt:
+            role = f"{role}\n\n{tools_prompt([tools[t] for t in cfg.tools], cfg.max_tool_calls)}"
     return Agent(name=cfg.name, policy=cfg.policy, role=role, sampling=cfg.sampling, parse=PARSERS[cfg.parser],
                  tools=tuple(cfg.tools), max_tool_calls=cfg.max_tool_calls if cfg.tools else 0)
 

@@ -25,7 +25,7 @@ from .custom import CustomEnv, CustomEnvConfig
 from .math import GSM8KConfig, GSM8KEnv, SyntheticMathConfig, SyntheticMathEnv
 from .math.turns import verify_math_turn
 from .research import TOOL_NAMES as _RESEARCH_TOOLS
-from .research import HotpotQAConfig, HotpotQAEnv
+from .research import FactsConfig, FactsEnv, HotpotQAConfig, HotpotQAEnv
 from .research.turns import verify_search_turn
 from .team import TeamConjunctiveConfig, TeamConjunctiveEnv, TeamRelayConfig, TeamRelayEnv, TeamSaboteurConfig, TeamSaboteurEnv
 from .team.relay import verify_part_turn
@@ -35,15 +35,16 @@ from .verifiers import register_verifier
 __all__ = ["ENV_CONFIGS", "ENV_TOOLS", "Env", "EnvConfig", "build_env", "check_env_state", "env_configs", "env_names",
            "register_env"]
 
-ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig, TeamConjunctiveConfig, TeamSaboteurConfig, TeamRelayConfig,
-               CustomEnvConfig)
-EnvConfig = (SyntheticMathConfig | GSM8KConfig | HotpotQAConfig | TeamConjunctiveConfig | TeamSaboteurConfig | TeamRelayConfig
-             | CustomEnvConfig)
+ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig, FactsConfig, TeamConjunctiveConfig, TeamSaboteurConfig,
+               TeamRelayConfig, CustomEnvConfig)
+EnvConfig = (SyntheticMathConfig | GSM8KConfig | HotpotQAConfig | FactsConfig | TeamConjunctiveConfig | TeamSaboteurConfig
+             | TeamRelayConfig | CustomEnvConfig)
 
 _BUILDERS: dict[str, Callable[..., Env]] = {
     "synthetic_math": SyntheticMathEnv,
     "gsm8k": GSM8KEnv,
     "hotpotqa": HotpotQAEnv,
+    "facts": FactsEnv,
     "team_conjunctive": TeamConjunctiveEnv,
     "team_saboteur": TeamSaboteurEnv,
     "team_relay": TeamRelayEnv,
@@ -52,7 +53,7 @@ _BUILDERS: dict[str, Callable[..., Env]] = {
 
 # Tools each env offers its agents (an env's ``tools`` mapping holds these names); config
 # validation checks every agent's ``tools`` against this, before anything is built.
-ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hotpotqa": _RESEARCH_TOOLS,
+ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hotpotqa": _RESEARCH_TOOLS, "facts": _RESEARCH_TOOLS,
                                          "team_conjunctive": (), "team_saboteur": (), "team_relay": (), "custom": ()}
 
 _REGISTERED: list[type] = []  # config models of envs added with register_env
@@ -60,7 +61,7 @@ _REGISTERED: list[type] = []  # config models of envs added with register_env
 # the built-in turn verifiers, by the name of the env they belong to (GSM8K has none: only its outcome is checkable)
 for _name, _fn in (("synthetic_math", verify_math_turn), ("team_relay", verify_part_turn),
                    ("team_conjunctive", verify_part_turn), ("team_saboteur", verify_saboteur_turn),
-                   ("hotpotqa", verify_search_turn)):
+                   ("hotpotqa", verify_search_turn), ("facts", verify_search_turn)):
     register_verifier(_name, _fn)
 
 

@@ -233,6 +233,9 @@ class AgentConfig(Section):
         "Calls use the <tool_call>{json}</tool_call> format; each generation is one turn (see agents/tools.py)."
     )
     max_tool_calls: int = Field(4, ge=1, description="Most tool calls per invocation; after them the agent must reply.")
+    tools_prompt: bool = Field(
+        True, description="Append the tools' signatures, the call format and the budget to the role (agents/tools.py); false "
+        "where the role says it in fewer words (a small model warm-started on the protocol, whose prompts it keeps short).")
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,9 +14,11 @@ from mas.agents.tools import parse_tool_calls
 from mas.backends.base import GenRequest
 from mas.embedded.teachers import ChainTeacher
 from mas.envs.math.gsm8k import SAMPLE_DIR, GSM8KConfig
+from mas.envs.research import FactsConfig, FactsEnv
 from mas.envs.research.hotpotqa import HotpotQAConfig, HotpotQAEnv
 from mas.warmup import (
     Facts,
+    FactsTeacher,
     FrameworkChainTeacher,
     ResearchTeacher,
     SelectorTeacher,
@@ -24,6 +26,7 @@ from mas.warmup import (
     arithmetic_task,
     chain_transcript,
     claimed_answer,
+    facts_chains,
     gsm8k_solutions,
     hotpotqa_facts,
 )
@@ -243,3 +246,80 @@ def test_hotpotqa_facts_cover_the_training_questions_and_read_the_paragraph_with
     assert holds == len(facts)  # in the sample every answer is in a supporting paragraph
     with pytest.raises(KeyError, match="training questions only"):
         research()(req("researcher", ("user", "Task: another question")), RNG)
+
+
+# ---------------------------------------------------------------------------------------------
+# researcher -> answerer on the generated two-hop facts
+# ---------------------------------------------------------------------------------------------
+
+FACTS_ENV = FactsEnv(FactsConfig(name="facts"))
+CHAIN = FACTS_ENV.world.train[0]  # Bedro Truviin, born in Lorwick, founded the Driora Company, based in Pelford
+CITIES = tuple(p.title for p in FACTS_ENV.world.cities)
+
+
+def facts_teacher(**knobs) -> FactsTeacher:
+    return FactsTeacher(chains={CHAIN.question: CHAIN}, cities=CITIES, researcher="researcher", **knobs)
+
+
+def tool(name: str, **arguments) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def facts_researcher(rounds: list[str], seed: int = 0, left: int = 1, **knobs) -> str:
+    """The researcher's next turn after the calls ``rounds`` (each answered with a tool response)."""
+    messages = [("system", "You find facts."), ("user", f"Task: {CHAIN.question}")]
+    for call in rounds:
+        more = f"(tool calls left: {left})" if left else "You have used all your tool calls. Reply now, without a tool call."
+        messages += [("assistant", call), ("user", f"<tool_response>\nsome result\n</tool_response>\n{more}")]
+    return facts_teacher(**knobs)(req("researcher", *messages), random.Random(seed))
+
+
+def calls_of(text: str) -> list[tuple[str, dict]]:
+    return [(c.name, c.arguments) for c in parse_tool_calls(text)]
+
+
+def test_facts_researcher_searches_reads_searches_again_and_names_the_city():
+    knobs = {"p_direct": 0.0, "p_detour": 0.0}
+    path = []
+    while True:
+        turn = facts_researcher(path, **knobs)
+        if "<tool_call>" not in turn:
+            break
+        path.append(turn)
+    assert [calls_of(t)[0] for t in path] == [("search", {"query": "Bedro Truviin"}), ("read", {"title": "Bedro Truviin"}),
+                                              ("search", {"query": "Driora Company"})]
+    assert turn == "The Driora Company is based in Pelford."
+
+
+def test_facts_researcher_replies_after_one_search_with_p_direct_and_detours_with_p_detour():
+    first = tool("search", query=CHAIN.person)
+    assert facts_researcher([first], p_direct=1.0) == "Bedro Truviin was born in Lorwick."  # the birthplace: a wrong answer
+    read = tool("read", title=CHAIN.person)
+    assert calls_of(facts_researcher([first, read], p_direct=0.0, p_detour=1.0)) == [("search", {"query": "Lorwick"})]
+    detour = tool("search", query=CHAIN.birthplace)
+    assert calls_of(facts_researcher([first, read, detour], p_detour=1.0)) == [("search", {"query": "Driora Company"})]
+    directs = sum("<tool_call>" not in facts_researcher([first], seed=s, p_direct=0.6) for s in range(400))
+    assert 200 <= directs <= 280  # 60% of 400
+
+
+def test_facts_researcher_replies_when_its_budget_is_spent():
+    first, read = tool("search", query=CHAIN.person), tool("read", title=CHAIN.person)
+    assert facts_researcher([first, read], left=0, p_direct=0.0) == "Bedro Truviin was born in Lorwick."
+
+
+def test_facts_answerer_answers_the_city_of_the_researchers_reply():
+    evidence = (f"Task: {CHAIN.question}\nresearcher: {tool('search', query=CHAIN.person)}\n<tool_response>\n"
+                f"1. Bedro Truviin: Bedro Truviin was born in Lorwick and ...\n</tool_response>\nresearcher: ")
+    teacher = facts_teacher()
+    assert teacher(req("answerer", ("user", evidence + "The Driora Company is based in Pelford.")), RNG) == "ANSWER: Pelford"
+    assert teacher(req("answerer", ("user", evidence + "Bedro Truviin was born in Lorwick.")), RNG) == "ANSWER: Lorwick"
+
+
+def test_facts_teacher_knows_the_training_questions_only():
+    chains, cities = facts_chains(FactsConfig(name="facts"))
+    assert len(chains) == 400 and set(cities) == set(CITIES)
+    held_out = {" ".join(t.prompt.split()) for t in FACTS_ENV.eval_tasks(FACTS_ENV.num_eval)}
+    assert not held_out & set(chains)
+    teacher = FactsTeacher(chains=chains, cities=cities)
+    with pytest.raises(KeyError, match="training questions only"):
+        teacher(req("researcher", ("user", f"Task: {FACTS_ENV.eval_tasks(1)[0].prompt}")), RNG)

@@ -6,6 +6,7 @@ teacher never calls a model; only the tokenizers and chat templates differ)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,25 @@ def test_the_heterogeneous_warm_up_trains_only_the_smollm2_orchestrator(tiny_mod
         record = warm_up(team, lambda _: None)
     assert set(team.learners) == {"planner", "calculator"}  # the embedded adder trains in RL, the subtractor is frozen
     assert set(record["policies"]) == {"planner"} and record["teacher_reward"] == 1.0
+
+
+@pytest.mark.parametrize("config", ["smol_facts", "cpu_facts"])
+def test_facts_demonstrations_pose_training_questions_only_and_the_second_hop_pays(config, tiny_model_dir):
+    """The teacher plays training questions only: every question in a demonstration's prompt is a
+    training one.  Its weakness is the documented one: skipping the second hop answers the
+    birthplace (reward 0), making it always is right every time."""
+    from mas.envs import build_env
+
+    rewards = {}
+    for p_direct in (0.0, 1.0):
+        with smol_team(ROOT / f"configs/{config}.yaml", tiny_model_dir) as team:
+            demos, rewards[p_direct] = teacher_demonstrations(team, 16, scripted_teacher(team.cfg, {"p_direct": p_direct}), seed=0)
+            env = build_env(team.cfg.env)
+            prompts = [team.runtime.tokenizers[team.agents[a].policy].decode(p) for a, (p, _) in demos]
+            calls = [t for a, t, *_ in turns_of(team, demos) if a == "researcher" and has_tool_call(t)]
+        asked = {q for text in prompts for q in re.findall(r"In which city is the organisation that [^?]+\?", text)}
+        train = {t.prompt for t in env.sample_tasks(env.num_train)}
+        held_out = {t.prompt for t in env.eval_tasks(env.num_eval)}
+        assert asked and asked <= train and not asked & held_out
+        assert len(calls) >= 16 * (3 if p_direct == 0.0 else 1)  # search, read, (an unneeded search,) search; or search only
+    assert rewards == {0.0: 1.0, 1.0: 0.0}

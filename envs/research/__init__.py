@@ -1,5 +1,7 @@
-"""Research envs: HotpotQA multi-hop questions with BM25 ``search`` and ``read`` tools."""
+"""Research envs with BM25 ``search`` and ``read`` tools: HotpotQA multi-hop questions, and ``facts``,
+generated two-hop questions about fictional people a small model can learn (``facts.py``)."""
 
+from .facts import FactsConfig, FactsEnv, generate_world
 from .hotpotqa import TOOL_NAMES, HotpotQAConfig, HotpotQAEnv
 from .metrics import best_em, best_f1, exact_match, f1_score, normalize_answer, recall_at_k
 from .search import Corpus, Paragraph, build_tools
@@ -7,6 +9,8 @@ from .search import Corpus, Paragraph, build_tools
 __all__ = [
     "TOOL_NAMES",
     "Corpus",
+    "FactsConfig",
+    "FactsEnv",
     "HotpotQAConfig",
     "HotpotQAEnv",
     "Paragraph",
@@ -15,6 +19,7 @@ __all__ = [
     "build_tools",
     "exact_match",
     "f1_score",
+    "generate_world",
     "normalize_answer",
     "recall_at_k",
 ]

@@ -107,8 +107,11 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit].rstrip() + " ..."
 
 
-def build_tools(corpus: Corpus, default_k: int, max_k: int, snippet_chars: int, read_chars: int) -> dict[str, ToolSpec]:
-    """The ``search`` and ``read`` tools over ``corpus``."""
+def build_tools(corpus: Corpus, default_k: int, max_k: int, snippet_chars: int, read_chars: int,
+                what: str = "the Wikipedia paragraphs", examples: tuple[str, str] = ("Kiss and Tell 1945 film cast", "Shirley Temple"),
+                ) -> dict[str, ToolSpec]:
+    """The ``search`` and ``read`` tools over ``corpus``; ``what`` names the corpus in the search tool's
+    description and ``examples`` are the (query, title) shown in the prompt's example calls."""
 
     def search(query: str, k: int = default_k) -> str:
         if not 1 <= k <= max_k:
@@ -131,15 +134,15 @@ def build_tools(corpus: Corpus, default_k: int, max_k: int, snippet_chars: int, 
     return {
         "search": ToolSpec(
             "search",
-            f"BM25 search over the Wikipedia paragraphs; returns the titles and opening words of the k best matches (k at most {max_k}).",
-            (ToolParam("query", "str", "keywords to search for", example="Kiss and Tell 1945 film cast"),
+            f"BM25 search over {what}; returns the titles and opening words of the k best matches (k at most {max_k}).",
+            (ToolParam("query", "str", "keywords to search for", example=examples[0]),
              ToolParam("k", "int", "number of results", required=False, default=default_k, example=3)),
             search,
         ),
         "read": ToolSpec(
             "read",
             "the whole paragraph with this title (a title from the search results).",
-            (ToolParam("title", "str", "exact title of a paragraph", example="Shirley Temple"),),
+            (ToolParam("title", "str", "exact title of a paragraph", example=examples[1]),),
             read,
         ),
     }

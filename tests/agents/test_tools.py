@@ -90,6 +90,17 @@ def test_prompt_lists_signatures_format_and_budget():
     assert '<tool_call>{"name": "search", "arguments": {"query": "Paris", "k": 2}}</tool_call>' in text
 
 
+@pytest.mark.parametrize("appended", [True, False])
+def test_the_tools_prompt_is_appended_to_the_role_unless_the_agent_says_not(appended):
+    from mas.agents.agent import build_agent
+    from mas.config import AgentConfig
+
+    cfg = AgentConfig(name="scout", policy="p", role="Find it.", tools=("search", "read"), max_tool_calls=3, tools_prompt=appended)
+    agent = build_agent(cfg, "team", TOOLS)
+    assert agent.role == ("Find it.\n\n" + tools_prompt([TOOLS["search"], TOOLS["read"]], max_calls=3) if appended else "Find it.")
+    assert agent.tools == ("search", "read") and agent.max_tool_calls == 3  # the tools are there either way
+
+
 def test_results_message_wraps_each_observation_and_counts_down():
     assert tool_results_message(["a", "b"], 2) == "<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response>\n(tool calls left: 2)"
     assert tool_results_message(["a"], 0).endswith("You have used all your tool calls. Reply now, without a tool call.")
