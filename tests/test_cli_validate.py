@@ -187,7 +187,7 @@ def test_lora_policies_on_one_base_share_an_actor_so_their_resources_must_agree(
 def test_validate_refuses_an_unknown_verifier_with_the_valid_names(good, capsys):
     assert main(["validate", "-q", str(good), "policies.main.model=embedded", "verifier.name=gold_oracle"]) != 0
     err = capsys.readouterr().err
-    assert "  - verifier.name: unknown verifier 'gold_oracle'; valid: auto, none, hotpotqa, synthetic_math, team_conjunctive, " \
+    assert "  - verifier.name: unknown verifier 'gold_oracle'; valid: auto, none, facts, hotpotqa, synthetic_math, team_conjunctive, " \
            "team_relay, team_saboteur, or 'package.module:function' (found 'gold_oracle')" in err
     assert main(["validate", "-q", str(good), "policies.main.model=embedded", "verifier.name=no_such_pkg.checks:verify"]) != 0
     err = capsys.readouterr().err
