@@ -67,6 +67,18 @@ from mas.credit.sharp import SharpConfig
 from mas.study.runner import DONE_FILE, NA_FILE, SCALING_SPEC_FILE, SPEC_FILE, read_jsonl, step_usage, team_size
 
 AXES = ("steps", "tokens", "seconds")
+# The method that sees what the others infer: with a turn verifier, the per-agent signal an
+# outcome-only method has to work out (docs/credit.md, `verified`).  Where a study runs it beside
+# the baseline, every other method is also measured by the share of its lead that it recovers.
+CEILING = "verified"
+
+
+def lead_share(final: float | None, baseline_final: float | None, ceiling_final: float | None) -> float | None:
+    """(final - baseline's) / (ceiling's - baseline's): 1 matches the ceiling, 0 the baseline,
+    below 0 is behind the baseline; None where the ceiling is not ahead of the baseline."""
+    if None in (final, baseline_final, ceiling_final) or ceiling_final <= baseline_final:
+        return None
+    return (final - baseline_final) / (ceiling_final - baseline_final)
 BOOTSTRAP_DRAWS = 10_000
 SURVEY_MIN_SEEDS = 3
 
@@ -345,6 +357,9 @@ def analyse(out: str | Path) -> dict[str, Any]:
     base_row = method_row(baseline, base_runs, target, None) if base_runs else None
     table = [method_row(m, runs[m], target, base_row) for m in methods if runs[m]]
     curves = {axis: {m: curve([r["points"] for r in runs[m]], axis) for m in methods if runs[m]} for axis in AXES}
+    ceiling = next((r["final_mean"] for r in table if r["method"] == CEILING), None) if baseline != CEILING else None
+    for r in table:
+        r["ceiling_lead_share"] = None if r["method"] in (CEILING, baseline) else lead_share(r["final_mean"], target, ceiling)
     frontier = [{"method": r["method"], "extra_compute": r["extra_compute"],
                  "gain": (r["final_mean"] - target) if target is not None else None} for r in table]
     n = _size_of(next(iter(configs.values()), {}))

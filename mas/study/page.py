@@ -234,6 +234,7 @@ def table_rows(study: dict) -> list[dict[str, str]]:
             "extra": f"+{100 * r['extra_compute']:.0f}%",
             "time_share": f"{100 * r['credit_time_share']:.0f}%",
             "verified": _verified_text(r.get("verified") or {}),
+            "lead": "—" if r.get("ceiling_lead_share") is None else f"{100 * r['ceiling_lead_share']:.0f}%",
         })
     return rows
 
@@ -273,6 +274,7 @@ def render_study(study: dict) -> str:
         charts=charts,
         frontier=Markup(frontier_chart(study)),
         rows=table_rows(study),
+        has_lead=any(r.get("ceiling_lead_share") is not None for r in study["table"]),
         baseline_final=_num(study["baseline_final"]),
         scaling_charts=[Markup(c) for c in scaling_charts(study["scaling"], study["metric"])],
         scaling=scaling_rows(study["scaling"]),

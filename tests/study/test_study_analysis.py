@@ -174,3 +174,37 @@ def test_verified_accuracy_before_and_final_per_agent_and_team(tmp_path):
 
     html = render_study(study)
     assert 'id="verified"' in html and "0.400 → 0.800" in html and "0.550 → 0.800" in html
+
+
+def test_each_outcome_only_method_gets_the_share_of_verifieds_lead_it_recovers(tmp_path):
+    """Finals (means of 2 seeds): grpo 0.4, verified 0.6, sharp 0.5, c3 0.3.  Shares of the lead
+    (0.6 - 0.4 = 0.2): sharp (0.5 - 0.4) / 0.2 = 50%, c3 (0.3 - 0.4) / 0.2 = -50%; none for the
+    baseline and the ceiling themselves, and none at all where the ceiling is not ahead."""
+    _write_study(tmp_path, {"grpo": [_rows([0.1, 0.3, 0.5], 0), _rows([0.1, 0.2, 0.3], 0)],
+                            "verified": [_rows([0.1, 0.5, 0.7], 0), _rows([0.1, 0.4, 0.5], 0)],
+                            "sharp": [_rows([0.1, 0.4, 0.6], 0), _rows([0.1, 0.3, 0.4], 0)],
+                            "c3": [_rows([0.1, 0.2, 0.4], 50), _rows([0.1, 0.2, 0.2], 50)]})
+    study = analyse(tmp_path)
+    share = {r["method"]: r["ceiling_lead_share"] for r in study["table"]}
+    assert share["sharp"] == pytest.approx(0.5) and share["c3"] == pytest.approx(-0.5)
+    assert share["grpo"] is None and share["verified"] is None
+    from mas.study.page import render_study
+
+    html = render_study(study)
+    assert "share of verified's lead over the baseline" in html
+    assert '<td class="lead">50%</td>' in html and '<td class="lead">-50%</td>' in html
+
+    from mas.study.analysis import lead_share
+
+    assert lead_share(0.5, 0.4, 0.4) is None and lead_share(0.5, 0.4, 0.3) is None  # the ceiling is not ahead
+    assert lead_share(0.7, 0.4, 0.6) == pytest.approx(1.5)  # beyond the ceiling
+
+
+def test_a_study_without_verified_shows_no_lead_column(tmp_path):
+    _write_study(tmp_path, {"grpo": [_rows([0.1, 0.3, 0.5], 0), _rows([0.1, 0.2, 0.3], 0)],
+                            "sharp": [_rows([0.1, 0.5, 0.7], 100), _rows([0.1, 0.4, 0.5], 100)]})
+    study = analyse(tmp_path)
+    assert all(r["ceiling_lead_share"] is None for r in study["table"])
+    from mas.study.page import render_study
+
+    assert "verified's lead" not in render_study(study)
