@@ -1,4 +1,5 @@
-"""Train/held-out splits of a fixed data set (GSM8K, HotpotQA): the stream both envs read.
+"""Train/held-out splits of a fixed data set (GSM8K, HotpotQA, facts): the stream these envs read,
+and ``SplitTasks``, their task methods.
 
 Training tasks are read through an integer cursor over a fresh seeded permutation per epoch,
 so every task is seen once per epoch and a resumed run sees the same order.  Held-out tasks
@@ -54,3 +55,30 @@ class Splits:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor = check_env_state(state, self._stream_id())
+
+
+class SplitTasks:
+    """The task half of the Env protocol, and its resumable cursor, for an env whose tasks are a
+    ``Splits`` (``self._splits``): GSM8K, HotpotQA and the generated facts task read them the same way."""
+
+    _splits: Splits
+
+    @property
+    def num_train(self) -> int:
+        return len(self._splits.train)
+
+    @property
+    def num_eval(self) -> int:
+        return len(self._splits.held_out)
+
+    def sample_tasks(self, n: int) -> list[Task]:
+        return self._splits.sample(n)
+
+    def eval_tasks(self, n: int) -> list[Task]:
+        return self._splits.eval(n)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._splits.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._splits.load_state_dict(state)

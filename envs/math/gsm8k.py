@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mas.types import Episode, Task
 
-from ..splits import Splits
+from ..splits import Splits, SplitTasks
 from ..jsonl import read_jsonl
 from .verify import gsm8k_final_answer, read_number, score_answer
 
@@ -154,7 +154,7 @@ def _load_split(cfg: GSM8KConfig, split: str) -> list[dict[str, Any]]:
     return _load_hf(cfg.hf_dataset, cfg.hf_config, split)
 
 
-class GSM8KEnv:
+class GSM8KEnv(SplitTasks):
     """Env over :class:`GSM8KConfig`; loads both splits eagerly so bad data fails at build time."""
 
     def __init__(self, cfg: GSM8KConfig) -> None:
@@ -171,21 +171,7 @@ class GSM8KEnv:
         self._splits = Splits("gsm8k", _to_tasks(train_rows, cfg.train_split), _to_tasks(eval_rows, cfg.eval_split), cfg.seed,
                               f"the {cfg.eval_split!r} split (source={cfg.source!r}, max_eval={cfg.max_eval})")
 
-    @property
-    def num_train(self) -> int:
-        return len(self._splits.train)
-
-    @property
-    def num_eval(self) -> int:
-        return len(self._splits.held_out)
-
-    # -- Env protocol -----------------------------------------------------------------------
-
-    def sample_tasks(self, n: int) -> list[Task]:
-        return self._splits.sample(n)
-
-    def eval_tasks(self, n: int) -> list[Task]:
-        return self._splits.eval(n)
+    # -- Env protocol (tasks: SplitTasks) ----------------------------------------------------
 
     def score(self, episode: Episode) -> float:
         return score_answer(episode)
@@ -197,9 +183,3 @@ class GSM8KEnv:
                  "hf": f"datasets: {c.hf_dataset} ({c.hf_config})"}[c.source]
         return {"name": "gsm8k", "source": where, "train_size": f"{self.num_train} ({c.train_split})",
                 "eval_size": f"{self.num_eval} ({c.eval_split})"}
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._splits.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._splits.load_state_dict(state)

@@ -47,8 +47,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mas.types import Episode, Task, Turn
 
-from ..splits import Splits
-from .metrics import best_em, best_f1
+from ..splits import Splits, SplitTasks
+from .metrics import answer_scores
 from .search import Corpus, Paragraph, build_tools
 from .turns import observed_titles, verify_search_turn
 
@@ -189,7 +189,7 @@ class FactsConfig(BaseModel):
     read_chars: int = Field(200, ge=50, description="Characters of a paragraph returned by read (every paragraph is shorter).")
 
 
-class FactsEnv:
+class FactsEnv(SplitTasks):
     """Env over :class:`FactsConfig`: generates the world and indexes its paragraphs at build time."""
 
     def __init__(self, cfg: FactsConfig) -> None:
@@ -207,27 +207,11 @@ class FactsEnv:
                      meta={"answers": [c.city], "supporting": [c.person, c.org]})
                 for i, c in enumerate(chains)]
 
-    @property
-    def num_train(self) -> int:
-        return len(self._splits.train)
-
-    @property
-    def num_eval(self) -> int:
-        return len(self._splits.held_out)
-
-    # -- Env protocol -----------------------------------------------------------------------
-
-    def sample_tasks(self, n: int) -> list[Task]:
-        return self._splits.sample(n)
-
-    def eval_tasks(self, n: int) -> list[Task]:
-        return self._splits.eval(n)
+    # -- Env protocol (tasks: SplitTasks) ----------------------------------------------------
 
     def score(self, episode: Episode) -> float:
         """``reward`` (EM or F1) of the team's answer; em, f1 and the support scores are recorded on ``info["scores"]``."""
-        golds = episode.task.meta["answers"]
-        answer = episode.answer
-        scores = {"em": 0.0, "f1": 0.0} if answer is None else {"em": best_em(answer, golds), "f1": best_f1(answer, golds)}
+        scores = answer_scores(episode.answer, episode.task.meta["answers"])
         episode.info["scores"] = {**scores, **support_scores(episode)}
         return scores[self.cfg.reward]
 
@@ -241,9 +225,3 @@ class FactsEnv:
         return {"name": "facts", "source": f"generated two-hop facts (corpus_seed {c.corpus_seed})",
                 "train_size": f"{self.num_train} questions", "eval_size": f"{self.num_eval} questions (unseen people)",
                 "corpus": f"{len(self.corpus)} paragraphs (BM25), reward {c.reward}"}
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._splits.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._splits.load_state_dict(state)

@@ -30,9 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mas.types import Episode, Task, Turn
 
-from ..splits import Splits
+from ..splits import Splits, SplitTasks
 from ..jsonl import read_jsonl
-from .metrics import best_em, best_f1
+from .metrics import answer_scores
 from .search import Corpus, Paragraph, build_tools
 from .turns import verify_search_turn
 
@@ -184,7 +184,7 @@ def _to_tasks(rows: list[dict[str, Any]], split: str) -> list[Task]:
     ]
 
 
-class HotpotQAEnv:
+class HotpotQAEnv(SplitTasks):
     """Env over :class:`HotpotQAConfig`; loads both splits and indexes the corpus at build time."""
 
     def __init__(self, cfg: HotpotQAConfig) -> None:
@@ -201,27 +201,11 @@ class HotpotQAEnv:
         self._splits = Splits("hotpotqa", _to_tasks(train_rows, cfg.train_split), _to_tasks(eval_rows, cfg.eval_split), cfg.seed,
                               f"the {cfg.eval_split!r} split (source={cfg.source!r}, max_eval={cfg.max_eval})")
 
-    @property
-    def num_train(self) -> int:
-        return len(self._splits.train)
-
-    @property
-    def num_eval(self) -> int:
-        return len(self._splits.held_out)
-
-    # -- Env protocol -----------------------------------------------------------------------
-
-    def sample_tasks(self, n: int) -> list[Task]:
-        return self._splits.sample(n)
-
-    def eval_tasks(self, n: int) -> list[Task]:
-        return self._splits.eval(n)
+    # -- Env protocol (tasks: SplitTasks) ----------------------------------------------------
 
     def score(self, episode: Episode) -> float:
         """``reward`` (F1 or EM) of the team answer; both are recorded on ``episode.info["scores"]``."""
-        golds = episode.task.meta["answers"]
-        answer = episode.answer
-        scores = {"em": 0.0, "f1": 0.0} if answer is None else {"em": best_em(answer, golds), "f1": best_f1(answer, golds)}
+        scores = answer_scores(episode.answer, episode.task.meta["answers"])
         episode.info["scores"] = scores
         return scores[self.cfg.reward]
 
@@ -237,9 +221,3 @@ class HotpotQAEnv:
         return {"name": "hotpotqa", "source": where, "train_size": f"{self.num_train} questions ({c.train_split})",
                 "eval_size": f"{self.num_eval} questions ({c.eval_split})",
                 "corpus": f"{len(self.corpus)} paragraphs (BM25), reward {c.reward}"}
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._splits.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._splits.load_state_dict(state)

@@ -24,7 +24,7 @@ import string
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 
-__all__ = ["normalize_answer", "exact_match", "f1_score", "best_em", "best_f1", "recall_at_k"]
+__all__ = ["normalize_answer", "exact_match", "f1_score", "best_em", "best_f1", "answer_scores", "recall_at_k"]
 
 _DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -80,3 +80,10 @@ def recall_at_k(retrieved: Sequence[str], relevant: Collection[str], k: int) -> 
     if not relevant:
         raise ValueError("recall is undefined without relevant items")
     return len(relevant & set(retrieved[:k])) / len(relevant)
+
+
+def answer_scores(answer: str | None, golds: Sequence[str]) -> dict[str, float]:
+    """EM and F1 of a team's answer against its gold answers (both 0 without an answer)."""
+    if answer is None:
+        return {"em": 0.0, "f1": 0.0}
+    return {"em": best_em(answer, golds), "f1": best_f1(answer, golds)}
