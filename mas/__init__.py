@@ -15,7 +15,10 @@ if _util.find_spec("mas.agents") is None:
         "and topologies/ folders become mas.agents, mas.credit, ... only when it is. Install it with "
         "`bash scripts/setup.sh` (or `pip install -e .`) instead of putting the checkout on PYTHONPATH.")
 
+from mas import _moved  # noqa: E402
 from mas.version import __version__  # noqa: E402
+
+_moved.install()  # the import paths from before mas/ was grouped by layer (mas.engine, ...)
 
 __all__ = ["evaluate", "load_team", "train"]
 

@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mas.callbacks import Callback, RunControl
-from mas.checks import meaning_errors
-from mas.config import RunConfig, apply_overrides, load_config, validate_config
-from mas.team import Team, build_team, check_eval_size
+from mas.training.callbacks import Callback, RunControl
+from mas.config.checks import meaning_errors
+from mas.config.schema import RunConfig, apply_overrides, load_config, validate_config
+from mas.training.team import Team, build_team, check_eval_size
 
 __all__ = ["evaluate", "load_team", "train"]
 
@@ -30,7 +30,7 @@ def load_team(source: str | Path | Mapping[str, Any] | RunConfig, overrides: Seq
 
     ``source``: a YAML path, a dict with the YAML's structure, or a ``RunConfig``.
     ``overrides``: ``"key.sub=value"`` strings, as on the command line (``trainer.steps=5``,
-    ``agents.solver.sampling.temperature=0.7``).  A bad config raises ``mas.config.ConfigError``
+    ``agents.solver.sampling.temperature=0.7``).  A bad config raises ``mas.config.schema.ConfigError``
     with every problem and its YAML path, before any model loads.
     """
     if isinstance(source, RunConfig):
@@ -54,11 +54,11 @@ def train(
 
     ``run_dir`` defaults to the config's ``logging.run_dir``.  Each callback may implement
     ``on_step_end(step, metrics, groups, credit)``, ``on_eval(name, metrics)`` and
-    ``on_checkpoint(step, path)`` (``mas.callbacks``); a truthy ``on_step_end``/``on_eval``
+    ``on_checkpoint(step, path)`` (``mas.training.callbacks``); a truthy ``on_step_end``/``on_eval``
     return stops the run after that step with a checkpoint, and ``summary["stopped"]`` says why.
     ``control.request_stop(reason)`` does the same from elsewhere (another thread, a signal).
     """
-    from mas.trainer import train as run_training
+    from mas.training.trainer import train as run_training
 
     run_dir = Path(run_dir) if run_dir is not None else Path(team.cfg.logging.run_dir.replace("{team}", team.cfg.team.name))
     return run_training(team, run_dir, resume=resume, callbacks=callbacks, control=control)
@@ -67,7 +67,7 @@ def train(
 def evaluate(team: Team, n: int | None = None, seed: int | None = None) -> dict:
     """Held-out evaluation (greedy, or sampled with ``trainer.eval_do_sample``) of ``n`` tasks (default ``trainer.eval_size``, or 100 when it is 0):
     ``accuracy`` (the mean reward), the env's named scores and tool calls per agent."""
-    from mas.trainer import evaluate as run_eval
+    from mas.training.trainer import evaluate as run_eval
 
     cfg = team.cfg
     size = n if n is not None else (cfg.trainer.eval_size or 100)

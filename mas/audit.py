@@ -281,7 +281,7 @@ def fresh_episodes(team, n: int, seed: int) -> list[tuple[Episode, list[float]]]
 
 
 def checkpoint_dir(run_dir: Path, step: int | None) -> Path:
-    from mas.checkpoint import latest_checkpoint
+    from mas.training.checkpoint import latest_checkpoint
 
     if step is None:
         ckpt = latest_checkpoint(run_dir)
@@ -297,8 +297,8 @@ def checkpoint_dir(run_dir: Path, step: int | None) -> Path:
 
 def load_team(run_dir: Path, ckpt: Path):
     """The run's team with the checkpoint's weights in its trainable policies."""
-    from mas.config import load_config
-    from mas.team import build_team
+    from mas.config.schema import load_config
+    from mas.training.team import build_team
 
     cfg = load_config(run_dir / "config.yaml")
     team = build_team(cfg)

@@ -18,7 +18,7 @@ from pathlib import Path
 # in the last bits; conditional numerical reproducibility removes that (set before torch loads).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-from mas.config import ConfigError, RunConfig, dump_config, issue_lines, load_config
+from mas.config.schema import ConfigError, RunConfig, dump_config, issue_lines, load_config
 
 
 def _run_dir(cfg: RunConfig, override: str | None) -> Path:
@@ -34,8 +34,8 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Each config: every error (exit 1), or the resolved config; warnings go to stderr."""
-    from mas.checks import config_warnings, data_issues, machine_issues, meaning_errors
-    from mas.defaults import resolve_default_lrs
+    from mas.config.checks import config_warnings, data_issues, machine_issues, meaning_errors
+    from mas.config.defaults import resolve_default_lrs
 
     status = 0
     files, overrides = split_overrides(args.configs)
@@ -68,13 +68,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mas.callbacks import RunControl
-    from mas.checks import machine_issues, meaning_errors
-    from mas.rundir import check_fresh, move_aside
+    from mas.training.callbacks import RunControl
+    from mas.config.checks import machine_issues, meaning_errors
+    from mas.training.rundir import check_fresh, move_aside
     from mas.runtime import PolicyActorDied
-    from mas.signals import StopOnSignal, abandon_message, mas_command
-    from mas.team import build_team
-    from mas.trainer import train
+    from mas.training.signals import StopOnSignal, abandon_message, mas_command
+    from mas.training.team import build_team
+    from mas.training.trainer import train
 
     configs, overrides = split_overrides(args.items)
     if args.resume:
@@ -141,10 +141,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Greedy held-out evaluation: accuracy (the env's reward), research EM/F1, tool calls per agent."""
-    from mas.checkpoint import latest_checkpoint
-    from mas.checks import meaning_errors
-    from mas.team import build_team
-    from mas.trainer import evaluate
+    from mas.training.checkpoint import latest_checkpoint
+    from mas.config.checks import meaning_errors
+    from mas.training.team import build_team
+    from mas.training.trainer import evaluate
 
     cfg = load_config(args.config, args.overrides, check=meaning_errors)
     size = args.size or cfg.trainer.eval_size or 100
@@ -188,7 +188,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from mas.checks import meaning_errors
+    from mas.config.checks import meaning_errors
     from mas.show import team_text, topology_mermaid, topology_svg
 
     cfg = load_config(args.config, args.overrides, check=meaning_errors)

@@ -1,11 +1,11 @@
 """Error types that modules of every layer raise or catch.
 
 They live at the bottom (DESIGN.md, "Layering: imports point down") so that, say, the hub
-access (``mas.hub``) raises the same error as the model sources (``mas.sources``) and the
+access (``mas.models.hub``) raises the same error as the model sources (``mas.models.sources``) and the
 policy loader without importing them, the Ray cluster setup (``mas.runtime``) raises what the
 metrics writer raises, and the CLI catches one type wherever it was raised.  The modules that
-held them before re-export them (``mas.sources.ModelLoadError``, hence
-``mas.agents.policy.ModelLoadError``; ``mas.metrics.MissingDependencyError``), so existing
+held them before re-export them (``mas.models.sources.ModelLoadError``, hence
+``mas.agents.policy.ModelLoadError``; ``mas.training.metrics.MissingDependencyError``), so existing
 imports keep working.
 """
 

@@ -11,7 +11,7 @@ For each trainable policy of a checkpoint (the run's latest unless one is named)
 
 With ``gguf`` ('f16' or 'f32') each policy is also written as one GGUF file,
 ``<policy>/<policy>.<dtype>.gguf``, for llama.cpp, Ollama and LM Studio, tokenizer and chat
-template included (``mas.gguf.write_gguf``; llama and qwen2 architectures).  A GGUF file is
+template included (``mas.models.gguf.write_gguf``; llama and qwen2 architectures).  A GGUF file is
 one standalone model, so ``gguf`` merges LoRA adapters as ``merge_lora`` does: the folder and
 the file then hold the same weights (an adapter folder beside a merged file would also make
 transformers read the folder's adapter instead of the file).
@@ -32,9 +32,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mas.config import load_config
-from mas.gguf import GGUF_DTYPES, GGUFError, read_header, write_gguf
-from mas.sources import ModelLoadError, gguf_file, is_gguf_model
+from mas.config.schema import load_config
+from mas.models.gguf import GGUF_DTYPES, GGUFError, read_header, write_gguf
+from mas.models.sources import ModelLoadError, gguf_file, is_gguf_model
 
 
 @dataclass
@@ -64,7 +64,7 @@ def export_run(run_dir: str | Path, out: str | Path, merge_lora: bool = False, c
                policies: list[str] | None = None, log=print, gguf: str | None = None) -> list[Exported]:
     """Write every trainable policy of the run's checkpoint to ``out/<policy>/`` (and, with
     ``gguf`` 'f16' or 'f32', as ``out/<policy>/<policy>.<gguf>.gguf``)."""
-    from mas.checkpoint import latest_checkpoint
+    from mas.training.checkpoint import latest_checkpoint
 
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "config.yaml").is_file():
@@ -164,7 +164,7 @@ def push_to_hub(exported: list[Exported], out: str | Path, repo_id: str, private
     """Create ``repo_id`` if needed and upload the export; returns the repository URL."""
     from huggingface_hub import HfApi
 
-    from mas.hub import require_hub
+    from mas.models.hub import require_hub
 
     require_hub(f"--push-to-hub {repo_id}")
     api = HfApi()

@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from html import escape
 
-from mas.config import (
+from mas.config.schema import (
     AutogenTopology,
     ChainTopology,
     DebateTopology,

@@ -21,7 +21,7 @@ class StepAbandoned(Exception):
     """A stop request (SIGTERM, the first Ctrl-C) cut the training step short at a safe point:
     between generation batches, or between micro-batches of an update before any optimizer
     stepped.  Nothing of the step reached the weights; the trainer checkpoints the state the
-    step started from (``mas.trainer``)."""
+    step started from (``mas.training.trainer``)."""
 
 
 TurnStatus = Literal["stop", "length", "replayed", "masked", "removed", "error"]

@@ -31,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from mas.sources import ModelLoadError, cache_dir
+from mas.models.sources import ModelLoadError, cache_dir
 
 from .recipe import Recipe
 

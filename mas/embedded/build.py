@@ -34,8 +34,8 @@ import torch
 from mas.agents.agent import Agent
 from mas.agents.parsers import PARSERS
 from mas.agents.prompts import render_prompt
-from mas.backends.scripted import ScriptedBackend
-from mas.config import SamplingConfig
+from mas.rollout.backends.scripted import ScriptedBackend
+from mas.config.schema import SamplingConfig
 
 from .artifact import (ARTIFACT_DIR, EmbeddedUnavailable, MANIFEST, cache_folder, embedded_path, load_tokenizer, problem,
                        write_manifest)
@@ -54,7 +54,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 def format_transcripts(fmt: Format, episodes: int, seed: int, tokenizer) -> tuple[Transcript, float]:
     """Every turn of ``episodes`` teacher episodes of ``fmt`` (split over its topology
     variants), and the teacher's mean reward; raises if the teacher does worse than it should."""
-    from mas.engine import Engine
+    from mas.rollout.engine import Engine
     from mas.envs import build_env
     from mas.topologies import build_topology
 
@@ -126,7 +126,7 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
 def _provisional_turns(recipe: Recipe, log=print) -> tuple[Transcript, Any]:
     """Every format's teacher turns, rendered with a tokenizer of the role prompts alone (the
     model's own tokenizer is trained on these turns, so it cannot exist yet)."""
-    from mas.tiny import train_tokenizer
+    from mas.models.tiny import train_tokenizer
 
     roles = [a.role for name, _ in recipe.formats for a in FORMATS[name].agents.values()]
     provisional = train_tokenizer([" ".join(roles)], vocab_size=300)
@@ -140,7 +140,7 @@ def _examples(tok, turns: Transcript) -> list[tuple[list[int], list[int]]]:
 
 def _first_stage(recipe: Recipe, log=print):
     """Teacher transcripts -> tokenizer -> a new model warm-started on them."""
-    from mas.tiny import TINY_CHAT_TEMPLATE, tiny_causal_lm, train_tokenizer
+    from mas.models.tiny import TINY_CHAT_TEMPLATE, tiny_causal_lm, train_tokenizer
 
     torch.manual_seed(recipe.seed)
     turns, provisional = _provisional_turns(recipe, log)
@@ -190,7 +190,7 @@ def _batches(lengths: list[int], batch_size: int, gen: torch.Generator, pool: in
 
 def _warm_start(model, examples: list[tuple[list[int], list[int]]], steps: int, lr: float, recipe: Recipe, pad_id: int,
                 log=print, log_every: int = 500) -> None:
-    from mas.tiny import sft_batch
+    from mas.models.tiny import sft_batch
 
     gen = torch.Generator().manual_seed(recipe.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)

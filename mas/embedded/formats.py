@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from mas.config import ChainTopology, DebateTopology, GraphTopology, OrchestratorTopology
+from mas.config.schema import ChainTopology, DebateTopology, GraphTopology, OrchestratorTopology
 from mas.envs.math.synthetic import SyntheticMathConfig
 from mas.envs.team import TeamConjunctiveConfig, TeamRelayConfig, TeamSaboteurConfig
 

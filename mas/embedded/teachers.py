@@ -28,7 +28,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from mas.backends.base import GenRequest
+from mas.rollout.backends.base import GenRequest
 
 Step = tuple[int, str, int, int]  # (a, op, b, a op b)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from mas.metrics import eval_summary
+from mas.training.metrics import eval_summary
 from mas.report.charts import DASHES, PALETTE, Series, colour, fmt, line_chart, stacked_chart
 from mas.report.checklist import agent_table, checklist_table, duration, wall_seconds
 from mas.report.episodes import MAX_SIDE, episode_browser

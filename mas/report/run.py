@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mas.config import ConfigError, read_config_data
+from mas.config.schema import ConfigError, read_config_data
 
 
 class NotARunError(ValueError):
@@ -27,7 +27,7 @@ class RunData:
     skipped_lines: int = 0  # unreadable lines (a run killed mid-write leaves a partial last line)
     agents: list[str] = field(default_factory=list)  # the team's agents, in config order
     warnings: list[dict[str, Any]] = field(default_factory=list)  # warnings.jsonl: {"step", "kind", "message"}
-    warmup: dict[str, Any] | None = None  # the format warm-up's record (mas.warmup), if the run had one
+    warmup: dict[str, Any] | None = None  # the format warm-up's record (mas.training.warmup), if the run had one
     config_problem: str | None = None  # why config.yaml could not be read (the report goes on without it)
 
     def series(self, *keys: str) -> list[float | None]:

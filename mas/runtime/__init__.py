@@ -12,7 +12,7 @@ A runtime only decides where things live.  The trainer sees the same seams under
                          ``handle.result()`` waits for the metrics (local: already done)
     runtime.tokenizers   per policy, what the engine renders prompts with
     runtime.can_overlap  whether updates run while the driver rolls out (``trainer.max_staleness: 1``)
-    runtime.save_policies / load_policies   checkpoint files (layout: mas/checkpoint.py), written
+    runtime.save_policies / load_policies   checkpoint files (layout: mas/training/checkpoint.py), written
                          where the policy lives (mas/runtime/policy_state.py)
     runtime.describe()   per policy: kind, device, parameter counts (and its actor under Ray)
     runtime.close()      free everything (Ray: kill the actors, stop a Ray instance we started)
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from mas.runtime.base import PolicyActorDied, RemoteLearner, Runtime, learner_args
 
 if TYPE_CHECKING:
-    from mas.config import RunConfig
+    from mas.config.schema import RunConfig
 
 __all__ = ["PolicyActorDied", "RemoteLearner", "Runtime", "build_runtime", "learner_args"]
 

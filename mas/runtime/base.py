@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from mas.backends.base import Backend, BackendUnavailable
+from mas.rollout.backends.base import Backend, BackendUnavailable
 
 if TYPE_CHECKING:
-    from mas.config import RunConfig
-    from mas.learner import TrainSample, UpdateHandle
+    from mas.config.schema import RunConfig
+    from mas.training.learner import TrainSample, UpdateHandle
 
 
 class PolicyActorDied(BackendUnavailable):

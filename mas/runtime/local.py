@@ -15,7 +15,7 @@ from mas.runtime.base import learner_args
 from mas.runtime.worker import PolicyWorker
 
 if TYPE_CHECKING:
-    from mas.config import RunConfig
+    from mas.config.schema import RunConfig
 
 
 class LocalRuntime:

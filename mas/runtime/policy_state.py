@@ -1,6 +1,6 @@
 """One policy's checkpoint files, written and read by the process that holds the policy.
 
-The run-level checkpoint (``mas.checkpoint``: layout, atomic rename, ``latest``, trainer state)
+The run-level checkpoint (``mas.training.checkpoint``: layout, atomic rename, ``latest``, trainer state)
 knows the team; these functions know only one policy's handle and learner, so the runtime's
 workers (``mas.runtime.worker``: the driver's, or a Ray actor's) call them without reaching
 up to the run.  Within a checkpoint folder they write::
@@ -23,7 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from mas.agents.policy import PolicyHandle
-    from mas.learner import Learner
+    from mas.training.learner import Learner
 
 
 def save_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:

@@ -21,7 +21,7 @@ Faults.  A dead actor (killed, out of memory, node lost) surfaces at the next ca
 ``PolicyActorDied``, naming its policies, node and process, with Ray's reason.  Actors are not
 restarted behind the trainer's back (``max_restarts=0``): a restarted actor would hold its
 initial weights.  ``runtime.restart_actors`` lets the trainer restart them and restore every
-policy from the last checkpoint (mas/trainer.py).
+policy from the last checkpoint (mas/training/trainer.py).
 
 Checkpoints are written by the actors: straight into the run directory when they share the
 driver's node (or ``runtime.shared_run_dir`` says every node mounts it), else their files
@@ -36,20 +36,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mas.backends.base import Backend, BatchError, GenRequest, GenResult
-from mas.learner import TrainSample, UpdateSpan
+from mas.rollout.backends.base import Backend, BatchError, GenRequest, GenResult
+from mas.training.learner import TrainSample, UpdateSpan
 from mas.runtime.base import PolicyActorDied, learner_args
 from mas.runtime.ray_cluster import RaySession
 from mas.runtime.worker import PolicyWorker, describe_policy
-from mas.sources import model_key
+from mas.models.sources import model_key
 
 if TYPE_CHECKING:
-    from mas.config import PolicyConfig, RunConfig
+    from mas.config.schema import PolicyConfig, RunConfig
 
 
 def actor_groups(policies: dict[str, "PolicyConfig"]) -> list[list[str]]:
     """Policies that share one actor, in config order: the LoRA and frozen policies on one base
-    (the same resolved weights, ``mas.sources.model_key``: a short name and the path of its file
+    (the same resolved weights, ``mas.models.sources.model_key``: a short name and the path of its file
     are one; the same dtype, device, resources and workers) share one, which loads the base once
     (``build_policies``); a full policy has its own; endpoint policies have none.  A frozen
     policy given other resources than the LoRA family on its model keeps an actor (and a copy)
@@ -400,7 +400,7 @@ def _endpoint_clients(policies: dict[str, "PolicyConfig"]) -> tuple[dict[str, An
     if not names:
         return {}, None
     from mas.agents.policy import build_policies
-    from mas.backends import build_backend
+    from mas.rollout.backends import build_backend
 
     handles = build_policies({n: policies[n] for n in names})
     return handles, build_backend(handles)

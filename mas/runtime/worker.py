@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from mas.backends.base import Backend, GenRequest, GenResult
-from mas.learner import Learner, TrainSample, UpdateSpan, _host
-from mas.memory import peak_rss_mb, release_freed_memory
+from mas.rollout.backends.base import Backend, GenRequest, GenResult
+from mas.training.learner import Learner, TrainSample, UpdateSpan, _host
+from mas.training.memory import peak_rss_mb, release_freed_memory
 from mas.runtime.policy_state import load_policy_state, save_policy_state
-from mas.sft import supervised_steps
+from mas.training.sft import supervised_steps
 
 if TYPE_CHECKING:
     from mas.agents.policy import PolicyHandle
-    from mas.config import PolicyConfig
+    from mas.config.schema import PolicyConfig
 
 
 class PolicyWorker:
@@ -60,7 +60,7 @@ class PolicyWorker:
         rank: int = 0,
     ):
         from mas.agents.policy import build_policies
-        from mas.backends import build_backend
+        from mas.rollout.backends import build_backend
 
         _process_settings(num_threads, deterministic)
         self.rank = rank
@@ -120,7 +120,7 @@ class PolicyWorker:
     def close(self) -> None:
         """Free what outlives this object otherwise: the rollout backend's engines (vLLM's processes)."""
         if self.backend is not None:
-            from mas.backends.base import close_backend
+            from mas.rollout.backends.base import close_backend
 
             close_backend(self.backend)
 
@@ -158,7 +158,7 @@ class PolicyWorker:
 
     def warm_up(self, name: str, demonstrations: list, steps: int, batch_size: int, lr: float, seed: int,
                 abort: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """The supervised format warm-up of ``name`` (``mas.sft``), scored as its learner scores
+        """The supervised format warm-up of ``name`` (``mas.training.sft``), scored as its learner scores
         turns; the serving copy (if any) then gets the new weights."""
         learner = self.learners[name]
         got = supervised_steps(self.handles[name], demonstrations, steps, batch_size, lr, seed,
@@ -203,7 +203,7 @@ class PolicyWorker:
 
     def save(self, ckpt: str, names: list[str]) -> None:
         """Write ``names``' weights (rank 0), optimizer and schedule (rank 0) and this process's RNG
-        state into checkpoint folder ``ckpt`` (``mas.checkpoint`` layout)."""
+        state into checkpoint folder ``ckpt`` (``mas.training.checkpoint`` layout)."""
         for name in names:
             save_policy_state(Path(ckpt), name, self.handles[name], self.learners.get(name), rank=self.rank)
 

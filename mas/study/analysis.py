@@ -39,7 +39,7 @@ and team size N (``runner.team_size``):
     CCPO's removals), with SHARP's planned coalitions per episode (exact Shapley's 2^n - 1 up
     to ``max_exact_players``, Monte-Carlo permutations beyond);
   * the per-agent signal at step 0: each agent's ``designed_signal`` (the correlation of its
-    advantages with its own designed correctness, mas/metrics.py) in the first step, where the
+    advantages with its own designed correctness, mas/training/metrics.py) in the first step, where the
     env records a designed ground truth; per agent the mean over seeds, then the mean over
     agents.  Undefined values (an agent always right, a step without reward variance) are
     left out and counted.
@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from mas.config import read_config_data, validate_config
+from mas.config.schema import read_config_data, validate_config
 from mas.credit.shapley import queried_coalitions
 from mas.credit.sharp import SharpConfig
 from mas.study.runner import DONE_FILE, NA_FILE, SCALING_SPEC_FILE, SPEC_FILE, read_jsonl, step_usage, team_size

@@ -30,7 +30,7 @@ Budgets (``--budget KIND N``), so that methods are compared at equal cost:
     seconds  every run stops after the step at which its training wall time (the sum of its
              step times; evaluations excluded) reaches N.  ``trainer.steps`` is the cap.
 
-A budget stop is the trainer's ordinary early stop (``mas.callbacks``): the last completed
+A budget stop is the trainer's ordinary early stop (``mas.training.callbacks``): the last completed
 step is checkpointed and held-out accuracy is measured there (``trainer.eval_every``).
 
 Executors: ``local`` runs the grid one run after another in this process; ``ray`` sends
@@ -77,8 +77,8 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-from mas.checks import meaning_errors
-from mas.config import ConfigError, apply_overrides, read_config_data, validate_config
+from mas.config.checks import meaning_errors
+from mas.config.schema import ConfigError, apply_overrides, read_config_data, validate_config
 from mas.runtime.ray_cluster import start_local_ray
 
 BudgetKind = Literal["steps", "tokens", "seconds"]
@@ -303,7 +303,7 @@ class BudgetStop:
     @classmethod
     def resuming(cls, kind: BudgetKind, limit: float, run_dir: Path) -> "BudgetStop":
         """The budget of a run resumed from its latest checkpoint: usage of the steps it keeps."""
-        from mas.checkpoint import latest_checkpoint
+        from mas.training.checkpoint import latest_checkpoint
 
         ckpt = latest_checkpoint(run_dir)
         last = json.loads((ckpt / "trainer_state.json").read_text())["step"] if ckpt else -1
@@ -362,8 +362,8 @@ def run_lock(run_dir: Path):
 
 def _train_run(job: Job, run_dir: Path) -> dict:
     """Train, resume or skip the run in ``run_dir`` (its lock held); its ``study_run.json`` record."""
-    from mas.team import build_team
-    from mas.trainer import train
+    from mas.training.team import build_team
+    from mas.training.trainer import train
 
     state = run_state(run_dir)
     if state == "done":

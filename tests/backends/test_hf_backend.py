@@ -9,9 +9,9 @@ import torch
 
 from mas.agents.policy import PolicyHandle
 from mas.agents.prompts import render_prompt
-from mas.backends import build_backend
-from mas.backends.base import GenRequest, GenResult, RoutedBackend
-from mas.backends.hf import HFBackend
+from mas.rollout.backends import build_backend
+from mas.rollout.backends.base import GenRequest, GenResult, RoutedBackend
+from mas.rollout.backends.hf import HFBackend
 
 MESSAGES = [
     [{"role": "user", "content": "3+4"}],
@@ -167,7 +167,7 @@ def test_greedy_groups_are_bounded_by_a_default_derived_from_the_model_and_sampl
     """Without a rollout_batch_tokens, a greedy group's rows x longest prompt stays within the
     prompt budget over what a prompt token holds; the cut changes no greedy token.  A sampled
     group is not cut (a cut would change which random numbers each row draws)."""
-    from mas.backends.hf import default_prompt_budget, prompt_token_bytes
+    from mas.rollout.backends.hf import default_prompt_budget, prompt_token_bytes
 
     model = full_handle.model
     per_token = prompt_token_bytes(model)
@@ -205,11 +205,11 @@ def test_greedy_groups_are_bounded_by_a_default_derived_from_the_model_and_sampl
 HEAD_MEMORY = """
 import contextlib, sys, torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-import mas.backends.hf as hf
+import mas.rollout.backends.hf as hf
 from mas.agents.policy import PolicyHandle
-from mas.backends.base import GenRequest
-from mas.memory import peak_rss_mb
-from mas.tiny import train_tokenizer
+from mas.rollout.backends.base import GenRequest
+from mas.training.memory import peak_rss_mb
+from mas.models.tiny import train_tokenizer
 
 torch.set_num_threads(1)
 if sys.argv[1] == "without":
@@ -237,15 +237,18 @@ def test_a_reduced_precision_head_is_not_expanded_once_per_row_on_cpu():
         done = subprocess.run([sys.executable, "-c", HEAD_MEMORY, variant], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         grown[variant] = float(done.stdout.split()[-1])
-    assert grown["with"] < 128, grown  # KV cache, kept logits and temporaries: a few MB
-    assert grown["without"] > 256, grown  # the control: this torch still expands the weight (512 MB)
+    # with: the KV cache, kept logits and temporaries, a few MB.  without (the control): this torch
+    # still expands the weight, up to 512 MB, of which the pages it touches count (236 to 512 MB
+    # measured, by machine); a torch that stops expanding it fails the control, and the fix can go
+    bound = 128
+    assert grown["with"] < bound < grown["without"], grown
 
 
 def test_the_contiguous_head_input_changes_no_bit_of_a_bfloat16_generation(monkeypatch):
     import contextlib
 
-    import mas.backends.hf as hf
-    from mas.tiny import tiny_causal_lm, train_tokenizer
+    import mas.rollout.backends.hf as hf
+    from mas.models.tiny import tiny_causal_lm, train_tokenizer
 
     tok = train_tokenizer(["3+4 is 7, and 12-5 is 7; the answer is 7."], vocab_size=300)
     model = tiny_causal_lm(tok, seed=3).to(torch.bfloat16).eval().requires_grad_(False)
@@ -432,7 +435,7 @@ def test_routed_backend_keeps_request_order():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_lora_generate_batch_on_cuda(tiny_model_dir):
     from mas.agents.policy import build_policies
-    from mas.config import LoraConfig, PolicyConfig
+    from mas.config.schema import LoraConfig, PolicyConfig
 
     cfg = PolicyConfig(kind="lora", model=str(tiny_model_dir), device="cuda", lora=LoraConfig(r=4, alpha=8))
     handles = build_policies({"alpha": cfg, "beta": cfg})

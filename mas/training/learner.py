@@ -70,12 +70,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 from torch import nn
 
-from mas.fault_points import pause_point
-from mas.scoring import Pass, TokenLogprob, distinct_tokens, pack, passes, split_model, token_logprobs_packed
+from mas.training.fault_points import pause_point
+from mas.rollout.scoring import Pass, TokenLogprob, distinct_tokens, pack, passes, split_model, token_logprobs_packed
 from mas.types import StepAbandoned
 
 if TYPE_CHECKING:  # the learner reads only a few fields of it (flat builder arguments)
-    from mas.config import OptimConfig
+    from mas.config.schema import OptimConfig
 
 LossAgg = Literal["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"]
 LOSS_AGGS: tuple[str, ...] = ("token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo")
@@ -392,7 +392,7 @@ class Learner:
 
     Scoring (``optim`` fields, each with an off switch for debugging): ``packing`` lays the
     batch's turns out as a prefix tree, so every distinct token runs through the model once,
-    at most ``micro_batch_tokens`` tokens per forward pass (``mas.scoring.pack``; off: one
+    at most ``micro_batch_tokens`` tokens per forward pass (``mas.rollout.scoring.pack``; off: one
     sequence per turn, ``micro_batch_size`` turns per pass); ``logprob_chunk`` makes the
     output head's logits that many completion tokens at a time, under activation
     checkpointing (off: all at once); ``gradient_checkpointing`` recomputes the decoder
@@ -476,7 +476,7 @@ class Learner:
         Metrics are token-weighted means over all epochs (``grad_norm``: mean pre-clip norm);
         ``lr`` is the rate these steps used; ``forward_tokens`` counts the token positions run
         through the model per epoch (padding included) and ``distinct_tokens`` the batch's
-        distinct token positions (``mas.scoring.distinct_tokens``), the floor of that.  With
+        distinct token positions (``mas.rollout.scoring.distinct_tokens``), the floor of that.  With
         no samples no optimizer step is taken, but the scheduler still steps (one step per
         update call, so the schedule follows the trainer's steps) and the same metric keys
         come back, at 0 (``lr``: this update's rate).  With a ``seed`` the update draws its

@@ -27,22 +27,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mas.backends.base import policy_seed, take_backend_metrics
-from mas.callbacks import Callback, CallbackList, RunControl
-from mas.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from mas.checks import config_warnings
-from mas.config import _path
+from mas.rollout.backends.base import policy_seed, take_backend_metrics
+from mas.training.callbacks import Callback, CallbackList, RunControl
+from mas.training.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from mas.config.checks import config_warnings
+from mas.config.schema import _path
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.registry import followup_credit, plan_credit
 from mas.embedded.fit import fit_checks
-from mas.fault_points import enter_step, pause_point
-from mas.learner import TrainSample, UpdateSpan
-from mas.memory import release_freed_memory
-from mas.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
-from mas.rundir import check_fresh
+from mas.training.fault_points import enter_step, pause_point
+from mas.training.learner import TrainSample, UpdateSpan
+from mas.training.memory import release_freed_memory
+from mas.training.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
+from mas.training.rundir import check_fresh
 from mas.runtime import PolicyActorDied
-from mas.team import Team, describe_team
-from mas.warmup import warm_up
+from mas.training.team import Team, describe_team
+from mas.training.warmup import warm_up
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, StepAbandoned, flatten_turns
 
 
@@ -324,7 +324,7 @@ def train(
 ) -> dict:
     """Run (or continue) training; returns a summary with held-out accuracy before/after.
 
-    ``callbacks`` are called after each step, evaluation and checkpoint (``mas.callbacks``).
+    ``callbacks`` are called after each step, evaluation and checkpoint (``mas.training.callbacks``).
     ``control`` carries the stop flag that callbacks and signal handlers set.  A plain stop
     request is read at the next step boundary: the run checkpoints the last completed step,
     records ``summary["stopped"]`` and returns.  A request to abandon (a signal) is read at

@@ -4,7 +4,7 @@ Shapes: B requests in one generate call, P padded prompt length, S generated ste
 
 Batching: requests are grouped by policy and by identical sampling parameters (temperature,
 top_p, top_k); a policy's groups run one after another on its own RNG stream (seeded per
-policy, ``mas.backends.base``); each group is ONE left-padded ``model.generate`` call with ``max_new_tokens``
+policy, ``mas.rollout.backends.base``); each group is ONE left-padded ``model.generate`` call with ``max_new_tokens``
 the group's largest, unless the logits budget forces a split (below); each row is then cut to
 its own ``max_new_tokens``.  Results are returned in request order either way.
 
@@ -48,7 +48,7 @@ from typing import Iterator
 
 import torch
 
-from mas.backends.base import GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
+from mas.rollout.backends.base import GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
 
 # generation_config fields that would reshape the sampling distribution, with their no-op value
 _NEUTRAL_GENERATION = {
@@ -215,7 +215,7 @@ class HFBackend:
 
     def generate_batch(self, requests: list[GenRequest], seed: int | None = None) -> list[GenResult]:
         """Results in request order.  Each policy's groups run together, after seeding torch with
-        ``policy_seed(seed, policy)`` when a seed is given (see ``mas.backends.base``)."""
+        ``policy_seed(seed, policy)`` when a seed is given (see ``mas.rollout.backends.base``)."""
         t0 = time.perf_counter()
         groups: dict[str, dict[tuple, list[int]]] = {}  # policy -> sampling params -> request indices
         for i, r in enumerate(requests):

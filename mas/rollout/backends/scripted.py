@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mas.backends.base import GenRequest, GenResult
+from mas.rollout.backends.base import GenRequest, GenResult
 
 
 class ScriptedBackend:

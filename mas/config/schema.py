@@ -1,14 +1,14 @@
 """The run configuration: one pydantic model per YAML section, frozen after loading.
 
 Every default lives here; library code never reads a key with ``.get(key, default)``.
-The choices that plugins can extend (env names, credit methods, parsers; ``mas/plugins.py``)
+The choices that plugins can extend (env names, credit methods, parsers; ``mas/config/plugins.py``)
 are read from their registries when this module is imported, after plugins are loaded.
 ``load_config`` turns any validation failure into a ``ConfigError`` whose lines each give
 the YAML path of the bad field, the value found and, where there is a fixed set, the valid
 choices.
 
 What a config means beyond its schema (a topology's structure, a parser that cannot do its
-agent's job) is checked a layer up, by ``mas.checks.meaning_errors``: those checks need the
+agent's job) is checked a layer up, by ``mas.config.checks.meaning_errors``: those checks need the
 topology modules, which themselves read this module's types.  ``build_team`` runs them, and
 so do the commands, through ``load_config(path, overrides, check=meaning_errors)``, which
 reports them like the schema's own errors.
@@ -28,8 +28,8 @@ from mas.agents.parsers import parser_names
 from mas.credit import credit_config_union
 from mas.envs import ENV_TOOLS, env_configs
 from mas.envs.verifiers import AUTO, verifier_names
-from mas.plugins import load_plugins
-from mas.safe_yaml import YAMLBoundsError, load_yaml_bytes
+from mas.config.plugins import load_plugins
+from mas.config.safe_yaml import YAMLBoundsError, load_yaml_bytes
 
 load_plugins()  # other packages' envs, credit methods and parsers join the registries the schema is built from
 
@@ -59,7 +59,7 @@ class OptimConfig(Section):
     lr: float | None = Field(
         None, gt=0,
         description="Peak learning rate of this policy's AdamW. None: the default for the model, filled in when the team "
-        "is built: the embedded model's working rate, else a rate by the model's size and kind (mas/defaults.py; README table).",
+        "is built: the embedded model's working rate, else a rate by the model's size and kind (mas/config/defaults.py; README table).",
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
@@ -78,7 +78,7 @@ class OptimConfig(Section):
     packing: bool = Field(
         True, description="Score each conversation once: the update batch's turns are laid out as a prefix tree (a growing "
         "conversation, a shared system prompt and task), so every distinct token runs through the model once, with a tree "
-        "attention mask (mas/scoring.py). false: one sequence per turn, micro_batch_size turns per pass (for debugging).")
+        "attention mask (mas/rollout/scoring.py). false: one sequence per turn, micro_batch_size turns per pass (for debugging).")
     micro_batch_tokens: int = Field(
         4096, ge=16, description="With packing: most token positions per forward/backward pass (rows x their longest, padding "
         "included); a packed row never exceeds it unless one turn alone does. Gradients accumulate over passes.")
@@ -86,12 +86,12 @@ class OptimConfig(Section):
         "auto", description="Completion tokens whose full-vocabulary logits are made at once, under activation "
         "checkpointing, so [tokens, vocab] logits never sit in memory for a whole micro-batch. null: all at once. auto: "
         "1024 where one pass's activations and float32 logits (3 x tokens x vocab x 4 bytes) would not fit in half the "
-        "device's free memory, else all at once (mas.learner.plan_memory_savers).")
+        "device's free memory, else all at once (mas.training.learner.plan_memory_savers).")
     gradient_checkpointing: Literal["auto"] | bool = Field(
         "auto", description="Recompute the decoder layers' activations in backward instead of keeping them (transformers' "
         "gradient checkpointing, non-reentrant), at about half a forward-backward more compute. auto: on only where one "
         "pass's activations (estimated from the model's depth, width and dtype and micro_batch_tokens) and logits would "
-        "not fit in half the device's free memory even with chunked logits (mas.learner.plan_memory_savers).")
+        "not fit in half the device's free memory even with chunked logits (mas.training.learner.plan_memory_savers).")
 
 
 class EndpointConfig(Section):
@@ -159,7 +159,7 @@ class PolicyConfig(Section):
         "length, and a held-out evaluation sends every task at once: 100 SmolLM2 episodes of 400 tokens add 2.3 GB, 25 add "
         "0.8 GB. Bounds memory, not results' meaning (vLLM: max_num_batched_tokens). null: greedy calls (evaluations) are "
         "bounded by a default derived from the model (1 GiB on CPU over the bytes a prompt token holds; "
-        "mas.backends.hf.HFBackend.greedy_batch_tokens), sampled ones not at all.",
+        "mas.rollout.backends.hf.HFBackend.greedy_batch_tokens), sampled ones not at all.",
     )
     mixed_precision: Literal["no", "bf16"] = Field(
         "no", description="bf16: the learner's forward and backward run under accelerate's bf16 autocast (weights and "
@@ -383,7 +383,7 @@ EnvConfig = Annotated[Union[env_configs()], Field(discriminator="name")]  # type
 
 
 class WarmupConfig(Section):
-    """A supervised format warm-up before RL (mas/warmup.py): each trainable policy is fine-tuned on
+    """A supervised format warm-up before RL (mas/training/warmup.py): each trainable policy is fine-tuned on
     demonstrations of its agents' turns in the team's protocol, so that a real model that cannot
     yet follow it earns some reward for RL to learn from.  Demonstrations come from the team's
     scripted teacher played on training tasks (never held-out ones), or from a JSONL file."""
@@ -502,7 +502,7 @@ class RuntimeConfig(Section):
     )
     tool_timeout_s: float = Field(
         30.0, gt=0, description="Wall-clock limit of one tool call; past it the tool's worker process is killed and the call "
-        "is an error observation (tools run in worker processes with no network: mas/sandbox.py)."
+        "is an error observation (tools run in worker processes with no network: mas/rollout/sandbox.py)."
     )
     tool_memory_mb: int = Field(
         1024, ge=16, description="Memory (address space) one tool worker may add to what it started with; an allocation past "
@@ -681,7 +681,7 @@ def _credit_refs(credit: Any, agents: list[str], policies: list[str], trainer: A
 def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
     """Agents named by the topology must exist.  The topology's structure (a graph's edges, an
     AutoGen team, a LangGraph builder's graph) is checked by the topology modules, a layer up
-    (``mas.checks.topology_errors``)."""
+    (``mas.config.checks.topology_errors``)."""
 
     def check(field: str, value: Any, idx: int | None = None) -> list:
         if value is None or value in names:
@@ -954,7 +954,7 @@ def _list_index(items: list, part: str, key: str) -> int:
 def validate_config(data: dict, source: str = "<config>", check: ConfigCheck | None = None) -> RunConfig:
     """``data`` as a ``RunConfig``: the schema and the references between sections, else a
     ``ConfigError`` with every problem.  ``check``: what the config means beyond its schema,
-    run once the schema holds (``mas.checks.meaning_errors``: the topology's structure, parsers
+    run once the schema holds (``mas.config.checks.meaning_errors``: the topology's structure, parsers
     that cannot do their agent's job); this module cannot run it itself, since those checks
     need the topology modules, which import the config (DESIGN.md, "Layering")."""
     if not isinstance(data, dict):

@@ -16,7 +16,7 @@ their observations on that Turn, and calls the agent again with the observations
 to its messages, until it replies without a tool call or its ``max_tool_calls`` are spent;
 the topology gets the final turn.  A replayed turn reuses its recorded calls and
 observations (the tools are not run again), so a replay is faithful whatever the tool does.
-Tool functions run in a ``mas.sandbox.Sandbox`` (worker processes with a time limit, a memory
+Tool functions run in a ``mas.rollout.sandbox.Sandbox`` (worker processes with a time limit, a memory
 limit and no network), off the event loop, so a slow tool holds up only its own episode.
 A masked or removed tool-using agent occupies as many turn positions as its recorded
 invocation did (all but the last are 'removed' placeholders), so the other agents' turns
@@ -25,7 +25,7 @@ keep their recorded positions and ``keep_others`` can reuse them.
 Everything here is deterministic for a seed: asyncio runs tasks in a fixed order, pending
 requests are sorted by (episode, turn) before each batch, and each ``generate_batch`` gets
 the seed (seed, batch number), from which the backend seeds every policy's sampling on its
-own (``mas.backends.base.policy_seed``), wherever that policy is served.
+own (``mas.rollout.backends.base.policy_seed``), wherever that policy is served.
 
 Faults (DESIGN.md: a failed episode is kept, marked, scored 0 and counted; the step goes on)
 are counted by kind in ``Engine.faults`` (``FAULT_KINDS``); the trainer takes the counts of
@@ -50,10 +50,10 @@ from typing import Any, Callable, Literal, Protocol
 from mas.agents.agent import Agent
 from mas.agents.prompts import PromptCache
 from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
-from mas.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
+from mas.rollout.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
 from mas.envs.verifiers import VERIFIED, TurnVerifier, check_score
-from mas.fault_points import pause_point
-from mas.sandbox import Sandbox
+from mas.training.fault_points import pause_point
+from mas.rollout.sandbox import Sandbox
 from mas.types import (
     CritiqueRequest,
     StepAbandoned,
@@ -545,7 +545,7 @@ class Engine:
         verify: TurnVerifier | None = None,
         verify_timeout_s: float = 2.0,
     ):
-        """``tool_*``: limits of the sandbox the env's tools run in (see ``mas.sandbox``);
+        """``tool_*``: limits of the sandbox the env's tools run in (see ``mas.rollout.sandbox``);
         ``sleep``: what an episode's and a verifier call's time limits wait with (a test injects a
         manual clock); ``verify``: the turn verifier (``mas.envs.verifiers``), called on every turn
         of a scored episode, each call within ``verify_timeout_s``."""

@@ -25,7 +25,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mas.config import RunConfig
+    from mas.config.schema import RunConfig
 
 # (parameters below this, full fine-tuning rate); the last row has no upper bound
 LR_BANDS: tuple[tuple[float, float], ...] = (
@@ -79,8 +79,8 @@ def model_parameters(model: str, trust_remote_code: bool = False, local_only: bo
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from mas.hub import hub_access
-    from mas.sources import gguf_parameters, is_gguf_model
+    from mas.models.hub import hub_access
+    from mas.models.sources import gguf_parameters, is_gguf_model
 
     if is_gguf_model(model):
         return gguf_parameters(model)
@@ -97,7 +97,7 @@ def resolve_default_lrs(cfg: "RunConfig", local_only: bool = False) -> tuple["Ru
     ``local_only`` (``mas validate``): a hub model not in the local cache keeps ``lr: null``,
     with a note that the rate is chosen when the model's config is downloaded.
     """
-    from mas.sources import ModelLoadError, is_gguf_model
+    from mas.models.sources import ModelLoadError, is_gguf_model
 
     notes: dict[str, str] = {}
     policies: dict[str, Any] = {}

@@ -9,7 +9,7 @@ Three kinds, each a list of ``(yaml path, value found, message)`` like ``CrossFi
   verdict, a graph edge labelled with something its source can never produce, or an agent no
   topology node uses.  They are config errors, so every command refuses: ``build_team`` runs
   them (``check_config``), and the commands pass them to ``load_config(..., check=...)``.
-  They live here, not in ``mas.config``, because they need the topology modules, which read
+  They live here, not in ``mas.config.schema``, because they need the topology modules, which read
   the config's types (DESIGN.md, "Layering: imports point down").
 - ``config_warnings``: a team that runs but probably not as meant, said out loud: a policy
   nothing uses, a team with nothing to train, a credit option that leaves agents out (SHARP's
@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from mas.agents.policy import resolve_device
-from mas.config import ConfigError, RunConfig, issue_lines
+from mas.config.schema import ConfigError, RunConfig, issue_lines
 from mas.envs import build_env
 from mas.envs.verifiers import verifier_names
 from mas.errors import ModelLoadError
-from mas.hub import in_cache, is_local
-from mas.refs import RefError, import_ref
-from mas.sources import is_gguf_model, source_issue
+from mas.models.hub import in_cache, is_local
+from mas.config.refs import RefError, import_ref
+from mas.models.sources import is_gguf_model, source_issue
 from mas.topologies.autogen import autogen_errors
 from mas.topologies.graph import graph_errors
 from mas.topologies.langgraph import langgraph_errors

@@ -14,11 +14,11 @@ A package adds to mas through four entry-point groups, e.g. in its ``pyproject.t
     [project.entry-points."mas.verifiers"]
     my_check = "my_pkg.checks:verify"          # a turn verifier (episode, turn) -> float | None
 
-Plugins are loaded once, when ``mas.config`` is imported (before the config schema is built),
+Plugins are loaded once, when ``mas.config.schema`` is imported (before the config schema is built),
 so their names are valid in YAML and listed among the valid choices of ``mas validate``'s
 errors.  An entry point whose import fails, or that does not register the name it is listed
 under, is skipped with a warning (``load_errors()``); nothing else is affected.  A plugin
-module must not import ``mas.config`` at import time (the schema is being built from it);
+module must not import ``mas.config.schema`` at import time (the schema is being built from it);
 ``mas.envs``, ``mas.credit``, ``mas.agents.parsers`` and ``mas.types`` are fine.
 """
 

@@ -48,7 +48,7 @@ from typing import Any
 import httpx
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from mas.backends.base import BatchError, GenRequest, GenResult
+from mas.rollout.backends.base import BatchError, GenRequest, GenResult
 
 _TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504}
 MAX_REPLY_BYTES = 16 * 1024 * 1024  # a chat completion is kilobytes; a reply past this is refused

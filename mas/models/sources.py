@@ -3,7 +3,7 @@
 A policy's ``model`` names one of (DESIGN.md, "Models: where weights come from"):
 
 - ``embedded``: the tiny offline model (``mas.embedded``);
-- a Hugging Face hub id, loaded through ``mas.hub`` (network, or the local cache);
+- a Hugging Face hub id, loaded through ``mas.models.hub`` (network, or the local cache);
 - a local Hugging Face folder;
 - a ``.gguf`` file (llama.cpp's format), always a local path: de-quantised once with
   transformers' GGUF support into a safetensors folder under the cache directory, keyed on the
@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 import torch
 
-import mas.gguf as gguf_files  # the module (not its names): tests replace its conversion
+import mas.models.gguf as gguf_files  # the module (not its names): tests replace its conversion
 from mas.errors import ModelLoadError  # raised at every layer that loads models; still importable from here
 
 

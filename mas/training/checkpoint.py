@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas.credit import get_credit
-from mas.fault_points import pause_point
+from mas.training.fault_points import pause_point
 from mas.runtime.policy_state import load_rng_state, save_rng_state
 
 if TYPE_CHECKING:
-    from mas.team import Team
+    from mas.training.team import Team
 
 
 def _ckpt_dir(run_dir: Path) -> Path:

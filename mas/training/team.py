@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from mas.agents.agent import Agent, build_agents
-from mas.backends.base import Backend
-from mas.checks import check_config, eval_size_issues
-from mas.config import ConfigError, RunConfig, RuntimeConfig
-from mas.defaults import resolve_default_lrs
+from mas.rollout.backends.base import Backend
+from mas.config.checks import check_config, eval_size_issues
+from mas.config.schema import ConfigError, RunConfig, RuntimeConfig
+from mas.config.defaults import resolve_default_lrs
 from mas.embedded.build import ensure_embedded
-from mas.engine import Engine
+from mas.rollout.engine import Engine
 from mas.envs import build_env
 from mas.envs.verifiers import resolve_verifier
 from mas.envs.base import Env
@@ -98,7 +98,7 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir
     """Everything a run needs.  ``eval_size``: (size, where it was set) of the held-out evaluation
     to check against the env before any model loads; default trainer.eval_size.  ``run_dir``:
     where a Ray runtime that starts its own Ray instance keeps Ray's temp files.  A config whose
-    meaning is wrong (``mas.checks.meaning_errors``) is refused first, whoever validated it."""
+    meaning is wrong (``mas.config.checks.meaning_errors``) is refused first, whoever validated it."""
     check_config(cfg)
     apply_runtime(cfg.runtime)
     env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
@@ -140,7 +140,7 @@ def describe_team(team: Team) -> dict:
     import torch
 
     from mas.credit import get_credit
-    from mas.sources import describe_source
+    from mas.models.sources import describe_source
     from mas.version import __version__
 
     policies = {}

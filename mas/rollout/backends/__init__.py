@@ -1,14 +1,14 @@
 """Rollout backends.  ``build_backend`` picks one per policy from its config's ``backend`` field.
 
-``hf`` (``mas.backends.hf``) is always available; ``vllm`` (``mas.backends.vllm``) is imported
+``hf`` (``mas.rollout.backends.hf``) is always available; ``vllm`` (``mas.rollout.backends.vllm``) is imported
 only when a policy asks for it, so environments without vLLM never touch it; ``openai``
-(``mas.backends.openai_compat``) sends a frozen policy's requests to a remote
+(``mas.rollout.backends.openai_compat``) sends a frozen policy's requests to a remote
 OpenAI-compatible chat endpoint.
 """
 
 from __future__ import annotations
 
-from mas.backends.base import Backend, GenRequest, GenResult, RoutedBackend, ServedPolicy
+from mas.rollout.backends.base import Backend, GenRequest, GenResult, RoutedBackend, ServedPolicy
 
 __all__ = ["Backend", "GenRequest", "GenResult", "RoutedBackend", "build_backend"]
 
@@ -18,7 +18,7 @@ BACKENDS = ("hf", "vllm", "openai")
 def build_backend(policies: dict[str, ServedPolicy], batch_tokens: dict[str, int | None] | None = None) -> Backend:
     """One backend serving every policy: the policy's ``backend`` ('hf' or 'vllm') picks its engine.
 
-    ``batch_tokens``: an hf policy's ``rollout_batch_tokens`` (``mas.backends.hf``), by name.
+    ``batch_tokens``: an hf policy's ``rollout_batch_tokens`` (``mas.rollout.backends.hf``), by name.
 
     If all policies use one engine that engine is returned; otherwise a ``RoutedBackend``
     sends each request to the engine serving its policy.
@@ -31,15 +31,15 @@ def build_backend(policies: dict[str, ServedPolicy], batch_tokens: dict[str, int
 
     engines: dict[str, Backend] = {}
     if "hf" in by_kind:
-        from mas.backends.hf import HFBackend
+        from mas.rollout.backends.hf import HFBackend
 
         engines["hf"] = HFBackend(by_kind["hf"], batch_tokens=batch_tokens)
     if "vllm" in by_kind:
         try:
-            from mas.backends.vllm import VLLMBackend
+            from mas.rollout.backends.vllm import VLLMBackend
         except ImportError as e:
             raise ImportError(
-                f"policies {sorted(by_kind['vllm'])} use backend 'vllm', but mas.backends.vllm could not be "
+                f"policies {sorted(by_kind['vllm'])} use backend 'vllm', but mas.rollout.backends.vllm could not be "
                 f"imported ({e}). Install the vLLM tier with `VLLM=1 bash scripts/setup.sh` and run "
                 f"`.venv-vllm/bin/mas` (docs/vllm.md), or set backend: hf for these policies."
             ) from e
@@ -47,7 +47,7 @@ def build_backend(policies: dict[str, ServedPolicy], batch_tokens: dict[str, int
 
     routes = {name: engines[kind] for kind, hs in by_kind.items() if kind in engines for name in hs}
     if "openai" in by_kind:  # one client per remote policy (each names its own server and model)
-        from mas.backends.openai_compat import OpenAICompatBackend
+        from mas.rollout.backends.openai_compat import OpenAICompatBackend
 
         for name, h in by_kind["openai"].items():
             routes[name] = OpenAICompatBackend(model=h.remote_model, **h.endpoint.model_dump())

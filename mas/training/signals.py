@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from mas.callbacks import RunControl
+from mas.training.callbacks import RunControl
 
 
 class StopOnSignal:
@@ -74,7 +74,7 @@ class StopOnSignal:
 
 def abandon_message(run_dir: Path, resume_cmd: str) -> str:
     """What a second signal leaves: the last complete checkpoint and the command that resumes from it."""
-    from mas.checkpoint import latest_checkpoint
+    from mas.training.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:

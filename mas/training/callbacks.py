@@ -7,7 +7,7 @@ A callback is any object with some of these methods (each optional)::
     on_checkpoint(step, path) -> None                           # after a checkpoint is complete
 
 A truthy return from ``on_step_end`` or ``on_eval`` asks the run to stop.  Stopping is never
-abrupt: ``RunControl.request_stop`` only sets a flag, which ``mas.trainer.train`` reads at the
+abrupt: ``RunControl.request_stop`` only sets a flag, which ``mas.training.trainer.train`` reads at the
 next step boundary; the run then checkpoints the last completed step, writes its summary
 (with ``stopped`` set to the reason) and returns, so ``mas train --resume`` continues it.
 Signal handlers (Ctrl-C, SIGTERM) use the same flag, asking to abandon the step in progress
@@ -38,7 +38,7 @@ class RunControl:
     scheduler's SIGTERM, the first Ctrl-C) is also read inside a step, at its safe points
     (between generation batches, between micro-batches of an update before any optimizer
     steps): the step in progress is dropped and the run is checkpointed as it was before it,
-    so a long real-model step does not hold the stop for minutes (``mas.trainer``).
+    so a long real-model step does not hold the stop for minutes (``mas.training.trainer``).
     """
 
     def __init__(self) -> None:

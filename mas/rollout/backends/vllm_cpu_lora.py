@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from mas.backends.vllm import WeightLoaderExtension
+from mas.rollout.backends.vllm import WeightLoaderExtension
 
 OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")
 

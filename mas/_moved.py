@@ -1,0 +1,61 @@
+"""The import paths of modules from before mas/ was grouped by layer (``mas.engine`` is now
+``mas.rollout.engine``, ``mas.backends.hf`` is ``mas.rollout.backends.hf``, ...).
+
+A plugin, a notebook or a pickle that names an old path gets the module itself, not a copy:
+``mas.engine is mas.rollout.engine``, so a class or a monkeypatch seen through either name is the
+same one.  ``mas.config`` kept its name (the schema moved inside it, and the package re-exports it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
+
+# old name under mas. -> new name under mas.; a package's submodules follow it
+MOVED: dict[str, str] = {
+    **{name: f"config.{name}" for name in ("checks", "defaults", "safe_yaml", "refs", "plugins")},
+    **{name: f"models.{name}" for name in ("sources", "hub", "gguf", "tiny")},
+    **{name: f"rollout.{name}" for name in ("engine", "scoring", "sandbox", "backends")},
+    **{name: f"training.{name}" for name in ("team", "trainer", "learner", "sft", "warmup", "checkpoint", "signals",
+                                             "metrics", "memory", "callbacks", "fault_points", "rundir")},
+}
+
+
+def new_name(fullname: str) -> str | None:
+    """Where the module once called ``fullname`` lives now (None: it did not move)."""
+    root, _, rest = fullname.partition(".")
+    head, _, tail = rest.partition(".")
+    if root != "mas" or head not in MOVED:
+        return None
+    return f"mas.{MOVED[head]}" + (f".{tail}" if tail else "")
+
+
+class _Alias(importlib.abc.Loader):
+    """Loads an old name as the module under its new name."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(self.target)
+        self.own_spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # creating it under the old name set the old name's spec on it: give its own back
+        module.__spec__ = self.own_spec
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        moved = new_name(fullname)
+        return None if moved is None else importlib.machinery.ModuleSpec(fullname, _Alias(moved))
+
+
+def install() -> None:
+    """Answer the old names (once per process)."""
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())

@@ -1,0 +1,23 @@
+"""The config: what a team YAML may say (``schema``), what it means (``checks``), the defaults a
+policy's model implies (``defaults``), the safe YAML reader, ``module:attr`` references and the
+plugins that extend the choices.
+
+``from mas.config import load_config, ConfigError, RunConfig, ...`` reads the schema's names; they
+are looked up on first use, so importing a low module of this folder (``mas.config.safe_yaml``)
+does not build the schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from mas.config import schema
+
+    try:
+        return getattr(schema, name)
+    except AttributeError:
+        raise AttributeError(f"module 'mas.config' has no attribute {name!r}") from None

@@ -1,0 +1,62 @@
+"""The import paths from before mas/ was grouped by layer still work, and give the module itself."""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mas import _moved
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("old", sorted(_moved.MOVED))
+def test_an_old_path_is_the_moved_module_itself(old):
+    new = f"mas.{_moved.MOVED[old]}"
+    assert (ROOT / Path(*new.split("."))).with_suffix(".py").is_file() or (ROOT / Path(*new.split("."))).is_dir()
+    module = importlib.import_module(f"mas.{old}")
+    assert module is importlib.import_module(new)
+    assert module.__name__ == new and module.__spec__.name == new  # its own spec, not the alias's
+
+
+def test_old_paths_of_a_package_reach_its_submodules_and_names():
+    from mas.backends.hf import HFBackend
+    from mas.engine import EpisodeContext
+    from mas.rollout.backends.hf import HFBackend as Moved
+    from mas.rollout.engine import EpisodeContext as MovedContext
+
+    assert HFBackend is Moved and EpisodeContext is MovedContext
+
+
+def test_a_pickle_written_under_an_old_path_loads_the_moved_class():
+    from mas.rollout.engine import Outcome
+
+    old = pickle.dumps(Outcome).replace(b"mas.rollout.engine", b"mas.engine")
+    assert b"mas.engine" in old and pickle.loads(old) is Outcome
+
+
+def test_the_config_keeps_its_public_path():
+    from mas.config import ConfigError, load_config
+    from mas.config.schema import ConfigError as SchemaError, load_config as schema_load
+
+    assert ConfigError is SchemaError and load_config is schema_load
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        import mas.config
+
+        mas.config.nope  # noqa: B018
+
+
+def test_a_module_that_never_existed_is_still_an_import_error():
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("mas.engine.nope")
+    assert _moved.new_name("mas.nope") is None and _moved.new_name("other.engine") is None
+
+
+def test_importing_a_low_config_module_does_not_build_the_schema():
+    code = "import sys, mas.config.safe_yaml; assert 'mas.config.schema' not in sys.modules, 'schema built'"
+    subprocess.run([sys.executable, "-c", code], check=True)
