@@ -14,7 +14,7 @@ from typing import Callable
 
 from mas.agents.parsers import PARSERS, Parsed
 from mas.agents.tools import ToolSpec, tools_prompt
-from mas.config import AgentConfig, SamplingConfig
+from mas.config.schema import AgentConfig, SamplingConfig
 
 
 @dataclass(frozen=True)

@@ -329,7 +329,7 @@ PARSERS: dict[str, Callable[[str], Parsed]] = {
 
 
 def register_parser(name: str, fn: Callable[[str], Parsed]) -> None:
-    """Add a parser ``fn(text) -> (parsed, valid)`` under ``name`` (a plugin's, see mas/plugins.py).
+    """Add a parser ``fn(text) -> (parsed, valid)`` under ``name`` (a plugin's, see mas/config/plugins.py).
     Registering a name twice is a ValueError."""
     if name in PARSERS:
         raise ValueError(f"parser {name!r} is already registered")

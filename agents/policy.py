@@ -30,10 +30,10 @@ from typing import Any, TYPE_CHECKING, Callable, Iterator, Literal
 import torch
 from torch import nn
 
-from mas.sources import ModelLoadError, gguf_folder, is_gguf_model, is_gguf_path, is_wheel_model, model_key
+from mas.models.sources import ModelLoadError, gguf_folder, is_gguf_model, is_gguf_path, is_wheel_model, model_key
 
 if TYPE_CHECKING:
-    from mas.config import PolicyConfig
+    from mas.config.schema import PolicyConfig
 
 PolicyKind = Literal["full", "lora", "frozen"]
 
@@ -198,7 +198,7 @@ class PolicyHandle:
         full/frozen: the whole model.  lora: only this adapter, laid out flat
         (``path/adapter_config.json``, ``path/adapter_model.safetensors``) so that
         ``PeftModel.from_pretrained(base, path)`` and vLLM's LoRA loader read it directly.
-        A checkpoint then names the adapter's base portably (``mas.checkpoint.record_base_models``).
+        A checkpoint then names the adapter's base portably (``mas.training.checkpoint.record_base_models``).
         """
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -269,7 +269,7 @@ def portable_model_ref(model: str, anchor: str | Path) -> str:
     """How a checkpoint names a model: a hub id, 'embedded' or a wheel-shipped short name as it
     is; a local directory or ``.gguf`` file as a path relative to ``anchor`` (e.g. the run
     directory), so no absolute machine path is kept."""
-    from mas.hub import is_local
+    from mas.models.hub import is_local
 
     if model == "embedded" or is_wheel_model(model) or not (is_local(model) or is_gguf_path(model)):
         return model
@@ -281,7 +281,7 @@ def portable_model_ref(model: str, anchor: str | Path) -> str:
 
 def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_code: bool):
     """Load ``(model, tokenizer)`` onto ``device``: 'embedded', a hub id, a local directory, a
-    ``.gguf`` file or a wheel-shipped short name (``mas.sources``: a GGUF is de-quantised into
+    ``.gguf`` file or a wheel-shipped short name (``mas.models.sources``: a GGUF is de-quantised into
     ``dtype`` once, into a cached folder, and loaded from there).
 
     The tokenizer is left-padding and always has a pad token (EOS if it had none).  A model that
@@ -299,7 +299,7 @@ def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_c
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from mas.hub import hub_access, is_local
+        from mas.models.hub import hub_access, is_local
 
         if is_gguf_model(model):
             source = str(gguf_folder(model, dtype))  # converted on first use, keyed on the file's sha256
@@ -350,7 +350,7 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
-    from mas.config import LoraConfig  # local: the config module imports every component's schema
+    from mas.config.schema import LoraConfig  # local: the config module imports every component's schema
 
     handles: dict[str, PolicyHandle] = {}
     lora_groups: dict[tuple, list[str]] = {}
@@ -367,7 +367,7 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
 
     for name, cfg in policies.items():
         if cfg.backend == "openai":  # a remote frozen model: nothing to load here
-            from mas.backends.openai_compat import ChatOnlyTokenizer
+            from mas.rollout.backends.openai_compat import ChatOnlyTokenizer
 
             handles[name] = PolicyHandle(name, "frozen", None, ChatOnlyTokenizer(), "cpu", backend="openai",
                                          endpoint=cfg.endpoint, remote_model=cfg.model)

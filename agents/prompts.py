@@ -1,4 +1,4 @@
-"""Turn chat messages into prompt token ids (the ids that end a completion: ``mas.backends.base``).
+"""Turn chat messages into prompt token ids (the ids that end a completion: ``mas.rollout.backends.base``).
 
 A tokenizer with a chat template (every real instruct model, and the embedded tiny model)
 renders the messages with it, ``add_generation_prompt=True``.  A tokenizer without one uses
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mas.backends.base import completion_stop_ids  # the backends stop on them; still importable from here
+from mas.rollout.backends.base import completion_stop_ids  # the backends stop on them; still importable from here
 
 PLAIN_MESSAGE = "### {role}\n{content}\n"
 PLAIN_GENERATION_PROMPT = "### assistant\n"

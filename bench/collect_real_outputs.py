@@ -6,7 +6,7 @@ sampling temperatures and writes one JSON line per turn:
     {"config", "phase", "agent", "parser", "task", "text", "valid"}
 
 ``phase`` is ``raw`` (the model as it ships) or ``warm`` (after ``--warmup-steps`` supervised
-steps of the team's format warm-up, ``mas.warmup``); ``valid`` is what the parser said when
+steps of the team's format warm-up, ``mas.training.warmup``); ``valid`` is what the parser said when
 the turn was collected (the fixture's labels are written by hand afterwards, see
 ``tests/agents/test_real_outputs.py``).  Tool turns are kept too (their text is a tool call).
 
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from mas.config import load_config
-from mas.team import build_team
-from mas.warmup import warm_up
+from mas.config.schema import load_config
+from mas.training.team import build_team
+from mas.training.warmup import warm_up
 
 ROOT = Path(__file__).parents[1]
 

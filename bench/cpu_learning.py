@@ -60,7 +60,7 @@ def run_one(config: str, overrides: list[str], out: Path) -> dict:
 
 def embedded_overrides(config: str, folder: Path) -> list[str]:
     """``policies.<name>.model=<folder>`` for each policy of ``config`` on the embedded model."""
-    from mas.config import load_config
+    from mas.config.schema import load_config
 
     return [f"policies.{name}.model={folder}" for name, p in load_config(REPO / config).policies.items()
             if p.model == "embedded"]

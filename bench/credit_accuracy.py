@@ -1,7 +1,7 @@
 """Credit accuracy against known ground truth.
 
 Five team designs whose true per-agent contribution is known exactly.  Agents are scripted
-(mas.backends.scripted), so every episode, replay, intervention and critique runs through
+(mas.rollout.backends.scripted), so every episode, replay, intervention and critique runs through
 the real engine and topology, and the exact Shapley value of each episode's game can be
 computed from the script.  Team: chain worker1 -> worker2 -> aggregator; the aggregator
 reads the workers' visible messages ("[masked]" when a coalition leaves one out) and answers.
@@ -48,13 +48,13 @@ import numpy as np
 import torch
 
 from mas.agents.agent import build_agents
-from mas.backends.scripted import ScriptedBackend
-from mas.config import validate_config
+from mas.rollout.backends.scripted import ScriptedBackend
+from mas.config.schema import validate_config
 from mas.credit import build_credit_batch, credit_names, run_credit
 from mas.credit.registry import plan_credit
-from mas.engine import MASK_TEXT, Engine
-from mas.metrics import credit_cost
-from mas.tiny import train_tokenizer
+from mas.rollout.engine import MASK_TEXT, Engine
+from mas.training.metrics import credit_cost
+from mas.models.tiny import train_tokenizer
 from mas.topologies import build_topology
 from mas.types import Episode, Task
 
@@ -381,7 +381,7 @@ def relay_methods(n: int, group_size: int) -> list[tuple[str, dict, str]]:
 def relay_rows(n: int, groups: int, group_size: int, tokenizer, seed: int) -> dict[str, dict]:
     """Every relay method's agreement with the designed ground truth at team size ``n``."""
     from mas.envs import build_env
-    from mas.metrics import pearson
+    from mas.training.metrics import pearson
 
     cfg = validate_config(relay_team(n))
     env = build_env(cfg.env)

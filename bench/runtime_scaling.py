@@ -39,10 +39,10 @@ from pathlib import Path
 
 import torch
 
-from mas.config import load_config, validate_config
-from mas.team import build_team
-from mas.tiny import tiny_causal_lm, train_tokenizer
-from mas.trainer import train
+from mas.config.schema import load_config, validate_config
+from mas.training.team import build_team
+from mas.models.tiny import tiny_causal_lm, train_tokenizer
+from mas.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("p0", "p1", "p2")

@@ -31,7 +31,7 @@ REPO = Path(__file__).parents[1]
 
 
 @dataclass
-class Outcome:  # what a topology returns (mas.engine.Outcome's fields)
+class Outcome:  # what a topology returns (mas.rollout.engine.Outcome's fields)
     answer: str | None
     truncated: bool = False
 
@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from mas.checkpoint import latest_checkpoint, load_checkpoint
-    from mas.config import load_config
-    from mas.team import build_team
-    from mas.warmup import warm_up
+    from mas.training.checkpoint import latest_checkpoint, load_checkpoint
+    from mas.config.schema import load_config
+    from mas.training.team import build_team
+    from mas.training.warmup import warm_up
 
     torch.set_num_threads(args.threads)
     overrides = list(args.overrides) + ([f"trainer.seed={args.seed}"] if args.seed is not None else [])

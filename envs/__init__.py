@@ -7,7 +7,7 @@ unknown name is an error that lists every registered env.  ``build_env`` turns o
 configs into an :class:`Env`.  Importing this package is cheap: heavy dependencies
 (``datasets``) are imported only by the env that needs them, when it is built.
 
-Third-party packages add envs through the ``mas.envs`` entry-point group (``mas/plugins.py``):
+Third-party packages add envs through the ``mas.envs`` entry-point group (``mas/config/plugins.py``):
 the entry point names a module that calls :func:`register_env` when imported.
 
 Turn verifiers (``verifiers.py``): the built-in envs check their turns' own jobs; each built-in

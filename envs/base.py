@@ -12,7 +12,7 @@ evaluation reports average.
 A designed team task (``envs/team``) also records its ground truth of who did their job:
 ``episode.info["designed"]`` maps agent name -> 1.0 or 0.0, whether that agent did its own
 designed part right in this episode (known by construction, not inferred from the outcome).
-Step metrics correlate each agent's advantages with it (``designed_signal``, mas/metrics.py).
+Step metrics correlate each agent's advantages with it (``designed_signal``, mas/training/metrics.py).
 ``designed_outcomes`` builds it, so every task means the same by it.
 """
 

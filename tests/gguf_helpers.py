@@ -58,7 +58,7 @@ def logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def write_tiny_gguf(path: Path, model, tokenizer, dtype: str = "f32") -> Path:
-    from mas.gguf import write_gguf
+    from mas.models.gguf import write_gguf
 
     return write_gguf(model, tokenizer, path, dtype=dtype, name="tiny")
 

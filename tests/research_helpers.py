@@ -27,9 +27,9 @@ import torch
 
 from mas.agents.agent import build_agents
 from mas.agents.prompts import render_prompt
-from mas.config import RunConfig
+from mas.config.schema import RunConfig
 from mas.envs import build_env
-from mas.tiny import sft_batch, tiny_causal_lm, train_tokenizer
+from mas.models.tiny import sft_batch, tiny_causal_lm, train_tokenizer
 
 VALID_SEARCH = '<tool_call>{"name": "search", "arguments": {"query": "film director"}}</tool_call>'
 VALID_READ = '<tool_call>{"name": "read", "arguments": {"title": "Shirley Temple"}}</tool_call>'

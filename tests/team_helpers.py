@@ -84,9 +84,9 @@ def train_smoke(tmp_path, cfg: dict):
     import yaml
 
     from mas.cli import main
-    from mas.config import load_config
-    from mas.team import build_team
-    from mas.trainer import train
+    from mas.config.schema import load_config
+    from mas.training.team import build_team
+    from mas.training.trainer import train
 
     path = tmp_path / "team.yaml"
     path.write_text(yaml.safe_dump(cfg))

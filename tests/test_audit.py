@@ -28,10 +28,10 @@ from mas.audit import (
     spearman,
     turn_limit,
 )
-from mas.backends.scripted import ScriptedBackend
+from mas.rollout.backends.scripted import ScriptedBackend
 from mas.cli import main
-from mas.config import validate_config
-from mas.engine import MASK_TEXT, Engine
+from mas.config.schema import validate_config
+from mas.rollout.engine import MASK_TEXT, Engine
 from mas.topologies import build_topology
 from mas.types import Task
 

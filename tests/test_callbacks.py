@@ -8,10 +8,10 @@ import json
 import torch
 from team_helpers import team_config, varied_reward
 
-from mas.callbacks import RunControl
-from mas.config import validate_config
-from mas.team import build_team
-from mas.trainer import train
+from mas.training.callbacks import RunControl
+from mas.config.schema import validate_config
+from mas.training.team import build_team
+from mas.training.trainer import train
 
 
 def build(model_dir, **trainer):

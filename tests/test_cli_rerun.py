@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from team_helpers import team_config
 
-from mas.checkpoint import latest_checkpoint, prune_checkpoints
+from mas.training.checkpoint import latest_checkpoint, prune_checkpoints
 from mas.cli import main
 
 REPO = Path(__file__).parents[1]

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from team_helpers import team_config
 
-from mas.checkpoint import latest_checkpoint
+from mas.training.checkpoint import latest_checkpoint
 from mas.cli import main
 
 DEADLINE_S = 600  # generous: only a hung process gets near it (the CI machine may be busy)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from mas.cli import main
-from mas.config import validate_config
+from mas.config.schema import validate_config
 
 REPO = Path(__file__).parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

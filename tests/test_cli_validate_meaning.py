@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from mas.agents.parsers import PARSERS
-from mas.checks import PARSER_LABELS
+from mas.config.checks import PARSER_LABELS
 from mas.cli import main
-from mas.config import ConfigError, load_config
+from mas.config.schema import ConfigError, load_config
 
 TEAM: dict = {
     "team": {"name": "meaning"},

@@ -14,10 +14,10 @@ import pydantic
 import pytest
 import yaml
 
-from mas.checks import meaning_errors
+from mas.config.checks import meaning_errors
 from mas.cli import main
-from mas.config import ConfigError, RunConfig, apply_overrides, dump_config, load_config, validate_config
-from mas.team import build_team
+from mas.config.schema import ConfigError, RunConfig, apply_overrides, dump_config, load_config, validate_config
+from mas.training.team import build_team
 
 REPO = Path(__file__).parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -421,8 +421,8 @@ def test_graph_cycle_with_max_turns_validates():
 
 
 def test_the_structure_is_checked_above_the_schema_and_team_building_refuses_it_first():
-    """``mas.config`` sits below the topologies (DESIGN.md, "Layering"), so it checks the schema
-    only; ``mas.checks.meaning_errors`` checks the structure, passed to validate_config/load_config
+    """``mas.config.schema`` sits below the topologies (DESIGN.md, "Layering"), so it checks the schema
+    only; ``mas.config.checks.meaning_errors`` checks the structure, passed to validate_config/load_config
     by the commands, and ``build_team`` refuses a config it flags before anything loads."""
     data = with_topology(graph(LOOP_NODES, LOOP_EDGES))  # a cycle and no max_turns
     cfg = validate_config(data)  # the schema holds

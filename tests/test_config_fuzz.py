@@ -30,10 +30,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mas.checks import data_issues, meaning_errors
+from mas.config.checks import data_issues, meaning_errors
 from mas.cli import main
-from mas.config import ConfigError, RunConfig, issue_lines, load_config
-from mas.safe_yaml import MAX_NODES
+from mas.config.schema import ConfigError, RunConfig, issue_lines, load_config
+from mas.config.safe_yaml import MAX_NODES
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 BASES = [yaml.safe_load(p.read_text()) for p in CONFIGS]

@@ -10,8 +10,8 @@ import yaml
 from team_helpers import team_config
 
 from mas.cli import main
-from mas.config import TrainerConfig
-from mas.defaults import EMBEDDED_LR, default_lr, lr_table_markdown, model_parameters
+from mas.config.schema import TrainerConfig
+from mas.config.defaults import EMBEDDED_LR, default_lr, lr_table_markdown, model_parameters
 
 REPO = Path(__file__).parents[1]
 

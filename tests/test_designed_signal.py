@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mas.credit.batch import build_credit_batch
-from mas.metrics import pearson, step_metrics
+from mas.training.metrics import pearson, step_metrics
 from mas.types import Credit, Episode, EpisodeGroup, Task, Turn
 
 

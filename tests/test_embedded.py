@@ -12,13 +12,13 @@ import pytest
 import torch
 import yaml
 
-from mas.backends.base import GenRequest
-from mas.config import validate_config
+from mas.rollout.backends.base import GenRequest
+from mas.config.schema import validate_config
 from mas.embedded import FORMATS, Recipe, warm_started_roles
 from mas.embedded.build import build_embedded, ensure_embedded, format_transcripts
 from mas.embedded.artifact import write_manifest
 from mas.embedded.teachers import chain_steps, value, worked
-from mas.tiny import train_tokenizer
+from mas.models.tiny import train_tokenizer
 
 ROOT = Path(__file__).parents[1]
 SMALL = Recipe(formats=(("orchestrator", 12), ("chain", 6)), steps=3, hidden_size=32, num_layers=1, num_heads=2, vocab_size=300,

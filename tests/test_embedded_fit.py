@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from team_helpers import team_config
 
-from mas.config import validate_config
+from mas.config.schema import validate_config
 from mas.embedded import FORMATS
 from mas.embedded.fit import EmbeddedFitCheck, fit_warnings
 

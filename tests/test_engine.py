@@ -11,10 +11,10 @@ from team_helpers import team_config
 
 from mas.agents.agent import build_agents
 from mas.agents.prompts import PromptCache, render_prompt
-from mas.backends.scripted import ScriptedBackend
-from mas.config import validate_config
-from mas.engine import MASK_TEXT, Engine, _copy_turn
-from mas.team import build_team
+from mas.rollout.backends.scripted import ScriptedBackend
+from mas.config.schema import validate_config
+from mas.rollout.engine import MASK_TEXT, Engine, _copy_turn
+from mas.training.team import build_team
 from mas.topologies import build_topology
 from mas.types import InterventionRequest, ReplayRequest, Task, Turn
 
@@ -66,7 +66,7 @@ def test_a_run_renders_each_distinct_prompt_once_and_every_turn_owns_its_prompt_
             super().__init__()
             caches.append(self)
 
-    monkeypatch.setattr("mas.engine.PromptCache", Spy)
+    monkeypatch.setattr("mas.rollout.engine.PromptCache", Spy)
 
     def respond(req):
         if req.agent == "lead":
@@ -124,7 +124,7 @@ def test_a_policys_rollout_batch_tokens_reaches_its_generate_calls(tiny_model_di
 def test_greedy_evaluation_gives_the_same_episodes_when_its_calls_are_cut_by_tokens(tiny_model_dir, monkeypatch, topology):
     """The default bound on greedy calls (HFBackend.greedy_batch_tokens) cuts an evaluation's
     calls into several; every episode is the same as with every task in one call."""
-    import mas.backends.hf as hf
+    import mas.rollout.backends.hf as hf
 
     tasks = [Task(f"e{i}", f"{i}+{i % 3}", str(i + i % 3)) for i in range(10)]
 

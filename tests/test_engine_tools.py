@@ -11,9 +11,9 @@ import json
 import pytest
 
 from mas.agents.agent import build_agents
-from mas.backends.scripted import ScriptedBackend
-from mas.config import ConfigError, validate_config
-from mas.engine import MASK_TEXT, Engine
+from mas.rollout.backends.scripted import ScriptedBackend
+from mas.config.schema import ConfigError, validate_config
+from mas.rollout.engine import MASK_TEXT, Engine
 from mas.envs.research import HotpotQAConfig, HotpotQAEnv
 from mas.topologies import build_topology
 from mas.types import InterventionRequest, ReplayRequest, Task

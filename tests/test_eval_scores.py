@@ -8,7 +8,7 @@ import pytest
 from team_helpers import team_config
 
 from mas.cli import main
-from mas.metrics import eval_metrics
+from mas.training.metrics import eval_metrics
 from mas.types import Episode, Task, Turn
 
 
@@ -57,9 +57,9 @@ def test_mas_eval_on_a_math_team_prints_accuracy(tiny_model_dir, tmp_path, capsy
 
 
 def test_sampled_evaluation_is_seeded_and_not_greedy(tiny_model_dir):
-    from mas.config import validate_config
-    from mas.team import build_team
-    from mas.trainer import evaluate
+    from mas.config.schema import validate_config
+    from mas.training.team import build_team
+    from mas.training.trainer import evaluate
 
     cfg = team_config(tiny_model_dir, "chain")
     cfg["trainer"] = {**cfg.get("trainer", {}), "eval_do_sample": True}

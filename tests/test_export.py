@@ -77,8 +77,8 @@ def test_a_lora_checkpoint_names_its_base_relative_to_the_run_and_exports_merged
 
 def test_a_hub_base_or_the_embedded_model_is_recorded_by_name(tmp_path, tiny_model_dir):
     from mas.agents.policy import build_policies, portable_model_ref
-    from mas.checkpoint import record_base_models
-    from mas.config import PolicyConfig
+    from mas.training.checkpoint import record_base_models
+    from mas.config.schema import PolicyConfig
 
     handle = build_policies({"main": PolicyConfig(kind="lora", model=str(tiny_model_dir), device="cpu")})["main"]
     handle.save_pretrained(tmp_path / "ckpt" / "policies" / "main")

@@ -16,7 +16,7 @@ from team_helpers import team_config, varied_reward
 
 from mas.agents.policy import peft_quietly
 from mas.cli import main
-from mas.tiny import tiny_causal_lm
+from mas.models.tiny import tiny_causal_lm
 
 IDS = torch.tensor([[5, 17, 42, 99, 7, 3, 250, 11]])
 

@@ -19,12 +19,12 @@ import threading
 import pytest
 from team_helpers import team_config, varied_reward
 
-from mas.backends import RoutedBackend
-from mas.backends.scripted import ScriptedBackend
-from mas.config import validate_config
-from mas.engine import FAULT_KINDS
-from mas.team import build_team
-from mas.trainer import train
+from mas.rollout.backends import RoutedBackend
+from mas.rollout.backends.scripted import ScriptedBackend
+from mas.config.schema import validate_config
+from mas.rollout.engine import FAULT_KINDS
+from mas.training.team import build_team
+from mas.training.trainer import train
 
 STEPS = 2
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from gguf_helpers import TEXTS, logits, read_back, tiny_llama, with_trained_lora, write_tiny_gguf
 
-from mas.gguf import WRITERS, GGUFError, pre_tokenizer_name, read_header, write_gguf
-from mas.tiny import tiny_causal_lm
+from mas.models.gguf import WRITERS, GGUFError, pre_tokenizer_name, read_header, write_gguf
+from mas.models.tiny import tiny_causal_lm
 
 IDS = torch.tensor([[5, 17, 42, 99, 7, 3, 250, 11, 64, 8]])  # ids below the tiny vocabulary (300)
 

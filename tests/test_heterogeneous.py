@@ -19,11 +19,11 @@ import yaml
 from research_helpers import warm_research_model
 
 from mas.agents.prompts import render_prompt
-from mas.config import apply_overrides, validate_config
+from mas.config.schema import apply_overrides, validate_config
 from mas.envs.research import HotpotQAEnv
-from mas.team import build_team
-from mas.tiny import tiny_causal_lm, train_tokenizer
-from mas.trainer import train, train_step
+from mas.training.team import build_team
+from mas.models.tiny import tiny_causal_lm, train_tokenizer
+from mas.training.trainer import train, train_step
 
 CONFIG = Path(__file__).parents[1] / "configs" / "hotpotqa_heterogeneous.yaml"
 SETTINGS = {"planner": (1e-2, 2), "scout": (3e-3, 3)}  # policy -> (lr, micro_batch_size), deliberately different

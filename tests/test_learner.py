@@ -1,4 +1,4 @@
-"""mas.learner: the PPO-clip surrogate, batching, micro-batch/padding invariance, schedules, resume."""
+"""mas.training.learner: the PPO-clip surrogate, batching, micro-batch/padding invariance, schedules, resume."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from mas.learner import (
+from mas.training.learner import (
     Learner,
     TrainSample,
     build_scheduler,
@@ -23,11 +23,11 @@ from mas.learner import (
     ppo_clip_loss,
     token_logprobs,
 )
-from mas.tiny import tiny_causal_lm
+from mas.models.tiny import tiny_causal_lm
 
 try:
-    from mas.config import OptimConfig
-except ImportError:  # mas.config imports packages still being written; same fields and defaults
+    from mas.config.schema import OptimConfig
+except ImportError:  # mas.config.schema imports packages still being written; same fields and defaults
 
     @dataclass(frozen=True)
     class OptimConfig:  # type: ignore[no-redef]

@@ -1,4 +1,4 @@
-"""Handing the allocator's freed memory back to the system between steps (mas.memory)."""
+"""Handing the allocator's freed memory back to the system between steps (mas.training.memory)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 
 FRAGMENT_AND_RELEASE = """
-from mas.memory import release_freed_memory, rss_mb
+from mas.training.memory import release_freed_memory, rss_mb
 # 64 KB blocks sit below glibc's mmap threshold, so freeing them leaves a fragmented heap
 # that glibc keeps: every 50th block stays alive, pinning the heap's top.
 blocks = [bytearray(64 * 1024) for _ in range(4000)]  # 250 MiB
@@ -36,12 +36,12 @@ def test_freed_heap_goes_back_to_the_system():
 
 def test_every_training_step_starts_by_releasing_freed_memory(tiny_model_dir, tmp_path, monkeypatch):
     import mas
-    import mas.trainer
+    import mas.training.trainer
     from team_helpers import team_config
 
     calls = []
     steps = []
-    monkeypatch.setattr(mas.trainer, "release_freed_memory", lambda: calls.append(len(steps)) or True)
+    monkeypatch.setattr(mas.training.trainer, "release_freed_memory", lambda: calls.append(len(steps)) or True)
 
     class Steps:
         def on_step_end(self, step, metrics, groups, credit):

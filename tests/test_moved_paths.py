@@ -36,7 +36,7 @@ def test_old_paths_of_a_package_reach_its_submodules_and_names():
 def test_a_pickle_written_under_an_old_path_loads_the_moved_class():
     from mas.rollout.engine import Outcome
 
-    old = pickle.dumps(Outcome).replace(b"mas.rollout.engine", b"mas.engine")
+    old = pickle.dumps(Outcome, protocol=0).replace(b"mas.rollout.engine", b"mas.engine")
     assert b"mas.engine" in old and pickle.loads(old) is Outcome
 
 

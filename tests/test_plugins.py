@@ -138,7 +138,7 @@ def test_plugins_are_valid_choices_in_configs_and_errors(plugin_path, tmp_path):
 def test_a_plugin_env_parser_and_credit_method_run(plugin_path, tmp_path):
     code = textwrap.dedent('''
         import torch
-        from mas.config import load_config
+        from mas.config.schema import load_config
         from mas.agents.agent import build_agents
         from mas.credit import get_credit
         from mas.envs import build_env

@@ -14,7 +14,7 @@ from team_helpers import team_config, varied_reward
 
 from mas.cli import main
 from mas.envs.math.synthetic import SyntheticMathEnv
-from mas.metrics import episode_details, sample_episodes
+from mas.training.metrics import episode_details, sample_episodes
 from mas.report import load_run, write_compare, write_report
 from mas.report.charts import nice_ticks, tick_label
 from mas.report.checklist import checklist_rows
@@ -343,7 +343,7 @@ def test_every_credit_method_says_what_its_credit_share_means(run_dir):
 
 def test_step_metrics_count_the_credit_of_unparsed_turns():
     from mas.credit.batch import build_credit_batch
-    from mas.metrics import step_metrics
+    from mas.training.metrics import step_metrics
 
     task = Task("t", "q", "1")
     turns = [_turn("lead"), _turn("checker"), _turn("checker")]

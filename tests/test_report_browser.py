@@ -27,7 +27,7 @@ import yaml
 from team_helpers import team_config
 from test_report import HOSTILE, NAMES, PAYLOADS, assert_inert, hostile_run, run_dir  # noqa: F401 (a fixture)
 
-from mas.backends.hf import HFBackend
+from mas.rollout.backends.hf import HFBackend
 from mas.cli import main
 from mas.envs.research import HotpotQAEnv
 from mas.report import write_compare, write_report

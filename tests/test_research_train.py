@@ -20,10 +20,10 @@ from research_helpers import warm_research_model
 from safetensors.torch import load_file
 
 from mas.cli import main
-from mas.config import apply_overrides, load_config, validate_config
+from mas.config.schema import apply_overrides, load_config, validate_config
 from mas.envs.research import HotpotQAEnv
-from mas.team import build_team
-from mas.trainer import train_step
+from mas.training.team import build_team
+from mas.training.trainer import train_step
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 MGRPO = CONFIGS / "hotpotqa_orchestrator_mgrpo.yaml"

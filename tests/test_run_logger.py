@@ -6,8 +6,8 @@ import json
 
 from team_helpers import team_config
 
-from mas.config import validate_config
-from mas.metrics import RunLogger
+from mas.config.schema import validate_config
+from mas.training.metrics import RunLogger
 
 
 def test_a_warning_is_printed_and_kept_in_warnings_jsonl(tiny_model_dir, tmp_path, capsys):

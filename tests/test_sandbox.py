@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from mas.sandbox import Sandbox, SandboxMemoryError, SandboxTimeout
+from mas.rollout.sandbox import Sandbox, SandboxMemoryError, SandboxTimeout
 
 
 def add(a, b):

@@ -1,7 +1,7 @@
-"""mas.scoring: the prefix-tree packing of turns, and chunked log-probabilities.
+"""mas.rollout.scoring: the prefix-tree packing of turns, and chunked log-probabilities.
 
 Packed scoring must give the per-token log-probabilities and gradients that scoring every
-turn on its own gives (``mas.learner.token_logprobs`` over ``collate``, the reference), to
+turn on its own gives (``mas.training.learner.token_logprobs`` over ``collate``, the reference), to
 float tolerance, while running each distinct token through the model once.
 """
 
@@ -13,9 +13,9 @@ import random
 import pytest
 import torch
 
-from mas.learner import TrainSample, collate, token_logprobs
-from mas.scoring import distinct_tokens, pack, passes, split_model, token_logprobs_packed
-from mas.tiny import tiny_causal_lm
+from mas.training.learner import TrainSample, collate, token_logprobs
+from mas.rollout.scoring import distinct_tokens, pack, passes, split_model, token_logprobs_packed
+from mas.models.tiny import tiny_causal_lm
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,11 +218,11 @@ def rollout_samples(config: str, overrides: list[str]) -> tuple[list, dict]:
     """(the team, each policy's TrainSamples of one real rollout): turns as the trainer hands them to the learner."""
     from pathlib import Path
 
-    from mas.checks import meaning_errors
-    from mas.config import load_config
+    from mas.config.checks import meaning_errors
+    from mas.config.schema import load_config
     from mas.credit import build_credit_batch, run_credit
-    from mas.team import build_team
-    from mas.trainer import rollout, training_batches
+    from mas.training.team import build_team
+    from mas.training.trainer import rollout, training_batches
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / config, overrides, check=meaning_errors)
     team = build_team(cfg)

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from team_helpers import varied_reward
 
-from mas.config import apply_overrides, validate_config
-from mas.team import build_team
-from mas.trainer import train_step
+from mas.config.schema import apply_overrides, validate_config
+from mas.training.team import build_team
+from mas.training.trainer import train_step
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("gsm8k_*.yaml"))
 

@@ -11,7 +11,7 @@ import yaml
 from team_helpers import TOPOLOGIES, team_config
 
 from mas.cli import main
-from mas.config import GraphTopology, load_config, validate_config
+from mas.config.schema import GraphTopology, load_config, validate_config
 from mas.show import END, START, short_model, team_text, topology_graph, topology_svg
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -9,7 +9,7 @@ import yaml
 from team_helpers import TOPOLOGIES, team_config
 
 from mas.cli import main
-from mas.config import load_config, validate_config
+from mas.config.schema import load_config, validate_config
 from mas.show import team_text, topology_graph, topology_svg
 
 REPO = Path(__file__).parents[1]

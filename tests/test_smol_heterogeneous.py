@@ -14,10 +14,10 @@ import torch
 import yaml
 from research_helpers import warm_research_model
 
-from mas.config import apply_overrides, validate_config
+from mas.config.schema import apply_overrides, validate_config
 from mas.envs.math import SyntheticMathEnv
-from mas.team import build_team
-from mas.trainer import train
+from mas.training.team import build_team
+from mas.training.trainer import train
 
 CONFIG = Path(__file__).parents[1] / "configs" / "smol_heterogeneous.yaml"
 
@@ -29,7 +29,7 @@ def varied(self, episode) -> float:
 
 @pytest.fixture(scope="module")
 def delegating_model(tmp_path_factory) -> Path:
-    from mas.config import load_config
+    from mas.config.schema import load_config
 
     return warm_research_model(load_config(CONFIG), tmp_path_factory.mktemp("delegating"), steps=120)
 

@@ -12,8 +12,8 @@ import torch
 from gguf_helpers import TEXTS, logits, read_back, tiny_llama, with_trained_lora, write_tiny_gguf
 
 from mas.agents.policy import build_policies, load_model_and_tokenizer
-from mas.config import PolicyConfig
-from mas.sources import gguf_file, gguf_folder
+from mas.config.schema import PolicyConfig
+from mas.models.sources import gguf_file, gguf_folder
 
 pytestmark = pytest.mark.slow
 
@@ -99,9 +99,9 @@ def test_one_training_step_of_a_two_agent_lora_team_on_smollm2(monkeypatch):
 
     monkeypatch.setattr(GSM8KEnv, "score", lambda self, episode: float(episode.sample_id % 2))
 
-    from mas.config import apply_overrides, validate_config
-    from mas.team import build_team
-    from mas.trainer import train_step
+    from mas.config.schema import apply_overrides, validate_config
+    from mas.training.team import build_team
+    from mas.training.trainer import train_step
 
     data = yaml.safe_load((Path(__file__).parents[1] / "configs" / "smol_gsm8k.yaml").read_text())
     overrides = ["trainer.batch_size=1", "trainer.group_size=2", "trainer.eval_size=0", "trainer.warmup.steps=0",

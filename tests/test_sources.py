@@ -17,13 +17,13 @@ import yaml
 from gguf_helpers import logits, write_tiny_gguf
 from team_helpers import team_config
 
-import mas.gguf
+import mas.models.gguf
 from mas import sources
 from mas.agents.policy import ModelLoadError, build_policies, load_model_and_tokenizer, portable_model_ref
 from mas.cli import main
-from mas.config import PolicyConfig
-from mas.sources import WHEEL_MODELS, WheelModel
-from mas.tiny import tiny_causal_lm
+from mas.config.schema import PolicyConfig
+from mas.models.sources import WHEEL_MODELS, WheelModel
+from mas.models.tiny import tiny_causal_lm
 
 IDS = torch.tensor([[5, 17, 42, 99, 7, 3]])
 
@@ -43,13 +43,13 @@ def cache(tmp_path, monkeypatch) -> Path:
 @pytest.fixture()
 def conversions(monkeypatch) -> list:
     calls: list = []
-    real = mas.gguf.convert_to_folder
+    real = mas.models.gguf.convert_to_folder
 
     def counting(path, out, dtype):
         calls.append((Path(path).name, dtype))
         real(path, out, dtype)
 
-    monkeypatch.setattr(mas.gguf, "convert_to_folder", counting)
+    monkeypatch.setattr(mas.models.gguf, "convert_to_folder", counting)
     return calls
 
 
@@ -91,13 +91,13 @@ def test_two_processes_converting_the_same_file_at_once_both_get_one_complete_fo
     import multiprocessing
     import time
 
-    real = mas.gguf.convert_to_folder
+    real = mas.models.gguf.convert_to_folder
 
     def slow(*args):  # widen the window so the two first loads overlap
         time.sleep(1.0)
         real(*args)
 
-    monkeypatch.setattr(mas.gguf, "convert_to_folder", slow)
+    monkeypatch.setattr(mas.models.gguf, "convert_to_folder", slow)
     if not locked:
         monkeypatch.setattr(sources, "_exclusive", lambda lock: contextlib.nullcontext())
     ctx = multiprocessing.get_context("fork")  # two processes as Ray actors would be, without re-importing torch
@@ -230,7 +230,7 @@ def test_validate_and_train_say_what_is_wrong_with_a_gguf_in_one_line(tmp_path, 
 
 
 def test_validate_resolves_the_default_rate_from_the_gguf_header(tmp_path, tiny_gguf, tiny_tokenizer, capsys):
-    from mas.defaults import default_lr
+    from mas.config.defaults import default_lr
 
     n = sum(p.numel() for p in tiny_causal_lm(tiny_tokenizer, seed=5).parameters())  # what the header must count
     assert main(["validate", str(_config(tmp_path, str(tiny_gguf), "lora"))]) == 0

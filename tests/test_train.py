@@ -9,9 +9,9 @@ import pytest
 import torch
 from team_helpers import team_config, varied_reward
 
-from mas.config import validate_config
-from mas.team import build_team
-from mas.trainer import train, train_step
+from mas.config.schema import validate_config
+from mas.training.team import build_team
+from mas.training.trainer import train, train_step
 
 
 def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -131,7 +131,7 @@ def test_resume_reproduces_a_straight_run(tiny_model_dir, tmp_path, topology, cr
 
 
 def test_checkpoint_restores_rng_state_and_data_cursor(tiny_model_dir, tmp_path):
-    from mas.checkpoint import load_checkpoint, save_checkpoint
+    from mas.training.checkpoint import load_checkpoint, save_checkpoint
 
     team = build(team_config(tiny_model_dir, "chain"))
     team.env.sample_tasks(3)
@@ -146,18 +146,18 @@ def test_checkpoint_restores_rng_state_and_data_cursor(tiny_model_dir, tmp_path)
 
 
 def test_turns_a_method_masks_out_are_not_trained(tiny_model_dir, monkeypatch):
-    import mas.trainer
+    import mas.training.trainer
     from mas.types import Credit
 
     team = build(team_config(tiny_model_dir, "chain"))
-    real = mas.trainer.run_credit
+    real = mas.training.trainer.run_credit
 
     def masked(batch, cfg, results):
         credit = real(batch, cfg, results)
         keep = torch.tensor([batch.agent_names[a] == "lead" for a in batch.agent_ids.tolist()])  # only the lead's turns
         return Credit(credit.advantages, credit.breakdown, train_mask=keep)
 
-    monkeypatch.setattr(mas.trainer, "run_credit", masked)
+    monkeypatch.setattr(mas.training.trainer, "run_credit", masked)
     metrics = train_step(team, 0).metrics
     lead_turns = metrics["agents"]["lead"]["turns"]
     assert metrics["policies"]["main"]["samples"] == lead_turns  # helper's turns (same policy) were left out

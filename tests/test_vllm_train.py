@@ -103,7 +103,7 @@ from vllm_helpers import policy
 from mas.agents.policy import build_policies
 
 if __name__ == "__main__":
-    from mas.backends.vllm import VLLMBackend
+    from mas.rollout.backends.vllm import VLLMBackend
     backend = VLLMBackend(build_policies({"base": policy("frozen")}), max_model_len=512)
     print("PIDS", *backend.engine_pids(), flush=True)
     time.sleep(600)

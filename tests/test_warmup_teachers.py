@@ -1,4 +1,4 @@
-"""The scripted teachers of the real-model teams (mas/warmup.py): where each reads its task in a
+"""The scripted teachers of the real-model teams (mas/training/warmup.py): where each reads its task in a
 framework's messages, what it writes, its deliberate weakness, and that it knows training tasks
 only.  Hand-made requests, no model."""
 
@@ -11,12 +11,12 @@ import pytest
 
 from mas.agents.parsers import parse_answer, parse_verdict
 from mas.agents.tools import parse_tool_calls
-from mas.backends.base import GenRequest
+from mas.rollout.backends.base import GenRequest
 from mas.embedded.teachers import ChainTeacher
 from mas.envs.math.gsm8k import SAMPLE_DIR, GSM8KConfig
 from mas.envs.research import FactsConfig, FactsEnv
 from mas.envs.research.hotpotqa import HotpotQAConfig, HotpotQAEnv
-from mas.warmup import (
+from mas.training.warmup import (
     Facts,
     FactsTeacher,
     FrameworkChainTeacher,

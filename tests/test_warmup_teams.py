@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from mas.agents.tools import has_tool_call
-from mas.config import apply_overrides, validate_config
-from mas.team import build_team
-from mas.warmup import scripted_teacher, teacher_demonstrations, warm_up
+from mas.config.schema import apply_overrides, validate_config
+from mas.training.team import build_team
+from mas.training.warmup import scripted_teacher, teacher_demonstrations, warm_up
 
 ROOT = Path(__file__).parents[1]
 SMOL = sorted((ROOT / "configs").glob("smol_*.yaml"))

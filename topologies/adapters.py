@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mas.agents.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls
-from mas.engine import TOOL_LABEL, EpisodeContext
+from mas.rollout.engine import TOOL_LABEL, EpisodeContext
 from mas.types import Turn
 
 _JSON_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list", "object": "dict"}

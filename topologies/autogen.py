@@ -34,8 +34,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from mas.engine import EpisodeContext, Outcome
-from mas.refs import RefError, import_ref
+from mas.rollout.engine import EpisodeContext, Outcome
+from mas.config.refs import RefError, import_ref
 
 # AutoGen logs through "autogen_agentchat" without a handler of its own, so with logging left
 # unconfigured Python's last-resort handler prints its warnings to stderr: a selector turn that
@@ -55,7 +55,7 @@ class ClientMap(dict):
 
 
 # ---------------------------------------------------------------------------------------------
-# config checks (mas.config calls these; each error is (yaml path, value, message))
+# config checks (mas.config.schema calls these; each error is (yaml path, value, message))
 # ---------------------------------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
-from mas.config import ChainTopology
+from mas.config.schema import ChainTopology
 from mas.topologies.base import CompiledTopology, TeamState, ctx_of, latest_answer, routed, transcript
 from mas.types import Task, Turn
 

@@ -15,7 +15,7 @@ from collections import Counter
 
 from langgraph.graph import END, START, StateGraph
 
-from mas.config import DebateTopology
+from mas.config.schema import DebateTopology
 from mas.envs.math.verify import answer_key
 from mas.topologies.base import CompiledTopology, TeamState, ctx_of, routed, visible
 

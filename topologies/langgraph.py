@@ -19,8 +19,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from mas.engine import EpisodeContext, Outcome
-from mas.refs import RefError, import_ref
+from mas.rollout.engine import EpisodeContext, Outcome
+from mas.config.refs import RefError, import_ref
 
 from .langchain_model import BUILDING, EPISODE, MasChatModel, NotInEpisodeError, record_tool_messages
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
-from mas.config import OrchestratorTopology
+from mas.config.schema import OrchestratorTopology
 from mas.topologies.base import CompiledTopology, TeamState, ctx_of, routed
 
 

@@ -70,7 +70,7 @@ CHATS = [
 
 @pytest.fixture(params=["chat_template", "plain", "branchy_template"])
 def any_tokenizer(request, tiny_tokenizer, tiny_plain_tokenizer):
-    if request.param == "chat_template":  # the embedded model's kind of tokenizer and template (mas.tiny)
+    if request.param == "chat_template":  # the embedded model's kind of tokenizer and template (mas.models.tiny)
         return tiny_tokenizer
     if request.param == "plain":
         return tiny_plain_tokenizer

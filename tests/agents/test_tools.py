@@ -93,7 +93,7 @@ def test_prompt_lists_signatures_format_and_budget():
 @pytest.mark.parametrize("appended", [True, False])
 def test_the_tools_prompt_is_appended_to_the_role_unless_the_agent_says_not(appended):
     from mas.agents.agent import build_agent
-    from mas.config import AgentConfig
+    from mas.config.schema import AgentConfig
 
     cfg = AgentConfig(name="scout", policy="p", role="Find it.", tools=("search", "read"), max_tool_calls=3, tools_prompt=appended)
     agent = build_agent(cfg, "team", TOOLS)

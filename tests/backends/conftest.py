@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mas.agents.policy import PolicyHandle, build_policies
-from mas.config import LoraConfig, PolicyConfig
+from mas.config.schema import LoraConfig, PolicyConfig
 
 
 @pytest.fixture()

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from mas.agents.prompts import PLAIN_GENERATION_PROMPT, PLAIN_MESSAGE, render_prompt
-from mas.backends.base import GenRequest, RoutedBackend
-from mas.backends.openai_compat import ChatOnlyTokenizer, EndpointError, OpenAICompatBackend
+from mas.rollout.backends.base import GenRequest, RoutedBackend
+from mas.rollout.backends.openai_compat import ChatOnlyTokenizer, EndpointError, OpenAICompatBackend
 
 
 class ChatServer:
@@ -188,7 +188,7 @@ def _trickle(handler):
 
 
 def _huge(handler):
-    from mas.backends.openai_compat import MAX_REPLY_BYTES
+    from mas.rollout.backends.openai_compat import MAX_REPLY_BYTES
 
     handler.send_response(200)
     handler.send_header("Content-Type", "application/json")
@@ -275,10 +275,10 @@ def test_a_remote_critic_and_a_remote_frozen_agent_through_the_engine(server, ti
     'judge' policy), routed by policy; the critic's replies become MAPPA scores; a 500 from the
     endpoint becomes an empty reply, i.e. a counted parse failure."""
     from mas.agents.agent import build_agents
-    from mas.backends.scripted import ScriptedBackend
-    from mas.config import validate_config
+    from mas.rollout.backends.scripted import ScriptedBackend
+    from mas.config.schema import validate_config
     from mas.credit import build_credit_batch, plan_credit, run_credit
-    from mas.engine import Engine
+    from mas.rollout.engine import Engine
     from mas.topologies import build_topology
     from mas.types import Task
 
@@ -328,11 +328,11 @@ def test_a_remote_critic_from_yaml_trains_a_team_step(server, tiny_model_dir, tm
 
     import yaml
 
-    from mas.backends import RoutedBackend
-    from mas.backends.openai_compat import OpenAICompatBackend as Remote
-    from mas.config import ConfigError, load_config
-    from mas.team import build_team
-    from mas.trainer import train_step
+    from mas.rollout.backends import RoutedBackend
+    from mas.rollout.backends.openai_compat import OpenAICompatBackend as Remote
+    from mas.config.schema import ConfigError, load_config
+    from mas.training.team import build_team
+    from mas.training.trainer import train_step
 
     server.respond = lambda body: (200, reply("PROCESS_SCORE: 7" if "helper" in body["messages"][-1]["content"] else "PROCESS_SCORE: 2"))
     data = {
@@ -375,9 +375,9 @@ def test_a_failing_critic_endpoint_never_stops_training(server, tiny_model_dir, 
     run finishes, every failed critique is a counted fault, and the warning names the endpoint."""
     import math
 
-    from mas.config import validate_config
-    from mas.team import build_team
-    from mas.trainer import train
+    from mas.config.schema import validate_config
+    from mas.training.team import build_team
+    from mas.training.trainer import train
 
     server.respond = lambda body: payload
     cfg = validate_config({
@@ -414,8 +414,8 @@ def test_a_failing_critic_endpoint_never_stops_training(server, tiny_model_dir, 
 def test_one_failed_request_fails_alone_and_nothing_is_sent_twice(server, tiny_tokenizer):
     """Requests to an endpoint fail one by one (BatchError): the others keep their replies, the
     scripted policy's requests in the same batch are not repeated, and no request is re-sent."""
-    from mas.backends.base import BatchError
-    from mas.backends.scripted import ScriptedBackend
+    from mas.rollout.backends.base import BatchError
+    from mas.rollout.backends.scripted import ScriptedBackend
 
     server.respond = lambda body: (500, {"error": "x"}) if body["messages"][-1]["content"] == "bad" else (200, reply("ok"))
     scripted = ScriptedBackend(lambda req: "local", {"main": tiny_tokenizer})
@@ -433,7 +433,7 @@ def test_one_failed_request_fails_alone_and_nothing_is_sent_twice(server, tiny_t
 def test_a_remote_reply_counts_the_completion_tokens_its_endpoint_reports():
     """A remote endpoint returns text, no ids: the generated-token count (the compute a study's
     token budget matches) takes the reply's usage.completion_tokens, and nothing bogus from it."""
-    from mas.backends.openai_compat import _result
+    from mas.rollout.backends.openai_compat import _result
 
     def body(usage):
         return {"choices": [{"message": {"content": "ACCEPT"}, "finish_reason": "stop"}], **usage}

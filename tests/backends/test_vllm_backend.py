@@ -32,9 +32,9 @@ import torch
 
 from mas.agents.policy import PolicyHandle, load_model_and_tokenizer
 from mas.agents.prompts import render_prompt
-from mas.backends import build_backend
-from mas.backends import vllm as vb
-from mas.backends.base import GenRequest
+from mas.rollout.backends import build_backend
+from mas.rollout.backends import vllm as vb
+from mas.rollout.backends.base import GenRequest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,7 +168,7 @@ def test_engine_key_full_alone_lora_and_frozen_by_checkpoint(full_handle, lora_h
 
 
 def test_importing_the_module_does_not_import_vllm():
-    code = "import sys, mas.backends, mas.backends.vllm; assert 'vllm' not in sys.modules, 'vllm imported'"
+    code = "import sys, mas.rollout.backends, mas.rollout.backends.vllm; assert 'vllm' not in sys.modules, 'vllm imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
@@ -181,12 +181,12 @@ def test_hf_team_never_imports_vllm(tiny_model_dir, tmp_path):
         f"""
         import importlib.util, sys
         assert importlib.util.find_spec("vllm").origin.startswith({str(tmp_path)!r})  # the fake is importable
-        import mas.backends.vllm  # the backend module itself must not import vllm either
-        from mas.config import validate_config
-        from mas.team import build_team
+        import mas.rollout.backends.vllm  # the backend module itself must not import vllm either
+        from mas.config.schema import validate_config
+        from mas.training.team import build_team
         from tests.team_helpers import team_config
         team = build_team(validate_config(team_config({str(tiny_model_dir)!r})))
-        from mas.backends.base import GenRequest
+        from mas.rollout.backends.base import GenRequest
         ids = team.policies["main"].tokenizer("3+4", add_special_tokens=False)["input_ids"]
         team.backend.generate_batch([GenRequest("main", ids, 1.0, 1.0, 0, 2)])
         team.backend.sync_weights("main")

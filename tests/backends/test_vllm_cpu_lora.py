@@ -1,4 +1,4 @@
-"""The grouped CPU LoRA ops (``mas.backends.vllm_cpu_lora``) against a loop written from the
+"""The grouped CPU LoRA ops (``mas.rollout.backends.vllm_cpu_lora``) against a loop written from the
 formula, token by token: shrink ``out[t, :r] = s * x[t] @ A[slot_t].T``, expand
 ``out[t, :n] (+)= x[t] @ B[slot_t].T``, and no contribution where ``slot_t = -1``; and, where
 vLLM is installed, against vLLM's own torch ops on the slots those get right (>= 0)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mas.backends import vllm_cpu_lora as ops
+from mas.rollout.backends import vllm_cpu_lora as ops
 from vllm_helpers import require_vllm
 
 

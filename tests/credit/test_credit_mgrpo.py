@@ -445,9 +445,9 @@ def test_end_to_end_orchestrator_with_scripted_agents(tiny_tokenizer):
     helper and checker, then answers.  The helper's 2nd reply in a rollout is malformed.  The
     team is correct when the lead made at least 2 calls."""
     from mas.agents.agent import build_agents
-    from mas.backends.scripted import ScriptedBackend
-    from mas.config import validate_config
-    from mas.engine import Engine
+    from mas.rollout.backends.scripted import ScriptedBackend
+    from mas.config.schema import validate_config
+    from mas.rollout.engine import Engine
     from mas.topologies import build_topology
 
     PLAN = {"1+1": [0, 1, 3, 4], "2+2": [2, 2, 1, 5]}
@@ -500,7 +500,7 @@ def test_end_to_end_orchestrator_with_scripted_agents(tiny_tokenizer):
 
 
 def _smoke(tmp_path, model_dir, topology, credit):
-    from mas.trainer import train_step
+    from mas.training.trainer import train_step
 
     team, rows = train_smoke(tmp_path, _team(model_dir, topology, credit))
     return team, rows, train_step

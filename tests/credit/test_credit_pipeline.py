@@ -246,7 +246,7 @@ def test_bad_normaliser_lists_the_choices(method):
 
 
 def test_bad_normaliser_in_a_run_config_names_path_and_choices():
-    from mas.config import ConfigError, validate_config
+    from mas.config.schema import ConfigError, validate_config
 
     data = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
     data["credit"]["normaliser"] = "per_agent"

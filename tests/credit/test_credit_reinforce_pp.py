@@ -278,9 +278,9 @@ def test_end_to_end_chain_with_scripted_agents(tiny_tokenizer):
     """Scripted chain: the helper's reply length varies by episode, so the token weights differ
     from turn counts; the advantages equal the per-token reference on the engine's episodes."""
     from mas.agents.agent import build_agents
-    from mas.backends.scripted import ScriptedBackend
-    from mas.config import validate_config
-    from mas.engine import Engine
+    from mas.rollout.backends.scripted import ScriptedBackend
+    from mas.config.schema import validate_config
+    from mas.rollout.engine import Engine
     from mas.topologies import build_topology
 
     counter = {"helper": 0}

@@ -30,7 +30,7 @@ def SharpConfig(**kw) -> _SharpConfig:  # noqa: N802 - these tests fix exclude=(
     kw.setdefault("agent_samples", "turn")  # the references here count turns; the default (episode) is tested below
     return _SharpConfig(**kw)
 from mas.credit.shapley import permutation_orderings, resolve_kind
-from mas.engine import MASK_TEXT
+from mas.rollout.engine import MASK_TEXT
 from mas.types import Episode, EpisodeGroup, InterventionRequest, Task
 
 EPS = 1e-6
@@ -451,9 +451,9 @@ def team_cfg(model_dir, topology: dict, credit: dict | None = None, **trainer) -
 def scripted_engine(cfg: dict, respond, tokenizer):
     """As tests/test_engine.py: the real engine and topology, a ScriptedBackend, score = exact answer."""
     from mas.agents.agent import build_agents
-    from mas.backends.scripted import ScriptedBackend
-    from mas.config import validate_config
-    from mas.engine import Engine
+    from mas.rollout.backends.scripted import ScriptedBackend
+    from mas.config.schema import validate_config
+    from mas.rollout.engine import Engine
     from mas.topologies import build_topology
 
     run = validate_config(cfg)
@@ -579,9 +579,9 @@ def test_graph_failed_counterfactuals_count_zero(tiny_tokenizer):
 def test_three_training_steps_on_a_tiny_model(tiny_model_dir, tmp_path, topology):
     import json
 
-    from mas.config import load_config
-    from mas.team import build_team
-    from mas.trainer import train
+    from mas.config.schema import load_config
+    from mas.training.team import build_team
+    from mas.training.trainer import train
 
     topo = CHAIN if topology == "chain" else {"kind": "debate", "debaters": ["lead", "helper", "checker"], "rounds": 2}
     path = tmp_path / "team.yaml"
@@ -603,10 +603,10 @@ def test_three_training_steps_on_a_tiny_model(tiny_model_dir, tmp_path, topology
 def test_default_excludes_the_answering_agent_and_resynthesises_after_the_first_masked_message(tiny_tokenizer):
     """exclude=None: the last speaker is no player; masked re-runs replay everything before the
     first masked message and re-sample the answering agent after it."""
-    from mas.backends.scripted import ScriptedBackend
+    from mas.rollout.backends.scripted import ScriptedBackend
     from mas.agents.agent import build_agents
-    from mas.config import validate_config
-    from mas.engine import Engine
+    from mas.config.schema import validate_config
+    from mas.rollout.engine import Engine
     from mas.topologies import build_topology
     from mas.types import Task
 

@@ -239,7 +239,7 @@ def test_agents_limits_the_verifier_to_the_named_agents_and_the_rest_is_dr_mas()
 
 
 def test_agents_must_name_agents_of_the_team(tmp_path):
-    from mas.config import ConfigError, load_config
+    from mas.config.schema import ConfigError, load_config
     from team_helpers import team_config
 
     path = tmp_path / "team.yaml"

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from team_helpers import team_config  # noqa: E402
 from test_engine import chain_respond, scripted_engine  # noqa: E402
 
-from mas.config import ConfigError, validate_config  # noqa: E402
+from mas.config.schema import ConfigError, validate_config  # noqa: E402
 from mas.envs import build_env  # noqa: E402
 from mas.envs.custom import CustomEnvConfig  # noqa: E402
 from mas.types import Episode, Task  # noqa: E402

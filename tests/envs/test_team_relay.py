@@ -10,8 +10,8 @@ import copy
 import pytest
 from test_engine import scripted_engine
 
-from mas.checks import check_config
-from mas.config import ConfigError, validate_config
+from mas.config.checks import check_config
+from mas.config.schema import ConfigError, validate_config
 from mas.envs import build_env
 from mas.envs.team import TeamConjunctiveConfig, TeamConjunctiveEnv, TeamRelayConfig, TeamRelayEnv, TeamSaboteurConfig, TeamSaboteurEnv
 from mas.types import Episode, InterventionRequest, Task, Turn

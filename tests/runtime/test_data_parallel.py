@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 from team_helpers import team_config
 
-from mas.config import validate_config
-from mas.learner import TrainSample
-from mas.team import build_team
+from mas.config.schema import validate_config
+from mas.training.learner import TrainSample
+from mas.training.team import build_team
 
 
 def samples() -> list[TrainSample]:

@@ -8,9 +8,9 @@ import os
 import pytest
 from team_helpers import team_config
 
-from mas.config import validate_config
-from mas.learner import TrainSample
-from mas.team import build_team
+from mas.config.schema import validate_config
+from mas.training.learner import TrainSample
+from mas.training.team import build_team
 
 
 def test_start_update_returns_a_handle_that_steps_at_its_result_with_where_and_when(tiny_model_dir):

@@ -17,10 +17,10 @@ from ray_helpers import REPO, work_tree_temp
 from team_helpers import dyad_config
 
 from mas.cli import main
-from mas.config import validate_config
+from mas.config.schema import validate_config
 from mas.runtime.ray_cluster import ray_temp_dir
-from mas.team import build_team
-from mas.trainer import train
+from mas.training.team import build_team
+from mas.training.trainer import train
 
 
 def ray_processes(temp: Path) -> list[psutil.Process]:

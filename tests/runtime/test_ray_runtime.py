@@ -11,14 +11,14 @@ import yaml
 from safetensors.torch import load_file
 from team_helpers import dyad_config, team_config, varied_reward
 
-from mas.checkpoint import latest_checkpoint, load_checkpoint
+from mas.training.checkpoint import latest_checkpoint, load_checkpoint
 from mas.cli import main
 from mas import sources
-from mas.config import PolicyConfig, ResourcesConfig, load_config, validate_config
+from mas.config.schema import PolicyConfig, ResourcesConfig, load_config, validate_config
 from mas.runtime.ray_runtime import RayLearner, actor_groups
-from mas.team import build_team
-from mas.tiny import tiny_causal_lm
-from mas.trainer import train, train_step
+from mas.training.team import build_team
+from mas.models.tiny import tiny_causal_lm
+from mas.training.trainer import train, train_step
 from ray_helpers import REPO
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

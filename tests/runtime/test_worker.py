@@ -8,9 +8,9 @@ import time
 import torch
 from team_helpers import team_config
 
-from mas.backends.base import GenRequest
-from mas.config import validate_config
-from mas.learner import TrainSample
+from mas.rollout.backends.base import GenRequest
+from mas.config.schema import validate_config
+from mas.training.learner import TrainSample
 from mas.runtime import learner_args
 from mas.runtime.worker import PolicyWorker
 

@@ -13,7 +13,7 @@ from ray_helpers import local_ray
 from study_helpers import METHODS, tiny_team_yaml
 
 from mas.cli import main
-from mas.config import ConfigError
+from mas.config.schema import ConfigError
 from mas.study import StudySpec, plan_jobs, run_study, write_outputs
 from mas.study.runner import read_jsonl
 
@@ -92,9 +92,9 @@ def test_a_study_of_an_unreadable_config_is_a_config_error_naming_the_file(tmp_p
 def test_an_interrupted_study_resumes_from_checkpoints(tmp_path, tiny_model_dir, capsys):
     """One run stopped after step 0 (checkpointed, as Ctrl-C or a crash after a checkpoint leaves it),
     one never started: re-running continues the first from step 1 and trains the second."""
-    from mas.config import validate_config
-    from mas.team import build_team
-    from mas.trainer import train
+    from mas.config.schema import validate_config
+    from mas.training.team import build_team
+    from mas.training.trainer import train
 
     team_yaml = tiny_team_yaml(tmp_path / "team.yaml", tiny_model_dir, save_every=1)
     spec = StudySpec(config=team_yaml, methods=("grpo",), seeds=2, out=str(tmp_path / "out"), eval_every=1)

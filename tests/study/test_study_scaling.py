@@ -12,7 +12,7 @@ import yaml
 from study_helpers import hand_scaling_study, relay_team
 
 from mas.cli import main
-from mas.config import ConfigError
+from mas.config.schema import ConfigError
 from mas.study import StudySpec, analyse_sizes, plan_jobs, run_study, write_outputs
 from mas.study.analysis import planned_coalitions, steps_to_target
 from mas.study.page import render_sizes

@@ -18,11 +18,11 @@ from autogen_core.tools import FunctionTool
 from team_helpers import team_config
 from test_engine import scripted_engine
 
-from mas.checks import meaning_errors
-from mas.config import ConfigError, validate_config
+from mas.config.checks import meaning_errors
+from mas.config.schema import ConfigError, validate_config
 from mas.credit.registry import plan_credit
-from mas.engine import MASK_TEXT, ReplayDivergence
-from mas.team import build_team
+from mas.rollout.engine import MASK_TEXT, ReplayDivergence
+from mas.training.team import build_team
 from mas.topologies.autogen_client import MasModelClient, NotInEpisodeError
 from mas.types import InterventionRequest, ReplayRequest, Task
 
@@ -278,7 +278,7 @@ def test_sharp_coalitions_reuse_the_recorded_turns_token_for_token(rr_team):
 
 @pytest.mark.parametrize("credit", ["grpo", "sharp"])
 def test_round_robin_team_trains_two_steps(credit, tmp_path):
-    from mas.trainer import train
+    from mas.training.trainer import train
 
     cfg = solver_verifier(credit)
     cfg["trainer"].update(batch_size=4, group_size=4)  # enough episodes that some group's rewards differ in both steps

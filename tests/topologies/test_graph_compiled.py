@@ -10,8 +10,8 @@ import pytest
 from team_helpers import TOPOLOGIES, team_config
 from test_engine import scripted_engine
 
-from mas.checks import meaning_errors
-from mas.config import load_config, validate_config
+from mas.config.checks import meaning_errors
+from mas.config.schema import load_config, validate_config
 from mas.topologies import build_topology
 from mas.types import Task
 
@@ -82,7 +82,7 @@ def test_node_names_langgraph_reserves_are_config_errors(name):
     topo = TOPOLOGIES["graph"]
     cfg["topology"] = {**topo, "entry": name, "nodes": [{"name": name, "agent": "lead"}, *topo["nodes"][1:]],
                        "edges": [{"from": name, "to": "check"}, *topo["edges"][1:]]}
-    from mas.config import ConfigError
+    from mas.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"topology.nodes\[0\].name: LangGraph reserves"):
         validate_config(cfg, check=meaning_errors)

@@ -17,9 +17,9 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from team_helpers import team_config
 from test_engine import scripted_engine
 
-from mas.checks import meaning_errors
-from mas.config import ConfigError, validate_config
-from mas.team import build_team
+from mas.config.checks import meaning_errors
+from mas.config.schema import ConfigError, validate_config
+from mas.training.team import build_team
 from mas.topologies.langgraph import MasChatModel, NotInEpisodeError
 from mas.types import ReplayRequest, Task
 
@@ -195,7 +195,7 @@ def test_langgraph_config_errors_name_the_yaml_path(builder, extra, path, needle
 
 
 def test_the_builder_graph_trains_two_steps_with_c3_and_its_replay_tree_runs(tiny_model_dir, tmp_path):
-    from mas.trainer import train
+    from mas.training.trainer import train
 
     cfg = graph_config("two_nodes", str(tiny_model_dir), recursion_limit=8)
     cfg["policies"]["judge"]["kind"] = "full"
@@ -230,7 +230,7 @@ def test_training_a_divergent_graph_warns_with_the_agent_and_turn(tiny_model_dir
     """Not silent: the failed replays are counted per step and the run's warnings name agent and turn."""
     import json
 
-    from mas.trainer import train
+    from mas.training.trainer import train
 
     cfg = graph_config("coin_then_check", str(tiny_model_dir))
     cfg["credit"] = {"method": "c3", "fanout": [2, 4]}
