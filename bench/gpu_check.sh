@@ -25,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 WHEELS=${GPU_CHECK_WHEELS:-.gpu_wheels}
-# what mas imports that the device image lacks (its package list: /work/.library/device/KINDS.md)
+# what mas imports that a bare GPU image (torch, transformers, accelerate, peft) may lack
 PACKAGES=(pydantic langgraph math-verify bm25s tenacity gguf)
 
 if [ "${1:-}" = prepare ]; then
