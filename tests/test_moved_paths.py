@@ -57,6 +57,13 @@ def test_a_module_that_never_existed_is_still_an_import_error():
     assert _moved.new_name("mas.nope") is None and _moved.new_name("other.engine") is None
 
 
+def test_the_config_re_export_works_in_a_fresh_process_before_the_schema_is_imported():
+    # in this process other tests have imported the schema already, which hid a recursion
+    code = ("import sys, mas.config as c; assert 'mas.config.schema' not in sys.modules; "
+            "from mas.config import ConfigError; assert c.load_config.__module__ == 'mas.config.schema', c.load_config")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_importing_a_low_config_module_does_not_build_the_schema():
     code = "import sys, mas.config.safe_yaml; assert 'mas.config.schema' not in sys.modules, 'schema built'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,13 +9,16 @@ does not build the schema.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    from mas.config import schema
+    # import_module, not ``from mas.config import schema``: that form asks this package for the
+    # attribute ``schema`` first, which lands here again before the submodule is imported
+    schema = importlib.import_module("mas.config.schema")
 
     try:
         return getattr(schema, name)
