@@ -19,7 +19,7 @@ from torch import nn
 
 from mas.agents.policy import PolicyHandle
 from mas.config.schema import OptimConfig
-from mas.training.learner import Learner, plan_memory_savers
+from mas.training.learner import CPU_PASS_BUDGET, Learner, plan_memory_savers
 
 GiB = 2**30
 
@@ -83,10 +83,36 @@ def test_the_learner_applies_the_plan_with_the_devices_free_memory(tiny_model, t
     monkeypatch.setattr("mas.training.learner.free_memory_bytes", lambda device: free)
     policy = PolicyHandle("p", "full", tiny_model, tiny_tokenizer, "cpu")
     learner = Learner(policy, OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0, "token_mean")
-    assert learner.memory_plan.budget == free // 2
+    assert learner.memory_plan.budget == min(free // 2, CPU_PASS_BUDGET)
     assert learner.checkpointing is on and learner.logprob_chunk == (1024 if on else None)
     state = getattr(tiny_model, "is_activation_checkpointing", None)  # transformers >= 5; older: is_gradient_checkpointing
     assert bool(state if state is not None else tiny_model.is_gradient_checkpointing) is on
     forced = Learner(PolicyHandle("q", "full", tiny_model, tiny_tokenizer, "cpu"),
                      OptimConfig(lr=1e-3, gradient_checkpointing=False, logprob_chunk=None), 10, 0.2, 0.2, 0.0, "token_mean")
     assert (forced.checkpointing, forced.logprob_chunk, forced.memory_plan.reason) == (False, None, "as configured")
+
+
+def test_a_cap_bounds_the_budget_whatever_the_free_memory():
+    """A 4096-token SmolLM2 pass (activations 4.22 GiB, logits 2.25 GiB) on a host with 100 GiB
+    free runs without savers; under a 2 GiB cap it checkpoints and chunks (0.13 + 0.56 GiB)."""
+    free = plan_memory_savers(SmolShaped(), 4096, "auto", "auto", 100 * GiB)
+    capped = plan_memory_savers(SmolShaped(), 4096, "auto", "auto", 100 * GiB, cap=2 * GiB)
+    assert (free.checkpointing, free.logprob_chunk) == (False, None)
+    assert (capped.checkpointing, capped.logprob_chunk, capped.budget) == (True, 1024, 2 * GiB), capped.reason
+    # a cap above half the free memory changes nothing
+    assert plan_memory_savers(SmolShaped(), 4096, "auto", "auto", 4 * GiB, cap=64 * GiB).budget == 2 * GiB
+
+
+@pytest.mark.parametrize("tokens, checkpointing, chunk", [(1024, False, None), (2048, True, 1024), (4096, True, 1024)])
+def test_the_cpu_budget_keeps_a_smollm2_pass_of_1024_tokens_saver_free(tokens, checkpointing, chunk):
+    """CPU_PASS_BUDGET (2 GiB): smol_orchestrator's 1024-token passes (1.05 + 0.56 GiB) keep the
+    fastest path; the 2048- and 4096-token passes of the other smol configs recompute and chunk."""
+    plan = plan_memory_savers(SmolShaped(), tokens, "auto", "auto", 100 * GiB, cap=CPU_PASS_BUDGET)
+    assert (plan.checkpointing, plan.logprob_chunk) == (checkpointing, chunk), plan.reason
+
+
+def test_the_learner_caps_the_budget_on_the_cpu(tiny_model, tiny_tokenizer, monkeypatch):
+    monkeypatch.setattr("mas.training.learner.free_memory_bytes", lambda device: 64 * GiB)
+    learner = Learner(PolicyHandle("p", "full", tiny_model, tiny_tokenizer, "cpu"), OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0,
+                      "token_mean")
+    assert learner.memory_plan.budget == CPU_PASS_BUDGET == 2 * GiB

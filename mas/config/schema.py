@@ -86,12 +86,12 @@ class OptimConfig(Section):
         "auto", description="Completion tokens whose full-vocabulary logits are made at once, under activation "
         "checkpointing, so [tokens, vocab] logits never sit in memory for a whole micro-batch. null: all at once. auto: "
         "1024 where one pass's activations and float32 logits (3 x tokens x vocab x 4 bytes) would not fit in half the "
-        "device's free memory, else all at once (mas.training.learner.plan_memory_savers).")
+        "device's free memory (on CPU, in at most 2 GiB), else all at once (mas.training.learner.plan_memory_savers).")
     gradient_checkpointing: Literal["auto"] | bool = Field(
         "auto", description="Recompute the decoder layers' activations in backward instead of keeping them (transformers' "
         "gradient checkpointing, non-reentrant), at about half a forward-backward more compute. auto: on only where one "
         "pass's activations (estimated from the model's depth, width and dtype and micro_batch_tokens) and logits would "
-        "not fit in half the device's free memory even with chunked logits (mas.training.learner.plan_memory_savers).")
+        "not fit in half the device's free memory (on CPU, in at most 2 GiB) even with chunked logits (mas.training.learner.plan_memory_savers).")
 
 
 class EndpointConfig(Section):

@@ -432,7 +432,8 @@ class Learner:
         # micro_batch_size turns of unknown length: the same bound is the estimate)
         self.memory_plan = plan_memory_savers(policy.model, optim.micro_batch_tokens, optim.gradient_checkpointing,
                                               optim.logprob_chunk,
-                                              free_memory_bytes(policy.device))
+                                              free_memory_bytes(policy.device),
+                                              cap=CPU_PASS_BUDGET if torch.device(policy.device).type == "cpu" else None)
         self.logprob_chunk = self.memory_plan.logprob_chunk
         self.checkpointing = self.memory_plan.checkpointing and enable_checkpointing(policy.model)
         self.max_grad_norm = optim.max_grad_norm
@@ -784,6 +785,10 @@ ACTIVATION_ELEMENTS = 32  # kept for backward per token, layer and hidden unit (
 LOGIT_COPIES = 3  # float32 [tokens, V] tensors alive at once for the head: logits, log-softmax, their gradient
 AUTO_CHUNK = 1024  # completion tokens per head chunk when "auto" chunks
 MEMORY_SHARE = 0.5  # of the free device memory, what one pass's activations and logits may take under "auto"
+# ... and on the CPU never more than this: the host's memory also holds the rollouts, the evaluations
+# and every other process, and a real model's whole run is held to 4 GB (a SmolLM2 pass of 1024
+# tokens, estimated at 1.7 GiB, still runs without a saver; one of 2048 or 4096 does not)
+CPU_PASS_BUDGET = 2 * 2**30
 
 
 def activation_bytes(model: nn.Module, tokens: int) -> int | None:
@@ -838,18 +843,21 @@ class MemoryPlan:
 
 
 def plan_memory_savers(model: nn.Module, tokens: int, checkpointing: Any, logprob_chunk: Any,
-                       free_bytes: int | None) -> MemoryPlan:
+                       free_bytes: int | None, cap: int | None = None) -> MemoryPlan:
     """Gradient checkpointing and chunked log-probabilities for passes of ``tokens`` positions.
 
     Each saver costs time (checkpointing recomputes the decoder layers in backward, about half a
     forward-backward more; chunking recomputes the head per chunk), so ``"auto"`` turns one on
     only where the memory it saves is needed: the estimated activations and logits of one pass
-    (``activation_bytes``, ``logits_bytes``) against ``MEMORY_SHARE`` of ``free_bytes``.  The
+    (``activation_bytes``, ``logits_bytes``) against ``MEMORY_SHARE`` of ``free_bytes``, and at
+    most ``cap`` (the learner gives ``CPU_PASS_BUDGET`` on the CPU).  The
     cheaper saver comes first: chunked logits alone when that fits, then checkpointing too.
     Without an estimate (unknown model shape or free memory) ``"auto"`` keeps both on, the safe
     side.  Explicit settings (True/False, a chunk size or None) are kept as given."""
     act, logits = activation_bytes(model, tokens), logits_bytes(model, tokens)
     budget = int(free_bytes * MEMORY_SHARE) if free_bytes is not None else None
+    if budget is not None and cap is not None:
+        budget = min(budget, cap)
     auto_ckpt, auto_chunk = checkpointing == "auto", logprob_chunk == "auto"
     ckpt = True if auto_ckpt else bool(checkpointing)
     chunk = AUTO_CHUNK if auto_chunk else logprob_chunk
