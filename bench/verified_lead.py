@@ -8,6 +8,8 @@ scaling view), the mean verified accuracy of the agents before and after, and th
 over GRPO that the method recovers: (final - GRPO's final) / (verified's final - GRPO's final).
 
     python bench/verified_lead.py studies/relay/n8 [--ceiling verified] [--baseline grpo]
+
+The baseline defaults to the study's own (``mas study --baseline``; GRPO where it was studied).
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("study", type=Path, help="a one-config study directory (holds study.json)")
     ap.add_argument("--ceiling", default="verified")
-    ap.add_argument("--baseline", default="grpo")
+    ap.add_argument("--baseline", default=None, help="default: the study's baseline")
     args = ap.parse_args(argv)
     study = json.loads((args.study / "study.json").read_text())
-    print("| method | finals | final | gain, points (95% CI) | steps to GRPO's final | signal at step 0 | "
+    baseline = args.baseline or study.get("baseline") or "grpo"
+    print(f"| method | finals | final | gain, points (95% CI) | steps to {baseline}'s final | signal at step 0 | "
           "verified accuracy before → final | share of verified's lead recovered |")
     print("|---|---|---|---|---|---|---|---|")
-    for r in rows(study, args.ceiling, args.baseline):
+    for r in rows(study, args.ceiling, baseline):
         ci = r["gain_ci"]
         gain = "-" if r["gain"] is None else f"{100 * r['gain']:+.1f} ({100 * ci[0]:.0f} to {100 * ci[1]:.0f})"
         share = "-" if r["lead_recovered"] is None else f"{100 * r['lead_recovered']:.0f}%"
