@@ -91,7 +91,8 @@ class OptimConfig(Section):
         "auto", description="Recompute the decoder layers' activations in backward instead of keeping them (transformers' "
         "gradient checkpointing, non-reentrant), at about half a forward-backward more compute. auto: on only where one "
         "pass's activations (estimated from the model's depth, width and dtype and micro_batch_tokens) and logits would "
-        "not fit in half the device's free memory (on CPU, in at most 2 GiB) even with chunked logits (mas.training.learner.plan_memory_savers).")
+        "not fit in half the device's free memory (on CPU, in at most 2 GiB) even with chunked logits "
+        "(mas.training.learner.plan_memory_savers).")
 
 
 class EndpointConfig(Section):
