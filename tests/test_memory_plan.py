@@ -19,7 +19,7 @@ from torch import nn
 
 from mas.agents.policy import PolicyHandle
 from mas.config.schema import OptimConfig
-from mas.training.learner import CPU_PASS_BUDGET, Learner, plan_memory_savers
+from mas.training.learner import CPU_PASS_BUDGET, Learner, pass_budget_cap, plan_memory_savers
 
 GiB = 2**30
 
@@ -116,3 +116,9 @@ def test_the_learner_caps_the_budget_on_the_cpu(tiny_model, tiny_tokenizer, monk
     learner = Learner(PolicyHandle("p", "full", tiny_model, tiny_tokenizer, "cpu"), OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0,
                       "token_mean")
     assert learner.memory_plan.budget == CPU_PASS_BUDGET == 2 * GiB
+
+
+def test_only_the_cpu_gets_a_pass_cap():
+    """The cap is a host rule: a GPU's budget is half its free memory, uncapped."""
+    assert pass_budget_cap("cpu") == pass_budget_cap(torch.device("cpu")) == CPU_PASS_BUDGET
+    assert pass_budget_cap("cuda:0") is None and pass_budget_cap(torch.device("cuda", 1)) is None

@@ -432,8 +432,7 @@ class Learner:
         # micro_batch_size turns of unknown length: the same bound is the estimate)
         self.memory_plan = plan_memory_savers(policy.model, optim.micro_batch_tokens, optim.gradient_checkpointing,
                                               optim.logprob_chunk,
-                                              free_memory_bytes(policy.device),
-                                              cap=CPU_PASS_BUDGET if torch.device(policy.device).type == "cpu" else None)
+                                              free_memory_bytes(policy.device), cap=pass_budget_cap(policy.device))
         self.logprob_chunk = self.memory_plan.logprob_chunk
         self.checkpointing = self.memory_plan.checkpointing and enable_checkpointing(policy.model)
         self.max_grad_norm = optim.max_grad_norm
@@ -830,6 +829,13 @@ def free_memory_bytes(device: torch.device | str) -> int | None:
     return None
 
 
+def pass_budget_cap(device: torch.device | str) -> int | None:
+    """The most one pass may take under ``"auto"`` whatever is free: ``CPU_PASS_BUDGET`` on the
+    CPU (the host's memory also holds the rollouts and every other process), None on a GPU
+    (its memory is the learner's)."""
+    return CPU_PASS_BUDGET if torch.device(device).type == "cpu" else None
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Which memory savers a learner uses, and the estimate they were chosen from (bytes)."""
@@ -850,7 +856,7 @@ def plan_memory_savers(model: nn.Module, tokens: int, checkpointing: Any, logpro
     forward-backward more; chunking recomputes the head per chunk), so ``"auto"`` turns one on
     only where the memory it saves is needed: the estimated activations and logits of one pass
     (``activation_bytes``, ``logits_bytes``) against ``MEMORY_SHARE`` of ``free_bytes``, and at
-    most ``cap`` (the learner gives ``CPU_PASS_BUDGET`` on the CPU).  The
+    most ``cap`` (the learner gives ``pass_budget_cap(device)``).  The
     cheaper saver comes first: chunked logits alone when that fits, then checkpointing too.
     Without an estimate (unknown model shape or free memory) ``"auto"`` keeps both on, the safe
     side.  Explicit settings (True/False, a chunk size or None) are kept as given."""
