@@ -43,7 +43,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mas.types import Episode, Task, Turn
 
@@ -72,6 +72,9 @@ _CITY_STEMS = ("Ash", "Bel", "Cor", "Dun", "Elm", "Fen", "Gal", "Har", "Ket", "L
                "Sal", "Tam", "Ul", "Ver", "Wyn", "Yar", "Brim", "Cal", "Hol")
 _CITY_ENDS = ("ford", "mere", "wick", "holm", "port", "field", "stead", "bury", "gate", "haven")
 _CITY_KINDS = ("river town", "harbour town", "hill town", "market town", "mining town", "lake town")
+# Organisation stems are one syllable and an ending (600 words): a world holds at most this many
+# chains, so that fresh names never run out whatever the corpus seed (580 fit every seed tried).
+MAX_CHAINS = 500
 _JOBS = ("weaver", "clockmaker", "surveyor", "glassblower", "cartographer", "brewer", "printer", "shipwright",
          "botanist", "luthier", "stonemason", "bookbinder")
 
@@ -187,6 +190,13 @@ class FactsConfig(BaseModel):
         60, ge=20, description="Characters of each paragraph shown in search results (60: a person's result shows "
         "the birthplace but not the organisation, which takes a read).")
     read_chars: int = Field(200, ge=50, description="Characters of a paragraph returned by read (every paragraph is shorter).")
+
+    @model_validator(mode="after")
+    def _fits_the_name_space(self) -> FactsConfig:
+        if self.num_train + self.num_eval > MAX_CHAINS:
+            raise ValueError(f"num_train + num_eval is {self.num_train + self.num_eval}, more than the {MAX_CHAINS} chains a "
+                             f"world can name (organisation names are one syllable and an ending)")
+        return self
 
 
 class FactsEnv(SplitTasks):

@@ -149,6 +149,9 @@ def test_the_config_is_an_env_section_with_the_research_tools():
         FactsConfig(name="facts", num_cities=1)
     with pytest.raises(ValidationError, match="extra"):
         FactsConfig(name="facts", path="x")
+    FactsConfig(name="facts", num_train=400, num_eval=100)  # the largest world: 500 chains
+    with pytest.raises(ValidationError, match="num_train \\+ num_eval is 501"):
+        FactsConfig(name="facts", num_train=401, num_eval=100)
 
 
 def test_the_stream_resumes_and_eval_is_a_prefix(env):
