@@ -3,7 +3,9 @@
 
 A plugin, a notebook or a pickle that names an old path gets the module itself, not a copy:
 ``mas.engine is mas.rollout.engine``, so a class or a monkeypatch seen through either name is the
-same one.  ``mas.config`` kept its name (the schema moved inside it, and the package re-exports it).
+same one.  Each old name warns once per process (``DeprecationWarning``, pointed at the line that
+imports it) with the name to use.  ``mas.config`` kept its name (the schema moved inside it, and
+the package re-exports it).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import warnings
 from types import ModuleType
 
 # old name under mas. -> new name under mas.; a package's submodules follow it
@@ -33,6 +36,19 @@ def new_name(fullname: str) -> str | None:
     return f"mas.{MOVED[head]}" + (f".{tail}" if tail else "")
 
 
+def _importer_level() -> int:
+    """``stacklevel`` of the first frame outside the import machinery and this file: the
+    ``import`` statement (or ``import_module``, ``pickle.loads`` call) that named the old path.
+    ``warnings.warn`` itself skips importlib's bootstrap frames, so they are not counted."""
+    frame, level = sys._getframe(1), 1  # level 1: the caller of warnings.warn
+    while frame is not None and (frame.f_globals.get("__name__", "").split(".")[0] == "importlib"
+                                 or frame.f_globals.get("__name__") == __name__):
+        frame = frame.f_back
+        if frame is not None and "_bootstrap" not in frame.f_code.co_filename:
+            level += 1
+    return level
+
+
 class _Alias(importlib.abc.Loader):
     """Loads an old name as the module under its new name."""
 
@@ -40,6 +56,8 @@ class _Alias(importlib.abc.Loader):
         self.target = target
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        warnings.warn(f"{spec.name} moved to {self.target}; import it from there (the old path is an alias that will go)",
+                      DeprecationWarning, stacklevel=_importer_level())
         module = importlib.import_module(self.target)
         self.own_spec = module.__spec__
         return module

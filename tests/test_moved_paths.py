@@ -6,6 +6,7 @@ import importlib
 import pickle
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,15 @@ def test_the_config_re_export_works_in_a_fresh_process_before_the_schema_is_impo
 def test_importing_a_low_config_module_does_not_build_the_schema():
     code = "import sys, mas.config.safe_yaml; assert 'mas.config.schema' not in sys.modules, 'schema built'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_old_path_warns_once_at_the_line_that_imports_it():
+    """Each old name says where the module went, pointed at the importing line (not at the import
+    machinery), and once: the alias stays in sys.modules."""
+    sys.modules.pop("mas.scoring", None)
+    with pytest.warns(DeprecationWarning, match=r"mas\.scoring moved to mas\.rollout\.scoring") as caught:
+        importlib.import_module("mas.scoring")
+    assert [Path(w.filename).name for w in caught] == [Path(__file__).name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        importlib.import_module("mas.scoring")  # cached: no second warning
