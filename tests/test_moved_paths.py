@@ -13,6 +13,9 @@ import pytest
 
 from mas import _moved
 
+# every old path warns (checked once below, with its location); the other tests import them on purpose
+pytestmark = pytest.mark.filterwarnings(r"ignore:mas\.\S+ moved to mas\.:DeprecationWarning")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
