@@ -52,6 +52,7 @@ __all__ = [
     "parse_tool_calls",
     "run_tool_call",
     "skipped_call",
+    "tool_call_text",
     "tool_results_message",
     "tools_prompt",
 ]
@@ -91,7 +92,7 @@ class ToolSpec:
 
     def example(self) -> str:
         args = {p.name: p.example for p in self.params if p.example is not None}
-        return f"{OPEN}{json.dumps({'name': self.name, 'arguments': args})}{CLOSE}"
+        return tool_call_text(self.name, args)
 
 
 @dataclass
@@ -101,6 +102,12 @@ class ToolCall:
     name: str | None
     arguments: dict[str, Any] | None
     error: str | None = None
+
+
+def tool_call_text(name: str, arguments: Any) -> str:
+    """One call as a model writes it: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, the
+    JSON's text kept literal (a non-ASCII title stays as it reads, not ``\\u`` escapes)."""
+    return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}{CLOSE}"
 
 
 def has_tool_call(text: str) -> bool:

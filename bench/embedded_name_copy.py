@@ -51,7 +51,7 @@ def main() -> None:
     from mas.embedded.artifact import load_embedded
     from mas.envs.research.facts import QUESTION, generate_world
     from mas.models.tiny import sft_batch
-    from mas.training.warmup import _tool_call
+    from mas.agents.tools import tool_call_text
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -69,7 +69,7 @@ def main() -> None:
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def completion(person: str) -> list[int]:
-        return tok(_tool_call("search", {"query": person}))["input_ids"] + [tok.eos_token_id]
+        return tok(tool_call_text("search", {"query": person}))["input_ids"] + [tok.eos_token_id]
 
     if args.names == "world":
         pool = [c.person for c in world.train]

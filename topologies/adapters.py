@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from mas.agents.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls
+from mas.agents.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls, tool_call_text
 from mas.rollout.engine import TOOL_LABEL, EpisodeContext
 from mas.types import Turn
 
@@ -61,15 +60,10 @@ def describe_tools(schemas: list[dict[str, Any]]) -> str:
     example = {k: _EXAMPLES.get(v.get("type"), "...") for k, v in first["parameters"].get("properties", {}).items()}
     lines += [
         f'To call a tool, write {OPEN}, one JSON object with "name" and "arguments", then {CLOSE}, e.g.',
-        f"{OPEN}{json.dumps({'name': first['name'], 'arguments': example})}{CLOSE}",
+        tool_call_text(first["name"], example),
         "Each result comes back inside <tool_response> tags. When you have what you need, reply without a tool call.",
     ]
     return "\n".join(lines)
-
-
-def tool_call_text(name: str, arguments: Any) -> str:
-    """One call as the model writes it (for an assistant message whose raw text is not known)."""
-    return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CLOSE}"
 
 
 def tool_results_text(results: list[str]) -> str:

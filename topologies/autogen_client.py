@@ -39,7 +39,8 @@ from autogen_core.models import (
 )
 from autogen_core.tools import Tool, ToolSchema
 
-from mas.topologies.adapters import EpisodeCalls, tool_call_text, tool_results_text, tool_schema
+from mas.agents.tools import tool_call_text
+from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
 MODEL_INFO: ModelInfo = {
     "vision": False,

@@ -32,7 +32,8 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
-from mas.topologies.adapters import EpisodeCalls, tool_call_text, tool_results_text, tool_schema
+from mas.agents.tools import tool_call_text
+from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
 EPISODE: ContextVar[EpisodeCalls | None] = ContextVar("mas_episode", default=None)  # set per run by kind: langgraph
 BUILDING: ContextVar[list[str] | None] = ContextVar("mas_building", default=None)  # agents named while a graph is built

@@ -35,7 +35,7 @@ from typing import Any
 
 from mas.agents.parsers import parse_answer
 from mas.agents.prompts import render_prompt
-from mas.agents.tools import CLOSE, OPEN, parse_tool_calls
+from mas.agents.tools import OPEN, parse_tool_calls, tool_call_text
 from mas.rollout.backends.base import GenRequest
 from mas.rollout.backends.scripted import ScriptedBackend
 from mas.config.schema import (AutogenTopology, ChainTopology, ConfigError, DebateTopology, LangGraphTopology, OrchestratorTopology,
@@ -328,10 +328,6 @@ def _mentions(text: str, answers: tuple[str, ...]) -> str | None:
     return next((a for a in answers if _key(a).lower() in low), None)
 
 
-def _tool_call(name: str, arguments: dict[str, Any]) -> str:
-    return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}{CLOSE}"
-
-
 def _tool_response(text: str) -> str:
     """The text of the last ``<tool_response>`` block of a tool-results message."""
     start = text.rfind("<tool_response>")
@@ -388,9 +384,9 @@ class ResearchTeacher:
         last = messages[-1]["content"]
         spent = rounds > 0 and "tool calls left" not in last  # the budget is spent: reply now
         if rounds == 0:
-            return _tool_call("search", {"query": question})
+            return tool_call_text("search", {"query": question})
         if rounds == 1 and not spent and rng.random() >= self.p_direct:
-            return _tool_call("read", {"title": facts.read})
+            return tool_call_text("read", {"title": facts.read})
         found = _tool_response(last)
         if rounds >= 2 and found.startswith(f"{facts.read}: "):  # the paragraph it read
             return f"{facts.read}: {_sentence_with(found[len(facts.read) + 2:], facts.answers)}"
@@ -450,14 +446,14 @@ class FactsTeacher:
         if ("search", c.org) in done:
             return f"The {c.org} is based in {c.city}."
         if not done:
-            return _tool_call("search", {"query": c.person})
+            return tool_call_text("search", {"query": c.person})
         if spent:
             return direct
         if ("read", c.person) not in done:
-            return direct if rng.random() < self.p_direct else _tool_call("read", {"title": c.person})
+            return direct if rng.random() < self.p_direct else tool_call_text("read", {"title": c.person})
         if ("search", c.birthplace) not in done and rng.random() < self.p_detour:
-            return _tool_call("search", {"query": c.birthplace})
-        return _tool_call("search", {"query": c.org})
+            return tool_call_text("search", {"query": c.birthplace})
+        return tool_call_text("search", {"query": c.org})
 
     def _city(self, text: str) -> str | None:
         """The city ``text`` names last, or None."""
