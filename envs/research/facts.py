@@ -72,11 +72,12 @@ _CITY_STEMS = ("Ash", "Bel", "Cor", "Dun", "Elm", "Fen", "Gal", "Har", "Ket", "L
                "Sal", "Tam", "Ul", "Ver", "Wyn", "Yar", "Brim", "Cal", "Hol")
 _CITY_ENDS = ("ford", "mere", "wick", "holm", "port", "field", "stead", "bury", "gate", "haven")
 _CITY_KINDS = ("river town", "harbour town", "hill town", "market town", "mining town", "lake town")
+_JOBS = ("weaver", "clockmaker", "surveyor", "glassblower", "cartographer", "brewer", "printer", "shipwright",
+         "botanist", "luthier", "stonemason", "bookbinder")
+
 # Organisation stems are one syllable and an ending (600 words): a world holds at most this many
 # chains, so that fresh names never run out whatever the corpus seed (580 fit every seed tried).
 MAX_CHAINS = 500
-_JOBS = ("weaver", "clockmaker", "surveyor", "glassblower", "cartographer", "brewer", "printer", "shipwright",
-         "botanist", "luthier", "stonemason", "bookbinder")
 
 
 @dataclass(frozen=True)
