@@ -19,6 +19,7 @@ from mas.training.learner import (
     build_scheduler,
     collate,
     draws_random_numbers,
+    kl_penalty,
     loss_norm,
     ppo_clip_loss,
     token_logprobs,
@@ -803,3 +804,89 @@ def test_an_abort_between_micro_batches_drops_the_update(tiny_model):
     assert all(torch.equal(a, b) for a, b in zip(before, params(tiny_model))) and policy.updates == 0
     assert all(p.grad is None for p in tiny_model.parameters())
     assert lrn.scheduler.last_epoch == 0  # nothing of the update happened
+
+
+# --------------------------------------------------------------------------------------------
+# the KL estimators (CREDIT_SPEC.md §8c)
+# --------------------------------------------------------------------------------------------
+
+
+def verl_kl(logp: float, ref: float, kind: str) -> float:
+    """verl's ``kl_penalty`` as its formulas read (core_algos.py), one token at a time."""
+    if kind == "k1":  # "kl"
+        return logp - ref
+    if kind == "abs":
+        return abs(logp - ref)
+    if kind == "k2":  # "mse"
+        return 0.5 * (logp - ref) ** 2
+    kl = ref - logp
+    if kind == "low_var_kl":
+        kl = min(max(kl, -20.0), 20.0)
+        return min(max(math.exp(kl) - kl - 1.0, -10.0), 10.0)
+    return math.exp(kl) - kl - 1.0  # k3, unclamped
+
+
+def test_kl_estimators_by_hand():
+    d = torch.tensor([-0.5], dtype=torch.float64)  # logp - ref
+    logp, ref = d, torch.zeros(1, dtype=torch.float64)
+    assert float(kl_penalty(logp, ref, "k1")) == -0.5
+    assert float(kl_penalty(logp, ref, "abs")) == 0.5
+    assert float(kl_penalty(logp, ref, "k2")) == 0.125
+    assert float(kl_penalty(logp, ref, "k3")) == pytest.approx(0.148721, abs=1e-6)  # e^0.5 - 1.5
+    assert float(kl_penalty(logp, ref, "low_var_kl")) == pytest.approx(0.148721, abs=1e-6)  # inside the clamps
+    far = torch.tensor([-30.0], dtype=torch.float64)  # ref 30 nats above logp
+    assert float(kl_penalty(far, ref, "low_var_kl")) == 10.0  # verl's clamp
+    assert float(kl_penalty(far, ref, "k3")) == pytest.approx(math.exp(30) - 31)
+    with pytest.raises(ValueError, match="unknown kl_estimator 'k4'"):
+        kl_penalty(logp, ref, "k4")
+
+
+@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3", "low_var_kl"])
+def test_kl_estimators_equal_verls_formulas(kind):
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(64, generator=g, dtype=torch.float64) * 6
+    ref = logp + torch.randn(64, generator=g, dtype=torch.float64) * torch.linspace(0.01, 25, 64, dtype=torch.float64)
+    got = kl_penalty(logp, ref, kind).tolist()
+    assert got == pytest.approx([verl_kl(a, b, kind) for a, b in zip(logp.tolist(), ref.tolist())], rel=1e-12, abs=1e-12)
+
+
+def test_k3_is_non_negative_zero_only_at_ref_with_k2s_curvature():
+    d = torch.linspace(-5, 5, 101, dtype=torch.float64)
+    k3 = kl_penalty(d, torch.zeros_like(d), "k3")
+    assert bool((k3 >= 0).all()) and bool((k3[d.abs() > 1e-6] > 0).all())
+    assert float(kl_penalty(torch.tensor([-1.5]), torch.tensor([-1.5]), "k3")) == 0.0  # logp = ref
+    x = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    (g,) = torch.autograd.grad(kl_penalty(x, torch.zeros(1, dtype=torch.float64), "k3").sum(), x, create_graph=True)
+    (h,) = torch.autograd.grad(g.sum(), x)
+    assert float(g) == 0.0 and float(h) == pytest.approx(1.0)  # like k2 = d^2/2 at d = 0
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "low_var_kl"])
+def test_ppo_clip_loss_with_each_estimator_by_hand(kind):
+    A, kl_coef = 2.0, 0.5
+    logp, old = ratios_to_logprobs(R)
+    d = [0.1, -0.2, 0.3, 0.0]  # ref - logp
+    ref = logp.detach() + torch.tensor([d], dtype=torch.float64)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    loss, stats = ppo_clip_loss(logp, old, torch.tensor([A]), mask, LO, HI, "token_mean", ref, kl_coef, kl_estimator=kind)
+    per = {"k1": [-x for x in d], "k2": [x * x / 2 for x in d], "low_var_kl": [math.exp(x) - x - 1 for x in d]}[kind]
+    pg = -(2.2 + 2.56 + 1.4 + 1.8) / 4
+    assert stats["kl"] == pytest.approx(sum(per) / 4)
+    assert loss.item() == pytest.approx(pg + kl_coef * sum(per) / 4)
+
+
+@pytest.mark.parametrize("kind", ["k1", "abs", "k2", "k3", "low_var_kl"])
+def test_the_learner_uses_its_estimator_in_packed_and_padded_losses_alike(tiny_model, tiny_tokenizer, kind):
+    """The packed learner (ppo_clip_tokens) gives ppo_clip_loss's value for every estimator."""
+    ref_model = tiny_causal_lm(tiny_tokenizer, seed=1)
+    samples = make_samples(tiny_model, 4, seed=5)
+    got = Learner(TinyPolicy(tiny_model, ref_model=ref_model), OptimConfig(lr=1e-3), 10, 0.2, 0.28, 0.3, "token_mean",
+                  kl_estimator=kind).compute_gradients(samples)
+    batch = collate(samples)
+    lp, _ = token_logprobs(tiny_model, batch)
+    ref, _ = token_logprobs(ref_model, batch)
+    _, stats = ppo_clip_loss(lp, batch["old_logprobs"], batch["advantages"], batch["completion_mask"], 0.2, 0.28,
+                             "token_mean", ref, 0.3, kl_estimator=kind)
+    assert got["kl"] == pytest.approx(stats["kl"], abs=1e-5)
+    with pytest.raises(ValueError, match="unknown kl_estimator"):
+        Learner(TinyPolicy(tiny_model), OptimConfig(lr=1e-3), 10, 0.2, 0.28, 0.3, "token_mean", kl_estimator="k9")

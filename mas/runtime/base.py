@@ -59,7 +59,7 @@ def learner_args(cfg: "RunConfig") -> dict[str, dict[str, Any]]:
     ``max_new_tokens`` of the policy's agents."""
     t = cfg.trainer
     shared = dict(total_steps=t.steps, clip_low=t.clip_low, clip_high=t.clip_high, kl_coef=t.kl_coef,
-                  loss_agg=t.loss_agg, ppo_epochs=t.ppo_epochs)
+                  kl_estimator=t.kl_estimator, loss_agg=t.loss_agg, ppo_epochs=t.ppo_epochs)
     out = {}
     for name in cfg.policies:
         longest = max((a.sampling.max_new_tokens for a in cfg.agents if a.policy == name), default=None)

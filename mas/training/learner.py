@@ -21,8 +21,19 @@ arXiv 2503.14476):
 
     ratio_t = exp(logp_t - old_t)
     pg_t    = -min(ratio_t * A, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A)
-    kl_t    = exp(ref_t - logp_t) - (ref_t - logp_t) - 1          (k3, Schulman 2020 blog)
     loss_t  = pg_t + kl_coef * kl_t
+
+The KL term to the reference (the initial weights), ``kl_estimator`` (Schulman's estimators,
+"Approximating KL divergence", 2020; verl's ``kl_loss_type`` names; CREDIT_SPEC.md §8c), with
+d_t = logp_t - ref_t:
+
+    k1           d_t                                  unbiased, can be negative
+    abs          |d_t|
+    k2           d_t² / 2                             verl "mse"
+    k3           exp(-d_t) + d_t - 1                  >= 0, unbiased for KL(pi || ref) on-policy
+    low_var_kl   k3 with d_t clamped to [-20, 20] and the result to [-10, 10]   verl's low_var_kl
+
+The gradient flows through logp only (ref is a constant).
 
 Aggregation (``loss_agg``; ℓ_{n,t} the per-token loss, L_n the tokens of turn n, N the turns
 with at least one token in the policy's update batch):
@@ -78,6 +89,8 @@ if TYPE_CHECKING:  # the learner reads only a few fields of it (flat builder arg
     from mas.config.schema import OptimConfig
 
 LossAgg = Literal["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"]
+KlEstimator = Literal["k1", "abs", "k2", "k3", "low_var_kl"]
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "abs", "k2", "k3", "low_var_kl")
 LOSS_AGGS: tuple[str, ...] = ("token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 HF_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}  # mas name -> transformers name
@@ -274,6 +287,23 @@ def _entropy(logits: torch.Tensor, lse: torch.Tensor, chunk: int) -> torch.Tenso
 # --------------------------------------------------------------------------------------------
 
 
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from the sampled tokens' logprobs (module docstring), any shape."""
+    d = logprobs - ref_logprobs  # [...]
+    if estimator == "k1":
+        return d
+    if estimator == "abs":
+        return d.abs()
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "k3":
+        return torch.exp(-d) + d - 1.0
+    if estimator == "low_var_kl":
+        d = d.clamp(-20.0, 20.0)
+        return (torch.exp(-d) + d - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"unknown kl_estimator {estimator!r}; valid: {list(KL_ESTIMATORS)}")
+
+
 def loss_norm(completion_lengths: list[int], loss_agg: str, max_tokens: int | None = None) -> int:
     """The divisor of an aggregation over a whole update batch: completion tokens
     (``token_mean``), turns with at least one token (``seq_mean``, ``seq_mean_token_sum``), or
@@ -301,8 +331,9 @@ def ppo_clip_loss(
     kl_coef: float = 0.0,
     norm: float | None = None,
     max_tokens: int | None = None,
+    kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip surrogate with an optional k3 KL term (see the module docstring).
+    """PPO-clip surrogate with an optional KL term, ``kl_estimator`` (see the module docstring).
 
     ``norm`` divides the aggregated sum; by default it is ``loss_norm`` of this call's turns
     (``max_tokens`` is dr_grpo's constant).  Pass the whole update batch's divisor when
@@ -321,8 +352,7 @@ def ppo_clip_loss(
     per_token = pg
     kl = torch.zeros_like(pg)  # [N, S]
     if ref_logprobs is not None:
-        d = (ref_logprobs - logprobs).masked_fill(mask == 0, 0.0)  # [N, S]
-        kl = torch.exp(d) - d - 1.0  # [N, S]  k3 >= 0; unbiased for KL(pi || ref) on-policy
+        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator).masked_fill(mask == 0, 0.0)  # [N, S]
         per_token = pg + kl_coef * kl
 
     lengths = mask.sum(-1)  # [N]
@@ -413,8 +443,11 @@ class Learner:
         ppo_epochs: int = 1,
         max_tokens: int | None = None,
         mixed_precision: str = "no",
+        kl_estimator: KlEstimator = "k3",
     ):
         _check_agg(loss_agg)
+        if kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"policy {policy.name!r}: unknown kl_estimator {kl_estimator!r}; valid: {list(KL_ESTIMATORS)}")
         if loss_agg == "dr_grpo" and (max_tokens is None or max_tokens < 1):
             raise ValueError(f"policy {policy.name!r}: loss_agg dr_grpo needs max_tokens >= 1 (the constant normaliser), found {max_tokens}")
         if ppo_epochs < 1:
@@ -438,6 +471,7 @@ class Learner:
         self.max_grad_norm = optim.max_grad_norm
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_coef, self.loss_agg, self.ppo_epochs, self.max_tokens = kl_coef, loss_agg, ppo_epochs, max_tokens
+        self.kl_estimator = kl_estimator
         self.optimizer = torch.optim.AdamW(
             self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
         )
@@ -670,6 +704,7 @@ class Learner:
                     logprobs, data["old_logprobs"], data["advantages"], data["weights"],
                     self.clip_low, self.clip_high,
                     ref_logprobs=batch.ref[i] if batch.ref is not None else None, kl_coef=self.kl_coef,
+                    kl_estimator=self.kl_estimator,
                 )
                 if not torch.isfinite(loss) and self.sync is None:  # with workers: the summed gradient norm fails on all
                     raise FloatingPointError(
@@ -745,6 +780,7 @@ def ppo_clip_tokens(
     clip_high: float,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``ppo_clip_loss`` over a flat list of K completion tokens: ``sum_k weights[k] * loss_k``.
 
@@ -762,8 +798,7 @@ def ppo_clip_tokens(
     per_token = pg
     kl = torch.zeros_like(pg)  # [K]
     if ref_logprobs is not None:
-        d = ref_logprobs - logprobs  # [K]
-        kl = torch.exp(d) - d - 1.0  # [K]  k3
+        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)  # [K]
         per_token = pg + kl_coef * kl
     w = weights.to(logprobs.dtype)
     loss = (per_token * w).sum()
