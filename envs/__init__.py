@@ -27,7 +27,8 @@ from .math.turns import verify_math_turn
 from .research import TOOL_NAMES as _RESEARCH_TOOLS
 from .research import FactsConfig, FactsEnv, HotpotQAConfig, HotpotQAEnv
 from .research.turns import verify_search_turn
-from .team import TeamConjunctiveConfig, TeamConjunctiveEnv, TeamRelayConfig, TeamRelayEnv, TeamSaboteurConfig, TeamSaboteurEnv
+from .team import (TeamConjunctiveConfig, TeamConjunctiveEnv, TeamForkConfig, TeamForkEnv, TeamRelayConfig, TeamRelayEnv,
+                   TeamSaboteurConfig, TeamSaboteurEnv)
 from .team.relay import verify_part_turn
 from .team.saboteur import verify_saboteur_turn
 from .verifiers import register_verifier
@@ -36,9 +37,9 @@ __all__ = ["ENV_CONFIGS", "ENV_TOOLS", "Env", "EnvConfig", "build_env", "check_e
            "register_env"]
 
 ENV_CONFIGS = (SyntheticMathConfig, GSM8KConfig, HotpotQAConfig, FactsConfig, TeamConjunctiveConfig, TeamSaboteurConfig,
-               TeamRelayConfig, CustomEnvConfig)
+               TeamRelayConfig, TeamForkConfig, CustomEnvConfig)
 EnvConfig = (SyntheticMathConfig | GSM8KConfig | HotpotQAConfig | FactsConfig | TeamConjunctiveConfig | TeamSaboteurConfig
-             | TeamRelayConfig | CustomEnvConfig)
+             | TeamRelayConfig | TeamForkConfig | CustomEnvConfig)
 
 _BUILDERS: dict[str, Callable[..., Env]] = {
     "synthetic_math": SyntheticMathEnv,
@@ -48,18 +49,19 @@ _BUILDERS: dict[str, Callable[..., Env]] = {
     "team_conjunctive": TeamConjunctiveEnv,
     "team_saboteur": TeamSaboteurEnv,
     "team_relay": TeamRelayEnv,
+    "team_fork": TeamForkEnv,
     "custom": CustomEnv,
 }
 
 # Tools each env offers its agents (an env's ``tools`` mapping holds these names); config
 # validation checks every agent's ``tools`` against this, before anything is built.
 ENV_TOOLS: dict[str, tuple[str, ...]] = {"synthetic_math": (), "gsm8k": (), "hotpotqa": _RESEARCH_TOOLS, "facts": _RESEARCH_TOOLS,
-                                         "team_conjunctive": (), "team_saboteur": (), "team_relay": (), "custom": ()}
+                                         "team_conjunctive": (), "team_saboteur": (), "team_relay": (), "team_fork": (), "custom": ()}
 
 _REGISTERED: list[type] = []  # config models of envs added with register_env
 
 # the built-in turn verifiers, by the name of the env they belong to (GSM8K has none: only its outcome is checkable)
-for _name, _fn in (("synthetic_math", verify_math_turn), ("team_relay", verify_part_turn),
+for _name, _fn in (("synthetic_math", verify_math_turn), ("team_relay", verify_part_turn), ("team_fork", verify_part_turn),
                    ("team_conjunctive", verify_part_turn), ("team_saboteur", verify_saboteur_turn),
                    ("hotpotqa", verify_search_turn), ("facts", verify_search_turn)):
     register_verifier(_name, _fn)

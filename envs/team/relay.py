@@ -23,7 +23,9 @@ same value (R/N), whoever was right.
 Ground truth (``info["designed"]``, ``envs/base.py``): specialist k did its job iff its own
 answer to part k is right, the k-th turn of the episode being specialist k's (a masked or
 removed turn did not).  Scores recorded on each episode (``info["scores"]``, averaged by
-evaluation): ``part_1`` .. ``part_N``, whether each word of the team's answer is right.
+evaluation): ``part_1`` .. ``part_N``, whether each word of the team's answer is right, and
+``at_once``, the share of specialists that answered without a worked step
+(``info["decisions"]``: each specialist's branch, ``decision_of``).
 
 Splits.  The parts come from the ``synthetic_math`` streams with the same settings: a
 training task strings training chains, a held-out task held-out chains only, so no part of a
@@ -46,7 +48,8 @@ from ..base import check_env_state, designed_outcomes, spoke
 from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
 from ..math.verify import numbers_match
 
-__all__ = ["MISSING", "TeamRelayConfig", "TeamRelayEnv", "first_word", "part_judgements", "part_words", "verify_part_turn"]
+__all__ = ["MISSING", "TeamRelayConfig", "TeamRelayEnv", "decision_of", "first_word", "part_judgements", "part_words",
+           "verify_part_turn"]
 
 MISSING = "?"  # what the team's answer holds for a part nobody answered (topologies/chain.py writes it)
 
@@ -74,6 +77,15 @@ def part_judgements(episode: Episode, gold: list[str] | None = None) -> list[tup
     gold = episode.task.meta["answers"] if gold is None else gold
     turns = sorted(episode.turns, key=lambda t: t.index)
     return [(t, right(first_word(t.parsed.get("answer")), g)) for t, g in zip(turns, gold)]
+
+
+def decision_of(turn: Turn) -> str:
+    """Which branch a specialist's turn took: ``worked`` if it wrote a step (an ``=``) before its
+    answer marker, ``at_once`` if it went straight to the answer, ``none`` if it said nothing."""
+    if not spoke(turn):
+        return "none"
+    before, _, _ = (turn.text or "").upper().partition("ANSWER")
+    return "worked" if "=" in before else "at_once"
 
 
 def verify_part_turn(episode: Episode, turn: Turn) -> float | None:
@@ -154,8 +166,12 @@ class TeamRelayEnv:
         words = part_words(episode.answer)
         complete = len(words) == len(gold)  # an answer with a word too many or too few has no part in place
         parts = [complete and right(words[k], g) for k, g in enumerate(gold)]
-        episode.info["scores"] = {f"part_{k + 1}": float(ok) for k, ok in enumerate(parts)}
-        episode.info["designed"] = designed_outcomes(part_judgements(episode))
+        judged = part_judgements(episode)
+        decisions = {t.agent: decision_of(t) for t, _ in judged}
+        episode.info["scores"] = {**{f"part_{k + 1}": float(ok) for k, ok in enumerate(parts)},
+                                  "at_once": sum(d == "at_once" for d in decisions.values()) / len(gold)}
+        episode.info["designed"] = designed_outcomes(judged)
+        episode.info["decisions"] = decisions
         return float(all(parts))
 
     def verify_turn(self, episode: Episode, turn: Turn) -> float | None:

@@ -93,7 +93,7 @@ def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
     if env == "synthetic_math" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
         return ChainTeacher(p_direct=p_direct, p_slip=float(knobs.get("p_slip", 0.3)),
                             p_lazy=float(knobs.get("p_lazy", 0.8)), solver=top.sequence[0])
-    if env in ("team_conjunctive", "team_relay") and isinstance(top, ChainTopology) and top.parts:
+    if env in ("team_conjunctive", "team_relay", "team_fork") and isinstance(top, ChainTopology) and top.parts:
         return RelayTeacher(p_direct=float(knobs.get("p_direct", 0.2)))  # each specialist sees only its own part
     if env == "team_saboteur" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
         return SaboteurTeacher(p_direct=p_direct, p_overrule=float(knobs.get("p_overrule", 0.6)), reviewer=top.sequence[1])

@@ -71,8 +71,9 @@ def test_each_specialist_sees_only_its_part_and_the_team_answers_in_order(tiny_t
                               {"role": "user", "content": f"Task: {task.meta['parts'][k]}"}]
     assert ep.answer == task.answer == " ".join(str(value_of(p)) for p in task.meta["parts"])
     assert ep.reward == 1.0 and ep.status == "ok"
-    assert ep.info["scores"] == {"part_1": 1.0, "part_2": 1.0, "part_3": 1.0}
+    assert ep.info["scores"] == {"part_1": 1.0, "part_2": 1.0, "part_3": 1.0, "at_once": 1.0}  # "ANSWER: v": no step
     assert ep.info["designed"] == {"s1": 1.0, "s2": 1.0, "s3": 1.0}
+    assert ep.info["decisions"] == {"s1": "at_once", "s2": "at_once", "s3": "at_once"}
 
 
 def test_one_wrong_part_fails_the_team_and_only_its_specialist(tiny_tokenizer):
@@ -82,7 +83,7 @@ def test_one_wrong_part_fails_the_team_and_only_its_specialist(tiny_tokenizer):
     engine, env = relay_engine(3, respond, tiny_tokenizer)
     ep = engine.rollout(env.sample_tasks(1), 1, seed=0)[0].episodes[0]
     assert ep.answer.split()[1] == "99" and ep.reward == 0.0
-    assert ep.info["scores"] == {"part_1": 1.0, "part_2": 0.0, "part_3": 1.0}
+    assert ep.info["scores"] == {"part_1": 1.0, "part_2": 0.0, "part_3": 1.0, "at_once": 1.0}
     assert ep.info["designed"] == {"s1": 1.0, "s2": 0.0, "s3": 1.0}
 
 
@@ -110,7 +111,8 @@ def test_a_masked_or_removed_specialist_leaves_a_question_mark_and_did_not_do_it
     assert ep.turns[1].finish_reason == ("masked" if mode == "mask" else "removed")
     words = source.answer.split()
     assert ep.answer == f"{words[0]} ? {words[2]}" and ep.reward == 0.0
-    assert ep.info["scores"] == {"part_1": 1.0, "part_2": 0.0, "part_3": 1.0}
+    assert ep.info["scores"] == {"part_1": 1.0, "part_2": 0.0, "part_3": 1.0, "at_once": 2 / 3}  # the masked one said nothing
+    assert ep.info["decisions"]["s2"] == "none"
     assert ep.info["designed"] == {"s1": 1.0, "s2": 0.0, "s3": 1.0}
 
 
@@ -203,11 +205,12 @@ def test_relay_score_of_hand_made_episodes():
     turns = [turn("s1", 0, "ANSWER: 2", "2"), turn("s2", 1, "[masked]", finish="masked"), turn("s3", 2, "ANSWER: 6.0", "6.0")]
     ep = Episode(task, 0, 0, 0, turns=turns, answer="2 ? 6.0")
     assert env.score(ep) == 0.0
-    assert ep.info["scores"] == {"part_1": 1.0, "part_2": 0.0, "part_3": 1.0}  # 6.0 has the value 6
+    assert ep.info["scores"] == {"part_1": 1.0, "part_2": 0.0, "part_3": 1.0, "at_once": 2 / 3}  # 6.0 has the value 6
     assert ep.info["designed"] == {"s1": 1.0, "s2": 0.0, "s3": 1.0}
     # an answer with a word too many has no part in place: every part is wrong, the reward 0
     ep = Episode(task, 0, 0, 0, turns=[], answer="2 4 6 8")
     assert env.score(ep) == 0.0 and set(ep.info["scores"].values()) == {0.0} and ep.info["designed"] == {}
+    assert ep.info["decisions"] == {}
     ep = Episode(task, 0, 0, 0, turns=[], answer=None)
     assert env.score(ep) == 0.0
     ep = Episode(task, 0, 0, 0, turns=[], answer="2 4 6")
