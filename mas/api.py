@@ -65,9 +65,10 @@ def train(
 
 
 def evaluate(team: Team, n: int | None = None, seed: int | None = None) -> dict:
-    """Held-out evaluation (greedy, or sampled with ``trainer.eval_do_sample``) of ``n`` tasks (default ``trainer.eval_size``, or 100 when it is 0):
-    ``accuracy`` (the mean reward), the env's named scores and tool calls per agent."""
-    from mas.training.trainer import evaluate as run_eval
+    """Held-out evaluation of ``n`` tasks (default ``trainer.eval_size``, or 100 when it is 0): ``accuracy``
+    (the greedy team's mean reward), the env's named scores and tool calls per agent, and where the team trains
+    by sampling, ``sampled`` (avg@k, pass@k at each agent's own settings; ``trainer.eval_sampled_k``)."""
+    from mas.training.evaluation import evaluate as run_eval
 
     cfg = team.cfg
     size = n if n is not None else (cfg.trainer.eval_size or 100)

@@ -130,13 +130,35 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"resume with: {resume_cmd}", file=sys.stderr)
         if stop.exit_code is not None:
             return stop.exit_code
-    before = summary.get("eval_before", {}).get("accuracy")
-    after = summary.get("eval_after", {}).get("accuracy")
-    if before is not None and after is not None:
-        name = {"f1": "F1", "em": "EM"}.get(getattr(cfg.env, "reward", ""), "accuracy")  # research envs: their reward
-        print(f"held-out team {name}: before {before:.3f} -> after {after:.3f} ({100 * (after - before):+.1f} points)")
+    for line in summary_lines(summary, {"f1": "F1", "em": "EM"}.get(getattr(cfg.env, "reward", ""), "accuracy")):
+        print(line)
     print(f"run directory: {run_dir}")
     return 0
+
+
+def summary_lines(summary: dict, name: str) -> list[str]:
+    """The end of a run for the terminal: the greedy held-out result before -> after (the team a
+    user deploys), the sampled avg@k / pass@k beside it, and whether the greedy team regressed."""
+    before, after = summary.get("eval_before"), summary.get("eval_after")
+    if not before or not after:
+        return []
+    lines = [f"held-out team {name}: before {before['accuracy']:.3f} -> after {after['accuracy']:.3f} "
+             f"({100 * (after['accuracy'] - before['accuracy']):+.1f} points, {after.get('decoding', 'greedy')})"]
+    b, a = before.get("sampled"), after.get("sampled")
+    if b and a:
+        lines.append(f"held-out team {name}, sampled: avg@{a['k']} {b['avg']:.3f} -> {a['avg']:.3f}, "
+                     f"pass@{a['k']} {b['pass']:.3f} -> {a['pass']:.3f}")
+    if "train" in after:
+        lines.append(f"training tasks {name} (greedy): {after['train']['accuracy']:.3f} against held-out {after['accuracy']:.3f}")
+    worse = summary.get("greedy_regression")
+    if worse:
+        lines.append(f"warning: the greedy team regressed: {worse['start']:.3f} at the start -> {worse['now']:.3f} after step "
+                     f"{worse['step']} (noise floor ±{worse['floor']:.3f})")
+    best = summary.get("best")
+    if best:
+        where = "the start (before RL)" if best["step"] < 0 else f"after step {best['step']}"
+        lines.append(f"best greedy checkpoint: {best['accuracy']:.3f}, {where} (checkpoints/best; mas export uses it)")
+    return lines
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -144,7 +166,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from mas.training.checkpoint import latest_checkpoint
     from mas.config.checks import meaning_errors
     from mas.training.team import build_team
-    from mas.training.trainer import evaluate
+    from mas.training.evaluation import evaluate
 
     cfg = load_config(args.config, args.overrides, check=meaning_errors)
     size = args.size or cfg.trainer.eval_size or 100
@@ -256,7 +278,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             return 2
     spec = StudySpec(config=configs[0], methods=methods, seeds=args.seeds, out=args.out, budget_kind=kind, budget=budget,
                      overrides=tuple(overrides), credit_sets=tuple(args.credit_set), eval_every=args.eval_every,
-                     baseline=args.baseline)
+                     baseline=args.baseline, metric=args.metric)
     if args.report_only:
         json_path, html_path = write_outputs(args.out)
     else:
@@ -354,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("run_dir", metavar="RUN_DIR")
     x.add_argument("--out", required=True, help="output folder (one sub-folder per policy)")
     x.add_argument("--merge-lora", action="store_true", help="merge LoRA adapters into their base model (standalone models)")
-    x.add_argument("--checkpoint", metavar="STEP_DIR", help="a checkpoint of the run, e.g. step_000019 (default: the latest)")
+    x.add_argument("--checkpoint", metavar="STEP_DIR", help="a checkpoint of the run, e.g. step_000019 (default: checkpoints/best where trainer.keep_best kept one, else the latest)")
     x.add_argument("--policy", action="append", help="export only this policy (repeatable; default: every trained one)")
     x.add_argument("--gguf", action="store_true", help="also write each policy as one GGUF file for llama.cpp / Ollama / "
                    "LM Studio (LoRA merged; llama and qwen2 architectures)")
@@ -380,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--credit-set", action="append", default=[], metavar="METHOD.key=value",
                     help="a credit option for one method, e.g. sharp.marginal=loo (repeatable)")
     st.add_argument("--baseline", help="the method others are compared with (default: grpo if studied, else the first)")
+    st.add_argument("--metric", choices=("greedy", "sampled"), default="greedy",
+                    help="what methods are ranked by: greedy held-out accuracy (the deployed team; default), or sampled "
+                         "avg@k at the agents' own temperatures (labelled so)")
     st.add_argument("--executor", choices=["local", "ray"], help="local: one run after another; ray: runs as Ray tasks "
                     "(default: ray when runtime.kind is ray)")
     st.add_argument("--ray-address", help="Ray cluster address (default: a local Ray instance)")

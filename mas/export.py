@@ -64,13 +64,22 @@ def export_run(run_dir: str | Path, out: str | Path, merge_lora: bool = False, c
                policies: list[str] | None = None, log=print, gguf: str | None = None) -> list[Exported]:
     """Write every trainable policy of the run's checkpoint to ``out/<policy>/`` (and, with
     ``gguf`` 'f16' or 'f32', as ``out/<policy>/<policy>.<gguf>.gguf``)."""
-    from mas.training.checkpoint import latest_checkpoint
+    from mas.training.checkpoint import best_checkpoint, latest_checkpoint
 
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "config.yaml").is_file():
         raise ExportError(f"{run_dir}: no config.yaml there; is it a run directory?")
     cfg = load_config(run_dir / "config.yaml")
-    ckpt = run_dir / "checkpoints" / checkpoint if checkpoint else latest_checkpoint(run_dir)
+    if checkpoint:
+        ckpt = run_dir / "checkpoints" / checkpoint
+    elif best_checkpoint(run_dir) is not None:  # trainer.keep_best: the best greedy held-out accuracy of the run
+        ckpt = best_checkpoint(run_dir)
+        best = json.loads((ckpt / "trainer_state.json").read_text())["summary"].get("best") or {}
+        log(f"exporting checkpoints/best (trainer.keep_best): greedy held-out accuracy {best.get('accuracy', float('nan')):.3f}"
+            f", {'the start' if best.get('step', 0) < 0 else 'after step ' + str(best.get('step'))}; "
+            "--checkpoint step_N exports another")
+    else:
+        ckpt = latest_checkpoint(run_dir)
     if ckpt is None or not (ckpt / "policies").is_dir():
         raise ExportError(f"{run_dir}: no complete checkpoint to export" + (f" ({checkpoint})" if checkpoint else ""))
     saved = sorted(p.name for p in (ckpt / "policies").iterdir() if p.is_dir())

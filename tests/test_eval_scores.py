@@ -52,17 +52,20 @@ def test_mas_eval_on_a_math_team_prints_accuracy(tiny_model_dir, tmp_path, capsy
     path.write_text(yaml.safe_dump(team_config(tiny_model_dir, "chain")))
     assert main(["eval", str(path), "--size", "3"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"accuracy", "episodes", "errors", "truncated", "agents", "faults"} and out["episodes"] == 3
+    assert set(out) == {"accuracy", "decoding", "tasks", "sampled", "episodes", "errors", "truncated", "agents", "faults"}
+    assert out["episodes"] == 3 and out["decoding"] == "greedy" and len(out["tasks"]) == 3
+    assert out["accuracy"] == pytest.approx(sum(out["tasks"]) / 3)
+    assert out["sampled"]["k"] == 4 and out["sampled"]["episodes"] == 12  # the team samples: avg@4 / pass@4 beside it
     assert set(out["agents"]) == {"lead", "helper", "checker"} and out["faults"]["agent_error"] == 0
 
 
-def test_sampled_evaluation_is_seeded_and_not_greedy(tiny_model_dir):
+def test_the_evaluation_is_greedy_first_with_sampled_avg_and_pass_at_k_beside_it(tiny_model_dir):
     from mas.config.schema import validate_config
+    from mas.training.evaluation import evaluate
     from mas.training.team import build_team
-    from mas.training.trainer import evaluate
 
     cfg = team_config(tiny_model_dir, "chain")
-    cfg["trainer"] = {**cfg.get("trainer", {}), "eval_do_sample": True}
+    cfg["trainer"] = {**cfg.get("trainer", {}), "eval_sampled_k": 3, "eval_train": True}
     team = build_team(validate_config(cfg))
     tasks = team.env.eval_tasks(4)
 
@@ -74,6 +77,23 @@ def test_sampled_evaluation_is_seeded_and_not_greedy(tiny_model_dir):
     sampled = texts(seed=0, sample=True)
     assert texts(seed=0, sample=True) == sampled  # seeded: an evaluation repeats exactly
     assert sampled != greedy and texts(seed=1, sample=True) != sampled  # a random model at T=1 samples
-    out = evaluate(team, 4, 0)  # the trainer's evaluation reads trainer.eval_do_sample and says so
-    assert out["decoding"] == "sampled" and out["episodes"] == 4
-    assert validate_config(team_config(tiny_model_dir, "chain")).trainer.eval_do_sample is False  # greedy by default
+    out = evaluate(team, 4, 0)
+    assert out["decoding"] == "greedy" and out["episodes"] == 4  # the headline is the deployed, greedy team
+    s = out["sampled"]
+    assert s["k"] == 3 and s["episodes"] == 12 and 0.0 <= s["avg"] <= s["pass"] <= 1.0
+    assert set(s["temperature"]) == {"lead", "helper", "checker"}
+    assert set(out["train"]) == {"accuracy", "sampled"} and set(out["train"]["sampled"]) == {"k", "avg", "pass"}
+    assert evaluate(team, 4, 0)["sampled"] == s  # seeded: the same numbers again
+    probe = team.train_probe
+    assert len(probe) == 4 and probe == build_team(validate_config(cfg)).env.sample_tasks(4)  # the stream's first tasks
+
+
+def test_a_team_that_does_not_sample_is_evaluated_greedily_only(tiny_model_dir):
+    from mas.config.schema import validate_config
+    from mas.training.evaluation import sampled_k, trains_by_sampling
+
+    cfg = team_config(tiny_model_dir, "chain")
+    assert trains_by_sampling(validate_config(cfg)) and sampled_k(validate_config(cfg)) == 4
+    for a in cfg["agents"]:
+        a["sampling"] = {**a.get("sampling", {}), "temperature": 0.0}
+    assert not trains_by_sampling(validate_config(cfg)) and sampled_k(validate_config(cfg)) == 0

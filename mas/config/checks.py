@@ -240,6 +240,14 @@ def config_warnings(cfg: Any) -> list[Issue]:
     topo = cfg.topology
     if getattr(topo, "kind", None) == "chain" and topo.verdict_from is not None and topo.loop_to is None:
         warns.append((("topology", "verdict_from"), topo.verdict_from, "has no effect without topology.loop_to"))
+    if cfg.trainer.eval_do_sample:
+        warns.append((("trainer", "eval_do_sample"), True,
+                      "deprecated and ignored: held-out accuracy is the greedy team's, and the sampled avg@k / pass@k "
+                      "come beside it (trainer.eval_sampled_k); remove it"))
+    if cfg.trainer.keep_best and not (cfg.trainer.eval_size and cfg.trainer.eval_every):
+        warns.append((("trainer", "keep_best"), True,
+                      "needs periodic held-out evaluations (trainer.eval_size and trainer.eval_every > 0) to choose a best "
+                      "checkpoint; without them only the start can be kept"))
     warns += _sharp_exclude(cfg)
     return warns
 

@@ -413,7 +413,17 @@ class TrainerConfig(Section):
     ppo_epochs: int = Field(1, ge=1, description="Passes over each step's turns (1 = on-policy).")
     clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1.")
     clip_high: float = Field(0.2, ge=0, description="PPO clip epsilon above 1 (clip-higher if larger).")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL estimate to the reference (initial) policy.")
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the KL term to the reference (the initial weights) in the loss: loss += kl_coef * "
+        "agg(KL estimate per token) (verl: use_kl_loss, kl_loss_coef). 0: no KL and no reference pass.")
+    kl_estimator: Literal["k1", "abs", "k2", "k3", "low_var_kl"] = Field(
+        "k3", description="The per-token KL estimate (verl: kl_loss_type), d = logp - ref: k1 = d; abs = |d|; k2 = d^2/2 "
+        "(verl mse); k3 = exp(-d) + d - 1 (>= 0, unbiased on-policy); low_var_kl = k3 clamped as verl does (d to "
+        "[-20, 20], the estimate to [-10, 10]).")
+    drop_constant_groups: bool = Field(
+        False, description="Leave task groups whose G episodes all scored the same out of the update (DAPO's dynamic "
+        "sampling, filtering only: nothing is re-sampled); their tokens then no longer dilute the loss's divisor. Counted "
+        "per step as constant_groups_dropped (credit/filters.py).")
     loss_agg: Literal["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"] = Field(
         "token_mean",
         description="token_mean: mean over all completion tokens of the policy's batch (verl token-mean); seq_mean: mean of "
@@ -426,12 +436,26 @@ class TrainerConfig(Section):
         "the agents of each policy.",
     )
     seed: int = Field(0, description="Seeds sampling and LoRA initialisation (the task stream has env.seed).")
-    eval_size: int = Field(0, ge=0, description="Held-out tasks for team accuracy (greedy unless eval_do_sample); 0 disables.")
+    eval_size: int = Field(
+        0, ge=0, description="Held-out tasks per evaluation; 0 disables. Accuracy is the greedy team's (what a user deploys); "
+        "sampled avg@k and pass@k come beside it (eval_sampled_k), mas.training.evaluation.")
+    eval_sampled_k: int = Field(
+        4, ge=0, description="Where the team trains by sampling (an agent of a trainable policy has temperature > 0): also "
+        "sample k episodes per held-out task at every agent's own settings, seeded by trainer.seed, and report avg@k (mean "
+        "reward) and pass@k (per task the best of k, averaged) beside the greedy accuracy. 0: greedy only.")
+    eval_train: bool = Field(
+        False, description="Also evaluate eval_size training tasks, drawn once from the start of the run's task stream, "
+        "with the same decodings: the training-vs-held-out gap (memorised tasks). mas study turns it on.")
+    eval_noise: bool = Field(
+        False, description="Evaluate the starting policy (before RL, after any warm-up) a second time with another seed "
+        "({'eval': 'noise'} in metrics.jsonl): the evaluation's own noise floor, which mas study reports.")
+    keep_best: bool = Field(
+        False, description="Keep the checkpoint with the best greedy held-out accuracy (the start and every periodic "
+        "evaluation, ties to the earlier) in checkpoints/best, which pruning never removes and mas export uses.")
     eval_do_sample: bool = Field(
         False,
-        description="Held-out evaluations sample each agent at its own sampling settings (seeded by trainer.seed, so "
-        "repeatable) instead of decoding greedily (verl: val_kwargs.do_sample). Greedy shows the policy's mode; sampled "
-        "shows the policy RL trains, which is what moves where the warm start's greedy answers are already right.",
+        description="Deprecated: held-out accuracy is always the greedy team's, and where the team trains by sampling the "
+        "sampled avg@k / pass@k are reported beside it (eval_sampled_k). Kept so older configs load; it changes nothing.",
     )
     eval_before: bool = Field(True, description="Evaluate before the first step.")
     eval_after: bool = Field(True, description="Evaluate after the last step.")

@@ -13,6 +13,9 @@
         trainer_state.json            step, data cursor, credit-method state (e.g. CCPO v1's history), summary
         random_states_0.pkl           the driver's RNG (accelerate's format)
     checkpoints/latest                name of the newest complete checkpoint
+    checkpoints/best/                 with trainer.keep_best: the checkpoint of the best greedy held-out
+                                      accuracy so far (the start's weights if nothing beat them); the
+                                      same files, never pruned, what mas export takes by default
 
 A checkpoint is written to ``step_N.tmp`` and renamed into place only when complete, and
 ``latest`` is replaced atomically, so a crash never leaves a half checkpoint behind.
@@ -43,19 +46,26 @@ if TYPE_CHECKING:
     from mas.training.team import Team
 
 
+BEST = "best"  # the checkpoint trainer.keep_best keeps: the best greedy held-out accuracy so far
+
+
 def _ckpt_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, team: "Team", summary: dict[str, Any], env_state: dict[str, Any] | None = None
+    run_dir: Path, step: int, team: "Team", summary: dict[str, Any], env_state: dict[str, Any] | None = None,
+    name: str | None = None,
 ) -> Path:
     """Checkpoint the run after ``step``.  ``env_state``: the task stream's position to record
-    when the env has already moved on (a rollout of the next step taken early, max_staleness 1)."""
+    when the env has already moved on (a rollout of the next step taken early, max_staleness 1).
+    ``name``: a named checkpoint (``best``) instead of ``step_N``: written the same way, but
+    ``latest`` is left alone and pruning never removes it."""
     root = _ckpt_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = root / f"step_{step:06d}.tmp"
+    label = name or f"step_{step:06d}"
+    final = root / label
+    tmp = root / f"{label}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     (tmp / "learners").mkdir()
@@ -68,17 +78,24 @@ def save_checkpoint(
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     save_rng_state(tmp, rank=0)
     pause_point("checkpoint_written", step)
-    old = root / f"step_{step:06d}.old"
+    old = root / f"{label}.old"
     if final.exists():  # re-saving a step: move the old copy aside, never leave `latest` dangling
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
     pause_point("checkpoint_renamed", step)
-    latest_tmp = root / "latest.tmp"
-    latest_tmp.write_text(final.name)
-    os.replace(latest_tmp, root / "latest")
+    if name is None:
+        latest_tmp = root / "latest.tmp"
+        latest_tmp.write_text(final.name)
+        os.replace(latest_tmp, root / "latest")
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``trainer.keep_best`` kept (``checkpoints/best``), if complete."""
+    path = _ckpt_dir(run_dir) / BEST
+    return path if (path / "trainer_state.json").is_file() else None
 
 
 def record_base_models(ckpt: Path, policies: dict[str, Any], names: list[str], run_dir: Path) -> None:

@@ -242,13 +242,23 @@ def _parse_counts(episodes: list[Episode]) -> dict[str, dict[str, Any]]:
 
 
 def eval_summary(m: dict[str, Any]) -> str:
-    """One line for the terminal: accuracy, or a research team's F1 / EM and tool calls."""
+    """One line for the terminal: the greedy accuracy (or a research team's F1 / EM), then the
+    sampled avg@k and pass@k, the training tasks' accuracy, and tool calls
+    (``mas.training.evaluation``).  A record of an older run that sampled its headline
+    (``decoding: sampled``) says so."""
     if "f1" in m or "em" in m:
         text = " · ".join(f"{k.upper()} {m[k]:.3f}" for k in ("f1", "em") if k in m)
     else:
         text = f"accuracy {m['accuracy']:.3f}"
-    if m.get("decoding") == "sampled":
-        text += " (sampled)"
+    text += f" ({m.get('decoding', 'greedy')})"
+    s = m.get("sampled")
+    if s:
+        temps = sorted(set((s.get("temperature") or {}).values()))
+        at = f" at T={'/'.join(f'{t:g}' for t in temps)}" if temps else ""
+        text += f" · sampled{at}: avg@{s['k']} {s['avg']:.3f}, pass@{s['k']} {s['pass']:.3f}"
+    train = m.get("train")
+    if train:
+        text += f" · training tasks {train['accuracy']:.3f} (greedy)"
     if m.get("tool_calls"):
         text += " · tool calls per episode: " + ", ".join(f"{a} {v:.2f}" for a, v in m["tool_calls"].items())
     return text

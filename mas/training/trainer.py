@@ -29,16 +29,18 @@ import torch
 
 from mas.rollout.backends.base import policy_seed, take_backend_metrics
 from mas.training.callbacks import Callback, CallbackList, RunControl
-from mas.training.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from mas.training.checkpoint import BEST, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from mas.config.checks import config_warnings
 from mas.config.schema import _path
 from mas.credit import build_credit_batch, get_credit, run_credit
+from mas.credit.filters import drop_constant_groups
 from mas.credit.registry import followup_credit, plan_credit
 from mas.embedded.fit import fit_checks
 from mas.training.fault_points import enter_step, pause_point
 from mas.training.learner import TrainSample, UpdateSpan
 from mas.training.memory import release_freed_memory
-from mas.training.metrics import RunLogger, credit_cost, divergence_warning, eval_metrics, eval_summary, step_metrics
+from mas.training.evaluation import evaluate, regression
+from mas.training.metrics import RunLogger, credit_cost, divergence_warning, eval_summary, step_metrics
 from mas.training.rundir import check_fresh
 from mas.runtime import PolicyActorDied
 from mas.training.team import Team, describe_team
@@ -134,6 +136,8 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
         credit = run_credit(batch, cfg.credit, results)
     except FloatingPointError as e:  # name the step too (the method names the agents)
         raise FloatingPointError(f"step {step}: {e}") from e
+    if cfg.trainer.drop_constant_groups:  # DAPO's filter: groups with one reward for every episode teach nothing
+        credit, constant = drop_constant_groups(batch, credit)
     timings["credit_assign"] = time.perf_counter() - t1
     timings["credit"] = time.perf_counter() - t0
 
@@ -175,6 +179,8 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
 
     faults, fault_messages = merge_faults(current.faults, team.engine.take_faults())  # this step's rollout, then credit
     metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts(), faults)
+    if cfg.trainer.drop_constant_groups:
+        metrics["constant_groups_dropped"] = constant
     engines = take_backend_metrics(team.backend)  # vLLM: engine start-up (first step), per-call cost, sync time
     if engines:
         metrics["backend"] = engines
@@ -299,14 +305,6 @@ def restart_actors(team: Team, run_dir: Path, logger: RunLogger, error: Exceptio
     return step
 
 
-def evaluate(team: Team, size: int, seed: int, abort: Callable[[], bool] | None = None) -> dict:
-    sample = team.cfg.trainer.eval_do_sample
-    episodes = team.engine.evaluate(team.env.eval_tasks(size), seed=seed, abort=abort, sample=sample)
-    faults, _ = team.engine.take_faults()
-    decoding = {"decoding": "sampled"} if sample else {}
-    return {**eval_metrics(episodes, tool_agents=[a.name for a in team.cfg.agents if a.tools]), **decoding, "faults": faults}
-
-
 def periodic_eval_due(cfg, step: int, end: int, stopping: bool) -> bool:
     """Whether ``trainer.eval_every`` asks for a held-out evaluation after ``step``: every N
     steps, after the last step of this call, and when the run is about to stop."""
@@ -379,6 +377,11 @@ def train(
             logger.info(f"held-out team {eval_summary(summary['eval_warmup'])} after the warm-up")
             logger.log_eval("warmup", summary["eval_warmup"])
             hooks.on_eval("warmup", summary["eval_warmup"])
+    if not resume and cfg.trainer.eval_size:
+        try:
+            _start_evals(team, run_dir, summary, logger, abort)
+        except StepAbandoned:
+            return _stopped(summary, logger, control, None, "during the evaluations at the start")
     due = summary.pop("eval_due", None)  # a periodic evaluation a stop dropped: it comes first
     if due is not None and not _periodic_eval(team, summary, logger, hooks, due, abort):
         summary["eval_due"] = due
@@ -448,6 +451,7 @@ def train(
                 summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort)
             except StepAbandoned:  # the last checkpoint is written: a resume evaluates again
                 return _stopped(summary, logger, control, end - 1, "during the evaluation after training")
+            check_regression(summary, summary["eval_after"], logger, end - 1)
         logger.info(f"held-out team {eval_summary(summary['eval_after'])} after training")
         logger.log_eval("after", summary["eval_after"])
         hooks.on_eval("after", summary["eval_after"])
@@ -462,9 +466,58 @@ def _periodic_eval(team: Team, summary: dict, logger: RunLogger, hooks: Callback
         summary["eval_last"] = {"step": step, **evaluate(team, team.cfg.trainer.eval_size, team.cfg.trainer.seed, abort)}
     except StepAbandoned:
         return False
+    check_regression(summary, summary["eval_last"], logger, step)
+    keep_if_best(team, summary, logger.run_dir, step, summary["eval_last"])
     logger.log_eval("periodic", summary["eval_last"])
     hooks.on_eval("periodic", summary["eval_last"])
     return True
+
+
+def start_eval(summary: dict) -> dict | None:
+    """The evaluation RL starts from: after the format warm-up where there was one, else before training."""
+    return summary.get("eval_warmup") or summary.get("eval_before")
+
+
+def _start_evals(team: Team, run_dir: Path, summary: dict, logger: RunLogger, abort: Callable[[], bool]) -> None:
+    """At the start of RL: the evaluation's own noise floor (``trainer.eval_noise``: the start
+    evaluated again with another seed) and the first best checkpoint (``trainer.keep_best``)."""
+    cfg = team.cfg
+    start = start_eval(summary)
+    if start is None:  # eval_before: false and no warm-up evaluation: nothing to compare with
+        return
+    summary["eval_start"] = start
+    if cfg.trainer.eval_noise:
+        summary["eval_noise"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed + 1, abort)
+        logger.log_eval("noise", summary["eval_noise"])
+    keep_if_best(team, summary, run_dir, -1, start)
+
+
+def check_regression(summary: dict, now: dict, logger: RunLogger, step: int) -> None:
+    """The greedy-regression guard: an evaluation whose greedy accuracy is below the start's by
+    more than the paired noise floor (``mas.training.evaluation.regression``) is recorded on the
+    evaluation, in the summary and as a warning (the progress line, warnings.jsonl, the report)."""
+    start = summary.get("eval_start")
+    found = regression(start, now) if start else None
+    if found is None:
+        return
+    now["regression"] = found
+    summary["greedy_regression"] = {"step": step, **found}
+    logger.warn(f"greedy held-out accuracy fell from {found['start']:.3f} at the start to {found['now']:.3f} after step "
+                f"{step} ({100 * found['change']:+.1f} points; noise floor ±{100 * found['floor']:.1f} on these "
+                f"{found['tasks']} tasks): RL is making the deployed (greedy) team worse; trainer.keep_best keeps the best "
+                f"checkpoint, and docs/benchmarks.md ('Greedy regression') says what helps", kind="greedy_regression", step=step)
+
+
+def keep_if_best(team: Team, summary: dict, run_dir: Path, step: int, result: dict) -> None:
+    """``trainer.keep_best``: checkpoint as ``best`` when this evaluation's greedy accuracy beats
+    every earlier one of the run (the start counts, at step -1: its weights, before any update)."""
+    if not team.cfg.trainer.keep_best:
+        return
+    best = summary.get("best")
+    if best is not None and result["accuracy"] <= best["accuracy"]:
+        return
+    summary["best"] = {"step": step, "accuracy": result["accuracy"]}
+    save_checkpoint(run_dir, step, team, summary, name=BEST)
 
 
 def _stopped(summary: dict, logger: RunLogger, control: RunControl, after_step: int | None, where: str,
