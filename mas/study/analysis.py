@@ -3,6 +3,18 @@
 Everything here is a pure function of what the runs wrote (``metrics.jsonl``), so a study can
 be re-analysed at any time, and ``study.json`` and ``study.html`` always show the same numbers.
 
+What is ranked (``spec.metric``): the held-out accuracy of the **greedy** team by default, the
+policy a user deploys; ``sampled`` ranks by avg@k at the agents' own temperatures instead, and
+is labelled so.  Every point also carries the other decodings (sampled avg@k, pass@k) and the
+accuracy on a fixed set of training tasks (``trainer.eval_train``), so the table shows the
+training-vs-held-out gap under the same decoding (``decoding_summary``).
+
+The noise floor: the baseline's runs evaluate their starting policy twice with two seeds
+(``trainer.eval_noise``); |difference| per metric, over seeds (``noise_floor``).  Methods are
+compared by paired seeds (the same seed gives the same warm start, tasks and task stream):
+per seed the difference of finals from the baseline's, its mean and bootstrap CI, and whether
+it is inside the noise (``paired``).
+
 Per run, every held-out evaluation is one point on three axes:
 
     steps    updates done (0 before training, s + 1 after step s); a run with a format
@@ -86,12 +98,36 @@ SURVEY_MIN_SEEDS = 3
 # --- one run ----------------------------------------------------------------------------------------
 
 
-def run_points(rows: list[dict], metric: str = "accuracy") -> dict[str, Any]:
+METRICS = ("greedy", "sampled")  # what a study ranks by: the deployed (greedy) team, or the sampled one (avg@k)
+
+
+def eval_values(record: dict) -> dict[str, float | None]:
+    """The held-out numbers of one evaluation record (``mas.training.evaluation``): ``greedy``
+    accuracy, ``sampled`` avg@k and ``pass`` pass@k, and on the training tasks ``train`` (greedy)
+    and ``train_sampled``.  A record of an older run whose headline was sampled (``decoding:
+    sampled``) has only a sampled value."""
+    legacy_sampled = record.get("decoding") == "sampled"
+    sampled = record.get("sampled") or {}
+    train = record.get("train") or {}
+    return {
+        "greedy": None if legacy_sampled else float(record["accuracy"]),
+        "sampled": float(sampled["avg"]) if sampled else (float(record["accuracy"]) if legacy_sampled else None),
+        "pass": float(sampled["pass"]) if sampled else None,
+        "train": float(train["accuracy"]) if "accuracy" in train else None,
+        "train_sampled": float(train["sampled"]["avg"]) if train.get("sampled") else None,
+    }
+
+
+def run_points(rows: list[dict], metric: str = "greedy") -> dict[str, Any]:
     """The evaluation points of one run's metrics.jsonl records, and what it spent.
 
-    Returns {"points": [{"steps", "tokens", "seconds", "value"}], "steps", "tokens",
-    "rollout_tokens", "credit_tokens", "seconds", "credit_seconds"}.
+    Returns {"points": [{"steps", "tokens", "seconds", "value", "verified", **eval_values}], "noise",
+    "steps", "tokens", "rollout_tokens", "credit_tokens", "seconds", "credit_seconds"}.  ``value`` is
+    the ``metric`` (``METRICS``); an evaluation without it is left out.  ``noise`` is the second
+    evaluation of the start with another seed (``trainer.eval_noise``), its ``eval_values``, or None.
     """
+    if metric not in METRICS:
+        raise ValueError(f"unknown study metric {metric!r}; valid: {list(METRICS)}")
     steps = sorted((r for r in rows if "eval" not in r and "step" in r), key=lambda r: r["step"])
     cum: dict[int, dict[str, float]] = {}
     total = {"steps": 0.0, "tokens": 0.0, "seconds": 0.0}
@@ -108,12 +144,18 @@ def run_points(rows: list[dict], metric: str = "accuracy") -> dict[str, Any]:
     start = "warmup" if any(r.get("eval") == "warmup" for r in rows) else "before"  # RL starts from the warm-up
     for r in rows:
         if r.get("eval") == start:
-            points.append({"steps": 0.0, "tokens": 0.0, "seconds": 0.0, "value": float(r[metric]), "verified": verified_of(r)})
+            at = {"steps": 0.0, "tokens": 0.0, "seconds": 0.0}
         elif r.get("eval") == "periodic" and int(r["step"]) in cum:
-            c = cum[int(r["step"])]
-            points.append({**c, "value": float(r[metric]), "verified": verified_of(r)})
+            at = cum[int(r["step"])]
+        else:
+            continue
+        values = eval_values(r)
+        if values[metric] is not None:
+            points.append({**at, **values, "value": values[metric], "verified": verified_of(r)})
     points.sort(key=lambda p: p["steps"])
-    return {"points": points, **total, "rollout_tokens": rollout, "credit_tokens": credit, "credit_seconds": credit_s}
+    noise = next((eval_values(r) for r in rows if r.get("eval") == "noise"), None)
+    return {"points": points, "noise": noise, **total, "rollout_tokens": rollout, "credit_tokens": credit,
+            "credit_seconds": credit_s}
 
 
 def verified_of(record: dict) -> dict[str, float]:
@@ -239,12 +281,30 @@ def method_row(method: str, runs: list[dict], target: float | None, baseline_row
     ratios = [r["credit_tokens"] / r["rollout_tokens"] for r in runs if r["rollout_tokens"] > 0]
     row["extra_compute"] = statistics.fmean(ratios) if ratios else 0.0
     row["verified"] = verified_summary(runs)
+    row["decodings"] = decoding_summary(runs)
     shares = [r["credit_seconds"] / r["seconds"] for r in runs if r["seconds"] > 0]
     row["credit_time_share"] = statistics.fmean(shares) if shares else 0.0
     for key in ("steps_to_baseline", "tokens_to_baseline"):
         base = baseline_row.get(key) if baseline_row else None
         row[key.replace("_to_baseline", "_share_of_baseline")] = row[key] / base if row[key] is not None and base else None
     return row
+
+
+def decoding_summary(runs: list[dict]) -> dict[str, Any]:
+    """Every decoding at the start and at the last evaluation, mean over seeds: greedy, sampled
+    (avg@k), pass@k, the training tasks (greedy), and the training-minus-held-out gap under greedy
+    decoding (positive: the training tasks are easier for the team, e.g. memorised)."""
+    out: dict[str, Any] = {}
+    for when, index in (("start", 0), ("final", -1)):
+        pts = [r["points"][index] for r in runs if r["points"] and (when == "final" or r["points"][0]["steps"] == 0)]
+        row = {}
+        for key in ("greedy", "sampled", "pass", "train", "train_sampled"):
+            vals = [p[key] for p in pts if p.get(key) is not None]
+            row[key] = statistics.fmean(vals) if vals else None
+        gaps = [p["train"] - p["greedy"] for p in pts if p.get("train") is not None and p.get("greedy") is not None]
+        row["gap"] = statistics.fmean(gaps) if gaps else None
+        out[when] = row
+    return out
 
 
 def verified_summary(runs: list[dict]) -> dict[str, Any]:
@@ -312,14 +372,50 @@ def scaling_point(n: int | None, method: str, runs: list[dict], costs: list[dict
     }
 
 
-def metric_of(config: dict) -> tuple[str, str]:
-    """(eval key, label) of the held-out metric: the env's reward (accuracy, or F1 / EM), marked
-    "(sampled)" where the evaluations sample (``trainer.eval_do_sample``) instead of decoding greedily."""
+def metric_label(config: dict, metric: str = "greedy") -> str:
+    """The held-out metric's name: the env's reward (accuracy, or F1 / EM) and how it was decoded:
+    ``greedy`` (the deployed team), or ``sampled avg@k`` at the agents' own temperatures."""
     reward = (config.get("env") or {}).get("reward")
-    label = {"f1": "F1", "em": "EM"}.get(reward, "accuracy")
-    if (config.get("trainer") or {}).get("eval_do_sample"):
-        label += " (sampled)"
-    return "accuracy", label
+    name = {"f1": "F1", "em": "EM"}.get(reward, "accuracy")
+    if metric == "greedy":
+        return f"{name} (greedy)"
+    trainer = config.get("trainer") or {}
+    k = trainer.get("eval_sampled_k", 4)
+    temps = sorted({float((a.get("sampling") or {}).get("temperature", 1.0)) for a in config.get("agents") or []})
+    at = f" at T={'/'.join(f'{t:g}' for t in temps)}" if temps else ""
+    return f"{name} (sampled, avg@{k}{at})"
+
+
+def noise_floor(runs: list[dict]) -> dict[str, Any]:
+    """The evaluation's own noise (module docstring): per seed, the start evaluated twice with two
+    seeds (``trainer.eval_noise``), |difference| in each metric; the mean and the largest over seeds."""
+    out: dict[str, Any] = {}
+    for key in ("greedy", "sampled", "pass"):
+        diffs = [abs(r["noise"][key] - r["points"][0][key]) for r in runs
+                 if r.get("noise") and r["points"] and r["points"][0]["steps"] == 0
+                 and r["noise"].get(key) is not None and r["points"][0].get(key) is not None]
+        if diffs:
+            out[key] = {"mean": statistics.fmean(diffs), "max": max(diffs), "seeds": len(diffs)}
+    return out
+
+
+def paired(runs: dict[str, list[dict]], baseline: str, floor: float | None) -> dict[str, dict[str, Any]]:
+    """Each method against the baseline on the same seeds (same seed: the same tasks, warm start and
+    task stream): per seed the difference of final values, their mean, a bootstrap 95% CI, and
+    whether the difference is inside the noise (the CI spans 0, or |mean| is within ``floor``)."""
+    base = {r["seed"]: r["points"][-1]["value"] for r in runs.get(baseline, []) if r["points"]}
+    out = {}
+    for method, rs in runs.items():
+        if method == baseline:
+            continue
+        diffs = [r["points"][-1]["value"] - base[r["seed"]] for r in rs if r["points"] and r["seed"] in base]
+        if not diffs:
+            continue
+        mean = statistics.fmean(diffs)
+        lo, hi = bootstrap_ci(diffs)
+        inside = (lo <= 0.0 <= hi) or (floor is not None and abs(mean) <= floor)
+        out[method] = {"seeds": len(diffs), "diffs": diffs, "mean": mean, "ci95": [lo, hi], "inside_noise": inside}
+    return out
 
 
 def analyse(out: str | Path) -> dict[str, Any]:
@@ -328,7 +424,8 @@ def analyse(out: str | Path) -> dict[str, Any]:
     spec = json.loads((out / SPEC_FILE).read_text())
     methods, seeds = spec["methods"], spec["seeds"]
     baseline = spec.get("baseline") or ("grpo" if "grpo" in methods else methods[0])
-    label = "accuracy"
+    metric = spec.get("metric") or "greedy"
+    label = metric_label({}, metric)
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     costs: dict[str, list[dict]] = {m: [] for m in methods}
     configs: dict[str, dict] = {}
@@ -342,8 +439,8 @@ def analyse(out: str | Path) -> dict[str, Any]:
             config_path = run_dir / "config.yaml"
             config = read_config_data(config_path) if config_path.exists() else {}  # bounded; a damaged one is a ConfigError naming it
             configs.setdefault(m, config)
-            key, label = metric_of(config) if config else ("accuracy", label)
-            pts = run_points(rows, key)
+            label = metric_label(config, metric) if config else label
+            pts = {**run_points(rows, metric), "seed": s}
             done = json.loads((run_dir / DONE_FILE).read_text()) if (run_dir / DONE_FILE).exists() else None
             runs[m].append(pts)
             costs[m].append(run_costs(rows))
@@ -360,6 +457,11 @@ def analyse(out: str | Path) -> dict[str, Any]:
     ceiling = next((r["final_mean"] for r in table if r["method"] == CEILING), None) if baseline != CEILING else None
     for r in table:
         r["ceiling_lead_share"] = None if r["method"] in (CEILING, baseline) else lead_share(r["final_mean"], target, ceiling)
+    floor = noise_floor(runs.get(baseline, []))
+    floor_value = (floor.get("sampled" if metric == "sampled" else "greedy") or {}).get("max")
+    pairs = paired(runs, baseline, floor_value)
+    for r in table:
+        r["paired"] = pairs.get(r["method"])
     frontier = [{"method": r["method"], "extra_compute": r["extra_compute"],
                  "gain": (r["final_mean"] - target) if target is not None else None} for r in table]
     n = _size_of(next(iter(configs.values()), {}))
@@ -375,6 +477,8 @@ def analyse(out: str | Path) -> dict[str, Any]:
                     "baseline": baseline, "not_applicable": {str(n): not_applicable} if not_applicable else {}},
         "not_applicable": not_applicable,
         "metric": label,
+        "metric_kind": metric,
+        "noise_floor": floor,
         "baseline": baseline,
         "baseline_final": target,
         "runs": run_list,

@@ -239,6 +239,42 @@ def table_rows(study: dict) -> list[dict[str, str]]:
     return rows
 
 
+def decoding_rows(study: dict) -> list[dict[str, str]]:
+    """Per method, every decoding at the start and at the end (mean over seeds), the training-vs-held-out
+    gap, and the paired difference from the baseline with whether it is inside the noise."""
+    def pair(a, b):
+        return "—" if a is None and b is None else f"{_num(a)} → {_num(b)}"
+
+    rows = []
+    for r in study["table"]:
+        d = r.get("decodings") or {}
+        start, final = d.get("start") or {}, d.get("final") or {}
+        p = r.get("paired")
+        if p is None:
+            paired = "(baseline)" if r["method"] == study["baseline"] else "—"
+        else:
+            paired = (f"{100 * p['mean']:+.1f} points [{100 * p['ci95'][0]:+.1f}, {100 * p['ci95'][1]:+.1f}], "
+                      f"{p['seeds']} seeds" + ("; inside the noise" if p["inside_noise"] else "; outside the noise"))
+        rows.append({"method": r["method"], "greedy": pair(start.get("greedy"), final.get("greedy")),
+                     "sampled": pair(start.get("sampled"), final.get("sampled")),
+                     "pass": pair(start.get("pass"), final.get("pass")),
+                     "train": pair(start.get("train"), final.get("train")),
+                     "gap": "—" if final.get("gap") is None else
+                     f"{100 * (start.get('gap') or 0.0):+.1f} → {100 * final['gap']:+.1f} points",
+                     "paired": paired})
+    return rows
+
+
+def noise_text(study: dict) -> str:
+    """The noise floor in words (``analysis.noise_floor``)."""
+    floor = study.get("noise_floor") or {}
+    if not floor:
+        return "not measured (the baseline's runs evaluate their start twice: trainer.eval_noise)"
+    names = {"greedy": "greedy", "sampled": "sampled avg@k", "pass": "pass@k"}
+    return "; ".join(f"{names[k]} ±{100 * v['max']:.1f} points (largest of {v['seeds']} seeds, mean {100 * v['mean']:.1f})"
+                     for k, v in floor.items())
+
+
 def _verified_text(v: dict) -> str:
     """The team's verified accuracy, before -> final ('—' where no verifier scored)."""
     if "final" not in v:
@@ -280,6 +316,8 @@ def render_study(study: dict) -> str:
         scaling=scaling_rows(study["scaling"]),
         metric=study["metric"],
         verified=verified_rows(study),
+        decodings=decoding_rows(study),
+        noise=noise_text(study),
     )
 
 

@@ -52,6 +52,11 @@ Methods that do not apply to a team are left out of its grid and said, with why
 (``not_applicable``): CCPO's counterfactual removes the upstream agent of a two-agent dyad;
 M-GRPO needs a main agent; the LLM critic needs a critic model.
 
+What every run measures (``mas.training.evaluation``): greedy held-out accuracy (what the study
+ranks by, unless ``metric`` is ``sampled``), the sampled avg@k and pass@k where the team trains
+by sampling, and the same on a fixed set of training tasks (``trainer.eval_train``, set for every
+run); the baseline's runs also evaluate their start twice (``trainer.eval_noise``), the noise floor.
+
 Held-out evaluation: the config's ``trainer.eval_every`` if it sets one, else every 2 steps
 (the resolution of "steps to reach the baseline's final accuracy") where that costs at most as
 many episodes as the training itself (``eval_size <= 2 * batch_size * group_size``), else about
@@ -67,7 +72,7 @@ import math
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -103,6 +108,7 @@ class StudySpec:
     credit_sets: tuple[str, ...] = ()  # METHOD.key=value for one method's credit block
     eval_every: int | None = None  # None: about five held-out evaluations per run
     baseline: str | None = None  # None: grpo if in methods, else the first method
+    metric: str = "greedy"  # what the study ranks by: greedy held-out accuracy, or sampled (avg@k)
 
     @property
     def baseline_method(self) -> str:
@@ -231,6 +237,8 @@ def job_config(spec: StudySpec, method: str, seed: int) -> dict:
     steps = int(trainer.get("steps", team.trainer.steps))
     trainer["eval_every"] = (spec.eval_every or team.trainer.eval_every
                              or default_eval_every(team.trainer.model_copy(update={"steps": steps})))
+    trainer["eval_train"] = True  # the training-vs-held-out gap, under the same decodings
+    trainer["eval_noise"] = method == spec.baseline_method  # the noise floor: the baseline's start, evaluated twice
     data.setdefault("logging", {})["progress"] = False  # one line per run instead of interleaved bars
     cfg = validate_config(data, f"{spec.config} [{method}, seed {seed}]", check=meaning_errors)
     if not cfg.trainer.eval_size:
@@ -405,6 +413,12 @@ class StudyRun:
     records: list[dict] = field(default_factory=list)
 
 
+def spec_defaults() -> dict[str, Any]:
+    """StudySpec's defaults as JSON: what a key that an older study did not record stands for, so
+    a study started before the key existed still continues."""
+    return json.loads(json.dumps({f.name: f.default for f in fields(StudySpec) if f.default is not MISSING}))
+
+
 def check_spec(spec: StudySpec) -> None:
     """A re-run into a study directory must be the same study (same grid and budget)."""
     path = Path(spec.out) / SPEC_FILE
@@ -412,7 +426,8 @@ def check_spec(spec: StudySpec) -> None:
         return
     old = json.loads(path.read_text())
     new = json.loads(json.dumps(asdict(spec)))
-    differ = sorted(k for k in new if k not in ("out",) and old.get(k) != new[k])
+    defaults = spec_defaults()
+    differ = sorted(k for k in new if k not in ("out",) and old.get(k, defaults.get(k)) != new[k])
     if differ:
         raise ConfigError(str(path), [f"{k}: this study directory was started with {old.get(k)!r}, now {new[k]!r}; "
                                       "use another --out (or the same arguments to continue it)" for k in differ])
@@ -523,7 +538,8 @@ def run_sizes(spec: StudySpec, configs: list[str] | tuple[str, ...], executor: L
     path = out / SCALING_SPEC_FILE
     if path.exists():
         old = json.loads(path.read_text())
-        differ = sorted(k for k in record if old.get(k) != record[k])
+        defaults = spec_defaults()
+        differ = sorted(k for k in record if old.get(k, defaults.get(k)) != record[k])
         if differ:
             raise ConfigError(str(path), [f"{k}: this study directory was started with {old.get(k)!r}, now {record[k]!r}; "
                                           "use another --out (or the same arguments to continue it)" for k in differ])

@@ -10,7 +10,8 @@ import statistics
 import numpy as np
 import pytest
 
-from mas.study.analysis import analyse, bootstrap_ci, curve, first_reach, method_row, metric_of, run_points
+from mas.study.analysis import (analyse, bootstrap_ci, curve, eval_values, first_reach, method_row, metric_label, noise_floor,
+                                paired, run_points)
 from mas.study.runner import BudgetStop, StudySpec, step_usage
 
 
@@ -134,11 +135,77 @@ def test_analyse_a_hand_written_study(tmp_path):
     assert study["curves"]["tokens"]["sharp"]["x"][-1] == 800  # 4 steps x (100 + 100) tokens
 
 
-def test_metric_label_names_the_env_reward_and_a_sampled_evaluation():
-    assert metric_of({}) == ("accuracy", "accuracy")
-    assert metric_of({"env": {"reward": "f1"}}) == ("accuracy", "F1")
-    assert metric_of({"trainer": {"eval_do_sample": True}}) == ("accuracy", "accuracy (sampled)")
-    assert metric_of({"env": {"reward": "em"}, "trainer": {"eval_do_sample": False}}) == ("accuracy", "EM")
+def test_metric_label_names_the_env_reward_and_the_decoding():
+    assert metric_label({}) == "accuracy (greedy)"
+    assert metric_label({"env": {"reward": "f1"}}) == "F1 (greedy)"
+    agents = [{"sampling": {"temperature": 0.7}}, {"sampling": {"temperature": 1.0}}]
+    assert metric_label({"agents": agents, "trainer": {"eval_sampled_k": 8}}, "sampled") == "accuracy (sampled, avg@8 at T=0.7/1)"
+    assert metric_label({"env": {"reward": "em"}}, "sampled") == "EM (sampled, avg@4)"
+
+
+def full_ev(name: str, greedy: float, sampled: float, train: float, s: int | None = None, passed: float = 0.9) -> dict:
+    """An evaluation record as mas.training.evaluation writes it."""
+    return {**ev(name, greedy, s), "decoding": "greedy", "sampled": {"k": 4, "avg": sampled, "pass": passed},
+            "train": {"accuracy": train, "sampled": {"k": 4, "avg": sampled + 0.1, "pass": passed}}}
+
+
+def test_eval_values_read_every_decoding_and_an_older_sampled_headline():
+    v = eval_values(full_ev("periodic", 0.5, 0.3, 0.7, 1))
+    assert v == {"greedy": 0.5, "sampled": 0.3, "pass": 0.9, "train": 0.7, "train_sampled": pytest.approx(0.4)}
+    old = {"eval": "before", "accuracy": 0.2, "decoding": "sampled"}  # a run of the eval_do_sample days
+    assert eval_values(old) == {"greedy": None, "sampled": 0.2, "pass": None, "train": None, "train_sampled": None}
+
+
+def test_the_ranked_metric_the_gap_the_noise_floor_and_paired_seeds(tmp_path):
+    """Greedy ranks by default; sampled on request.  grpo: greedy falls while sampled rises (the relay's
+    story); the gap is training minus held-out, greedy.  The noise floor comes from the baseline's
+    second evaluation of its start.  Pairs are formed by seed."""
+    def run(greedy, sampled, train, noise):
+        rows = [full_ev("before", greedy[0], sampled[0], train[0]), {**full_ev("noise", noise[0], noise[1], train[0])}]
+        rows += [step(s, 100, 0, 1.0) for s in range(2)]
+        rows.append(full_ev("periodic", greedy[1], sampled[1], train[1], 1))
+        return rows
+
+    _write_study(tmp_path, {
+        "grpo": [run((0.6, 0.4), (0.1, 0.3), (0.7, 0.7), (0.6, 0.12)), run((0.6, 0.5), (0.1, 0.2), (0.7, 0.6), (0.6, 0.15))],
+        "verified": [run((0.6, 0.6), (0.1, 0.4), (0.7, 0.7), (0.6, 0.1)), run((0.6, 0.5), (0.1, 0.3), (0.7, 0.6), (0.6, 0.1))],
+    })
+    study = analyse(tmp_path)
+    assert study["metric"] == "accuracy (greedy)" and study["metric_kind"] == "greedy"
+    rows = {r["method"]: r for r in study["table"]}
+    assert rows["grpo"]["final_mean"] == pytest.approx(0.45)  # greedy finals 0.4, 0.5
+    d = rows["grpo"]["decodings"]
+    assert d["start"]["greedy"] == pytest.approx(0.6) and d["final"]["sampled"] == pytest.approx(0.25)
+    assert d["start"]["gap"] == pytest.approx(0.1) and d["final"]["gap"] == pytest.approx(((0.7 - 0.4) + (0.6 - 0.5)) / 2)
+    floor = study["noise_floor"]
+    assert floor["greedy"] == {"mean": 0.0, "max": 0.0, "seeds": 2}  # greedy on the same tasks repeats exactly
+    assert floor["sampled"]["max"] == pytest.approx(0.05) and floor["sampled"]["mean"] == pytest.approx(0.035)
+    p = rows["verified"]["paired"]
+    assert p["diffs"] == pytest.approx([0.2, 0.0]) and p["mean"] == pytest.approx(0.1) and p["seeds"] == 2
+    assert p["inside_noise"] is True  # two seeds whose CI spans 0
+    assert rows["grpo"]["paired"] is None
+    from mas.study.page import render_study
+
+    html = render_study(study)
+    assert "accuracy (greedy)" in html and "training − held-out gap, greedy" in html and "inside the noise" in html
+    assert "+30.0 → +20.0 points" not in html and "+10.0 → +20.0 points" in html  # grpo's gap: start → final
+    # the same runs ranked by the sampled avg@4
+    spec = json.loads((tmp_path / "study_spec.json").read_text())
+    (tmp_path / "study_spec.json").write_text(json.dumps({**spec, "metric": "sampled"}))
+    sampled = analyse(tmp_path)
+    assert sampled["metric"].startswith("accuracy (sampled, avg@4")
+    assert {r["method"]: r["final_mean"] for r in sampled["table"]} == pytest.approx({"grpo": 0.25, "verified": 0.35})
+
+
+def test_paired_difference_outside_the_noise_by_hand():
+    def pts(*finals):
+        return [{"seed": s, "points": [{"value": 0.0}, {"value": v}]} for s, v in enumerate(finals)]
+
+    out = paired({"grpo": pts(0.2, 0.3, 0.25), "verified": pts(0.4, 0.5, 0.46)}, "grpo", floor=0.05)
+    assert out["verified"]["diffs"] == pytest.approx([0.2, 0.2, 0.21]) and out["verified"]["inside_noise"] is False
+    out = paired({"grpo": pts(0.2, 0.3, 0.25), "c3": pts(0.23, 0.33, 0.28)}, "grpo", floor=0.05)
+    assert out["c3"]["inside_noise"] is True  # always +3 points: a CI apart from 0, but within the floor
+    assert noise_floor([{"points": [{"steps": 0, "greedy": 0.5}], "noise": None}]) == {}
 
 
 def _agents(**verified: float) -> dict:

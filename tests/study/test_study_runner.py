@@ -33,8 +33,13 @@ def test_study_writes_a_grid_of_runs_with_held_out_curves(tiny_study):
             cfg = yaml.safe_load((run / "config.yaml").read_text())
             assert cfg["credit"]["method"] == method and cfg["trainer"]["seed"] == seed
             assert steps_of(run) == [0, 1]
-            # before training, then after every step (trainer.eval_every = 1); "after" reuses the last
-            assert evals_of(run) == [("before", None), ("periodic", 0), ("periodic", 1), ("after", None)]
+            # before training (the baseline evaluates its start twice: the noise floor), then after every step
+            # (trainer.eval_every = 1); "after" reuses the last
+            noise = [("noise", None)] if method == "grpo" else []
+            assert evals_of(run) == [("before", None), *noise, ("periodic", 0), ("periodic", 1), ("after", None)]
+            assert cfg["trainer"]["eval_train"] is True and cfg["trainer"]["eval_noise"] is (method == "grpo")
+            first = next(r for r in read_jsonl(run / "metrics.jsonl") if r.get("eval") == "before")
+            assert first["decoding"] == "greedy" and "accuracy" in first["train"] and first["sampled"]["k"] >= 1
             for r in read_jsonl(run / "metrics.jsonl"):
                 if "eval" not in r:  # generated-token accounting: rollouts and the credit method's own generations
                     gen = r["generated"]
