@@ -623,7 +623,33 @@ def test_the_format_warm_up_is_its_own_phase_and_long_turns_fold(run_dir, tmp_pa
     html = render_report(load_run(dest))
     section = html[html.index('id="warmup"'):html.index('id="agents"')]
     assert "<th>planner</th><td>120</td><td>20</td><td>3100</td><td>2.5</td><td>0.4</td><td>41.5</td>" in section
-    assert "accuracy 0.420 after it, before RL" in section
+    assert "accuracy 0.420 (greedy) after it, before RL" in section
     assert "held-out after the warm-up</b> accuracy 0.420" in html
     cut = long_text[:FOLD_TEXT]
     assert f'{cut}<details class="fold"><summary>… {len(long_text) - FOLD_TEXT} more characters</summary>' in html
+
+
+def test_the_held_out_chart_shows_every_decoding_and_the_facts_say_a_greedy_regression(run_dir, tmp_path):
+    def evals(text: str) -> str:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        kept = [r for r in rows if "eval" not in r]
+        def ev(name, greedy, sampled, train, step=None):
+            return {"eval": name, **({} if step is None else {"step": step}), "accuracy": greedy, "decoding": "greedy",
+                    "sampled": {"k": 4, "avg": sampled, "pass": sampled + 0.2}, "train": {"accuracy": train}}
+        rows = [ev("before", 0.58, 0.04, 0.68)] + kept + [ev("periodic", 0.39, 0.21, 0.63, 2), ev("after", 0.39, 0.21, 0.63)]
+        return "".join(json.dumps(r) + "\n" for r in rows)
+
+    def summary(text: str) -> str:
+        s = json.loads(text)
+        s["greedy_regression"] = {"step": 2, "start": 0.58, "now": 0.39, "change": -0.19, "se": 0.05, "floor": 0.1, "tasks": 100}
+        s["best"] = {"step": -1, "accuracy": 0.58}
+        return json.dumps(s)
+
+    run = _synthetic_run(run_dir, tmp_path / "decodings", **{"metrics.jsonl": evals, "summary.json": summary})
+    html = render_report(load_run(run))
+    assert "Held-out accuracy by decoding" in html
+    for name in ("held-out, greedy", "held-out, sampled avg@4", "held-out, pass@4", "training tasks, greedy"):
+        assert name in html
+    assert "0.580 at the start -&gt; 0.390 after step 2" in html  # the regression, in the facts
+    assert "0.580, the start (checkpoints/best)" in html
+    assert "sampled at" not in html or "avg@4 0.210" in html  # the after-training line carries the sampled numbers

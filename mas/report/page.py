@@ -160,6 +160,54 @@ def _agent_charts(run: RunData) -> list[str]:
     return charts
 
 
+def heldout_points(run: RunData) -> list[tuple[float, dict]]:
+    """(steps done, evaluation record) for the held-out curve: the start of RL (after the warm-up
+    where there was one, else before training) at 0, each periodic evaluation after step s at s + 1."""
+    start = "warmup" if any(r["eval"] == "warmup" for r in run.eval_rows) else "before"
+    out = []
+    for r in run.eval_rows:
+        if r["eval"] == start:
+            out.append((0.0, r))
+        elif r["eval"] == "periodic" and isinstance(r.get("step"), int):
+            out.append((float(r["step"] + 1), r))
+    return out
+
+
+def _heldout_chart(run: RunData) -> str | None:
+    """Held-out accuracy per evaluation: greedy (the deployed team), sampled avg@k and pass@k, and
+    the training tasks (greedy): a sampled gain without a greedy one, or a growing training-vs-held-out
+    gap, shows here."""
+    points = heldout_points(run)
+    if len(points) < 2:
+        return None
+    xs = [x for x, _ in points]
+
+    def ys(get):
+        out = []
+        for _, r in points:
+            try:
+                v = get(r)
+            except (KeyError, TypeError):
+                v = None
+            out.append(float(v) if isinstance(v, (int, float)) else None)
+        return out
+
+    k = next((r["sampled"]["k"] for _, r in points if isinstance(r.get("sampled"), dict)), None)
+    legacy = any(r.get("decoding") == "sampled" for _, r in points)
+    series = [Series("held-out, sampled (older run)" if legacy else "held-out, greedy", xs, ys(lambda r: r["accuracy"]),
+                     color=colour(0), width=2.6, attrs={"decoding": "greedy"}),
+              Series(f"held-out, sampled avg@{k}", xs, ys(lambda r: r["sampled"]["avg"]), color=colour(1),
+                     attrs={"decoding": "sampled"}),
+              Series(f"held-out, pass@{k}", xs, ys(lambda r: r["sampled"]["pass"]), color=colour(2), dash="4 3",
+                     attrs={"decoding": "pass"}),
+              Series("training tasks, greedy", xs, ys(lambda r: r["train"]["accuracy"]), color=colour(3), dash="2 3",
+                     attrs={"decoding": "train"})]
+    note = ("Greedy is the team a user deploys; sampled is the policy RL trains, at each agent's own temperature. "
+            "The training tasks are a fixed set from the start of the run's task stream: a gap to the held-out "
+            "line that grows means the team learns its training tasks, not the skill.")
+    return line_chart(series, "Held-out accuracy by decoding", "accuracy", x_label="steps done", note=note)
+
+
 def _facts(run: RunData) -> list[tuple[str, str]]:
     method, _ = method_of(run.info, run.config)
     facts = [("credit", method), ("topology", str((run.config.get("topology") or {}).get("kind", "?"))),
@@ -169,6 +217,14 @@ def _facts(run: RunData) -> list[tuple[str, str]]:
                         ("after", "held-out after training")):
         if when in run.evals:
             facts.append((label, eval_summary(run.evals[when])))
+    worse = run.summary.get("greedy_regression")
+    if worse:
+        facts.append(("greedy regression", f"{worse['start']:.3f} at the start -> {worse['now']:.3f} after step {worse['step']} "
+                                           f"(noise floor ±{worse['floor']:.3f} on {worse['tasks']} tasks)"))
+    best = run.summary.get("best")
+    if best:
+        facts.append(("best greedy checkpoint", f"{best['accuracy']:.3f}, "
+                      + ("the start" if best["step"] < 0 else f"after step {best['step']}") + " (checkpoints/best)"))
     return facts
 
 
@@ -202,8 +258,9 @@ def render_report(run: RunData) -> str:
     curves = None
     if run.steps:
         policy, omitted = _policy_charts(run)
-        curves = {"main": [_reward_chart(run), _share_chart(run), _advantage_chart(run), _range_chart(run),
-                           _timing_chart(run), *_agent_charts(run)],
+        heldout = _heldout_chart(run)
+        curves = {"main": [*([heldout] if heldout else []), _reward_chart(run), _share_chart(run), _advantage_chart(run),
+                           _range_chart(run), _timing_chart(run), *_agent_charts(run)],
                   "policy": policy, "omitted": omitted}
     sections = [
         *([("warmup", "Format warm-up (before RL)", warmup_table(run))] if run.warmup else []),

@@ -29,6 +29,7 @@ class RunData:
     warnings: list[dict[str, Any]] = field(default_factory=list)  # warnings.jsonl: {"step", "kind", "message"}
     warmup: dict[str, Any] | None = None  # the format warm-up's record (mas.training.warmup), if the run had one
     config_problem: str | None = None  # why config.yaml could not be read (the report goes on without it)
+    eval_rows: list[dict[str, Any]] = field(default_factory=list)  # every evaluation record, in the order written
 
     def series(self, *keys: str) -> list[float | None]:
         """One value per step under the nested ``keys`` (None where a step lacks it)."""
@@ -92,7 +93,7 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     team = config.get("team", {}).get("name", path.name)
     return RunData(path=path, name=name or team, config=config, steps=steps, evals=evals, episodes=episodes,
                    info=info, summary=summary, skipped_lines=bad + bad_ep + bad_warn, agents=agents, warnings=warnings,
-                   warmup=warmup, config_problem=config_problem)
+                   warmup=warmup, config_problem=config_problem, eval_rows=[r for r in rows if "eval" in r])
 
 
 def _read_config(path: Path) -> tuple[dict[str, Any], str | None]:
