@@ -82,7 +82,7 @@ def test_the_evaluation_is_greedy_first_with_sampled_avg_and_pass_at_k_beside_it
     s = out["sampled"]
     assert s["k"] == 3 and s["episodes"] == 12 and 0.0 <= s["avg"] <= s["pass"] <= 1.0
     assert set(s["temperature"]) == {"lead", "helper", "checker"}
-    assert set(out["train"]) == {"accuracy", "sampled"} and set(out["train"]["sampled"]) == {"k", "avg", "pass"}
+    assert set(out["train"]) == {"accuracy"}  # the training tasks, greedy: the gap under the deployed decoding
     assert evaluate(team, 4, 0)["sampled"] == s  # seeded: the same numbers again
     probe = team.train_probe
     assert len(probe) == 4 and probe == build_team(validate_config(cfg)).env.sample_tasks(4)  # the stream's first tasks

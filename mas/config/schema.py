@@ -445,7 +445,7 @@ class TrainerConfig(Section):
         "reward) and pass@k (per task the best of k, averaged) beside the greedy accuracy. 0: greedy only.")
     eval_train: bool = Field(
         False, description="Also evaluate eval_size training tasks, drawn once from the start of the run's task stream, "
-        "with the same decodings: the training-vs-held-out gap (memorised tasks). mas study turns it on.")
+        "greedily: the training-vs-held-out gap under the deployed decoding (memorised tasks). mas study turns it on.")
     eval_noise: bool = Field(
         False, description="Evaluate the starting policy (before RL, after any warm-up) a second time with another seed "
         "({'eval': 'noise'} in metrics.jsonl): the evaluation's own noise floor, which mas study reports.")
