@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import math
+import statistics
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -22,6 +23,8 @@ from mas.training.learner import (
     kl_penalty,
     loss_norm,
     ppo_clip_loss,
+    ppo_clip_tokens,
+    rollout_is_weights,
     token_logprobs,
 )
 from mas.models.tiny import tiny_causal_lm
@@ -651,7 +654,8 @@ def test_empty_batch_takes_no_optimizer_step_but_steps_the_schedule(tiny_model, 
     full = learner(TinyPolicy(copy.deepcopy(tiny_model))).update(make_samples(tiny_model, 2, seed=13))
     assert set(metrics) == set(full) == {
         "loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "grad_norm", "lr", "tokens", "samples",
-        "forward_tokens", "distinct_tokens",
+        "forward_tokens", "distinct_tokens", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_kl", "first_clip_frac",
+        "is_weight_mean", "is_capped_frac",
     }
     assert metrics == {**dict.fromkeys(full, 0.0), "lr": 0.0}  # warm-up step 0: 0.01 * 0/2
     assert lrn.scheduler.last_epoch == 1 and lrn.optimizer.param_groups[0]["lr"] == pytest.approx(0.005)
@@ -890,3 +894,91 @@ def test_the_learner_uses_its_estimator_in_packed_and_padded_losses_alike(tiny_m
     assert got["kl"] == pytest.approx(stats["kl"], abs=1e-5)
     with pytest.raises(ValueError, match="unknown kl_estimator"):
         Learner(TinyPolicy(tiny_model), OptimConfig(lr=1e-3), 10, 0.2, 0.28, 0.3, "token_mean", kl_estimator="k9")
+
+
+# --------------------------------------------------------------------------------------------
+# old logprobs: the rollout's or the learner's, truncated importance weights, the mismatch
+# --------------------------------------------------------------------------------------------
+
+
+def test_truncated_importance_weights_by_hand():
+    old = torch.tensor([math.log(3.0), 0.0, math.log(0.5), math.log(1.5), math.log(1.2)], dtype=torch.float64)
+    roll = torch.zeros(5, dtype=torch.float64)
+    turn = torch.tensor([0, 0, 1, 2, 2])
+    tok = rollout_is_weights(old, roll, turn, "token", 2.0)
+    assert tok.tolist() == pytest.approx([2.0, 1.0, 0.5, 1.5, 1.2])  # exp(log 3) = 3 capped at C = 2
+    seq = rollout_is_weights(old, roll, turn, "sequence", 2.0)
+    assert seq.tolist() == pytest.approx([2.0, 2.0, 0.5, 1.8, 1.8])  # one weight per turn: exp of its summed log-ratio
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(200, generator=g, dtype=torch.float64) * 3
+    for level in ("token", "sequence"):
+        assert float(rollout_is_weights(big, torch.zeros(200, dtype=torch.float64), torch.arange(200) // 7, level, 1.5).max()) <= 1.5
+    with pytest.raises(ValueError, match="unknown rollout_is level"):
+        rollout_is_weights(old, roll, turn, "episode", 2.0)
+
+
+def test_unit_weights_leave_the_loss_bit_for_bit():
+    g = torch.Generator().manual_seed(1)
+    logp = -torch.rand(12, generator=g)
+    old = logp + 0.3 * torch.randn(12, generator=g)
+    adv, w = torch.randn(12, generator=g), torch.full((12,), 1 / 12)
+    plain, _ = ppo_clip_tokens(logp, old, adv, w, 0.2, 0.28)
+    weighted, _ = ppo_clip_tokens(logp, old, adv, w, 0.2, 0.28, is_weights=rollout_is_weights(old, old, torch.zeros(12, dtype=torch.long), "token", 2.0))
+    assert torch.equal(plain, weighted)
+    halved, _ = ppo_clip_tokens(logp, old, adv, w, 0.2, 0.28, is_weights=torch.full((12,), 0.5))
+    assert float(halved) == pytest.approx(0.5 * float(plain))  # the weight scales the surrogate
+
+
+def perturbed(samples, seed, scale=0.3):
+    """The samples with the rollout's logprobs moved off the model's (a backend whose logprobs differ)."""
+    g = torch.Generator().manual_seed(seed)
+    return [TrainSample(s.prompt_ids, s.completion_ids, [x + scale * float(torch.randn(1, generator=g)) for x in s.old_logprobs],
+                        s.advantage, s.temperature) for s in samples]
+
+
+def test_recomputed_old_logprobs_give_ratio_1_on_the_first_pass_and_record_the_mismatch(tiny_model):
+    exact = make_samples(tiny_model, 6, seed=2, noise=0.0)  # the model's own logprobs: what an exact backend returns
+    samples = perturbed(exact, seed=3)
+    diffs = [b - a for s, e in zip(samples, exact) for a, b in zip(e.old_logprobs, s.old_logprobs)]
+    truth = {"abs_mean": statistics.fmean(abs(d) for d in diffs), "abs_max": max(abs(d) for d in diffs),
+             "kl": statistics.fmean(math.exp(d) - d - 1 for d in diffs)}
+    for old, clipped in (("learner", False), ("rollout", True)):
+        lrn = Learner(TinyPolicy(copy.deepcopy(tiny_model)), OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0, "token_mean",
+                      old_logprobs=old)
+        m = lrn.update(samples)
+        assert m["mismatch_abs_mean"] == pytest.approx(truth["abs_mean"], abs=1e-5)
+        assert m["mismatch_abs_max"] == pytest.approx(truth["abs_max"], abs=1e-5)
+        assert m["mismatch_kl"] == pytest.approx(truth["kl"], abs=1e-5)
+        if old == "learner":
+            assert m["ratio"] == pytest.approx(1.0, abs=1e-6) and m["first_clip_frac"] == 0.0 and m["clip_frac"] == 0.0
+        else:  # the backend's logprobs as old: the ratio is off 1 before any step, and tokens are clipped
+            assert m["first_clip_frac"] > 0.05 and m["first_clip_frac"] == m["clip_frac"]
+        assert m["is_weight_mean"] == 1.0 and m["is_capped_frac"] == 0.0  # no correction asked
+
+
+def test_recompute_with_an_exact_backend_changes_nothing(tiny_model):
+    """The model's own logprobs as the rollout's: recomputing them gives the same loss and gradient."""
+    samples = make_samples(tiny_model, 5, seed=4, noise=0.0)
+    got = {}
+    for old in ("rollout", "learner"):
+        m = Learner(TinyPolicy(tiny_model), OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0, "token_mean",
+                    old_logprobs=old).compute_gradients(samples)
+        got[old] = (grads(tiny_model), m["loss"])
+    assert got["rollout"][1] == pytest.approx(got["learner"][1], abs=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got["rollout"][0], got["learner"][0]))
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_rollout_importance_weights_in_an_update(tiny_model, level):
+    samples = perturbed(make_samples(tiny_model, 6, seed=5, noise=0.0), seed=6, scale=0.8)
+    lrn = Learner(TinyPolicy(copy.deepcopy(tiny_model)), OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0, "token_mean",
+                  old_logprobs="learner", rollout_is=level, rollout_is_cap=1.5)
+    batch = lrn._prepare(samples)
+    pt = batch.per_token
+    expected = rollout_is_weights(pt["old_logprobs"], pt["rollout_logprobs"], pt["turn"], level, 1.5)
+    assert torch.equal(pt["is_weights"], expected)
+    m = lrn.update(samples)
+    assert m["is_weight_mean"] == pytest.approx(float(expected.mean()), abs=1e-6)
+    assert m["is_capped_frac"] == pytest.approx(float((expected >= 1.5).float().mean()), abs=1e-6) and m["is_capped_frac"] > 0
+    with pytest.raises(ValueError, match="needs old_logprobs 'learner'"):
+        Learner(TinyPolicy(tiny_model), OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0, "token_mean", rollout_is=level)

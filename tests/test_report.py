@@ -653,3 +653,11 @@ def test_the_held_out_chart_shows_every_decoding_and_the_facts_say_a_greedy_regr
     assert "0.580 at the start -&gt; 0.390 after step 2" in html  # the regression, in the facts
     assert "0.580, the start (checkpoints/best)" in html
     assert "sampled at" not in html or "avg@4 0.210" in html  # the after-training line carries the sampled numbers
+
+
+def test_the_rollout_learner_mismatch_is_plotted_and_the_importance_weights_only_when_on(run_dir, tmp_path):
+    html = render_report(load_run(run_dir))
+    assert "rollout/learner mean |Δ logprob| (first pass)" in html and "share of tokens clipped on the first pass" in html
+    assert "Per policy: rollout importance weight" not in html and "trainer.rollout_is is none" in html
+    on = _synthetic_run(run_dir, tmp_path / "tis", **{"config.yaml": lambda t: t.replace("rollout_is: none", "rollout_is: token")})
+    assert "Per policy: rollout importance weight, mean" in render_report(load_run(on))

@@ -420,6 +420,16 @@ class TrainerConfig(Section):
         "k3", description="The per-token KL estimate (verl: kl_loss_type), d = logp - ref: k1 = d; abs = |d|; k2 = d^2/2 "
         "(verl mse); k3 = exp(-d) + d - 1 (>= 0, unbiased on-policy); low_var_kl = k3 clamped as verl does (d to "
         "[-20, 20], the estimate to [-10, 10]).")
+    old_logprobs: Literal["auto", "rollout", "learner"] = Field(
+        "auto", description="Where the PPO 'old' logprobs come from: rollout (the backend's sampling logprobs; exact for hf "
+        "in float32), learner (recomputed by the learner from the weights before the update: one more forward pass "
+        "per turn, no gradient), or auto: learner where the rollout is not exact for its dtype (backend vllm, or weights "
+        "in bfloat16 / float16 / auto), else rollout. Every update records the rollout/learner mismatch either way.")
+    rollout_is: Literal["none", "token", "sequence"] = Field(
+        "none", description="With recomputed old logprobs: truncated importance weights against the rollout's logprobs on "
+        "each token's surrogate (verl: rollout_is), per token min(exp(old - rollout), cap) or per turn min(exp(sum of "
+        "the turn's old - rollout), cap). none: no correction.")
+    rollout_is_cap: float = Field(2.0, gt=0, allow_inf_nan=False, description="The cap C of the rollout importance weights.")
     drop_constant_groups: bool = Field(
         False, description="Leave task groups whose G episodes all scored the same out of the update (DAPO's dynamic "
         "sampling, filtering only: nothing is re-sampled); their tokens then no longer dilute the loss's divisor. Counted "
@@ -485,6 +495,13 @@ class TrainerConfig(Section):
     )
     warmup: WarmupConfig = Field(
         default_factory=WarmupConfig, description="Supervised format warm-up before the first RL step (steps: 0 = none).")
+
+    @model_validator(mode="after")
+    def _rollout_is_needs_recompute(self) -> "TrainerConfig":
+        if self.rollout_is != "none" and self.old_logprobs == "rollout":
+            raise ValueError(f"rollout_is {self.rollout_is!r} weights the surrogate by exp(old - rollout), which is 1 when "
+                             "the old logprobs are the rollout's; valid: old_logprobs: learner (or auto), or rollout_is: none")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -110,7 +110,12 @@ def _timing_chart(run: RunData) -> str:
 
 
 POLICY_METRICS = (("loss", "loss"), ("kl", "KL to reference"), ("clip_frac", "clip fraction"), ("entropy", "entropy"),
-                  ("grad_norm", "gradient norm (pre-clip)"), ("lr", "learning rate"))
+                  ("grad_norm", "gradient norm (pre-clip)"), ("lr", "learning rate"),
+                  ("mismatch_abs_mean", "rollout/learner mean |Δ logprob| (first pass)"),
+                  ("mismatch_abs_max", "rollout/learner max |Δ logprob| (first pass)"),
+                  ("mismatch_kl", "KL(learner ‖ rollout), k3 estimate"),
+                  ("first_clip_frac", "share of tokens clipped on the first pass"),
+                  ("is_weight_mean", "rollout importance weight, mean"), ("is_capped_frac", "importance weights at the cap"))
 
 
 def terms_off(run: RunData) -> dict[str, str]:
@@ -126,8 +131,10 @@ def terms_off(run: RunData) -> dict[str, str]:
         off["kl"] = "trainer.kl_coef is 0"
     if trainer.get("ppo_epochs", 1) == 1 and not trainer.get("max_staleness", 0):
         off["clip_frac"] = "on-policy updates (trainer.ppo_epochs 1, no stale rollouts), so the ratio stays at 1"
-    return {k: why for k, why in off.items()
-            if all(not y for p in run.policies for y in run.series("policies", p, k))}
+    if trainer.get("rollout_is", "none") == "none":
+        off["is_weight_mean"] = off["is_capped_frac"] = "trainer.rollout_is is none"
+    return {k: why for k, why in off.items()  # the importance weights are 1 when off: off by the config alone
+            if k.startswith("is_") or all(not y for p in run.policies for y in run.series("policies", p, k))}
 
 
 def _policy_charts(run: RunData) -> tuple[list[str], str]:

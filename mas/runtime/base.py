@@ -59,9 +59,24 @@ def learner_args(cfg: "RunConfig") -> dict[str, dict[str, Any]]:
     ``max_new_tokens`` of the policy's agents."""
     t = cfg.trainer
     shared = dict(total_steps=t.steps, clip_low=t.clip_low, clip_high=t.clip_high, kl_coef=t.kl_coef,
-                  kl_estimator=t.kl_estimator, loss_agg=t.loss_agg, ppo_epochs=t.ppo_epochs)
+                  kl_estimator=t.kl_estimator, loss_agg=t.loss_agg, ppo_epochs=t.ppo_epochs, rollout_is_cap=t.rollout_is_cap)
     out = {}
-    for name in cfg.policies:
+    for name, p in cfg.policies.items():
         longest = max((a.sampling.max_new_tokens for a in cfg.agents if a.policy == name), default=None)
-        out[name] = {**shared, "max_tokens": t.loss_agg_max_tokens or longest}
+        old = old_logprobs_of(t.old_logprobs, p)
+        out[name] = {**shared, "max_tokens": t.loss_agg_max_tokens or longest, "old_logprobs": old,
+                     "rollout_is": t.rollout_is if old == "learner" else "none"}  # an exact rollout needs no weights
     return out
+
+
+def rollout_exact(policy: Any) -> bool:
+    """Whether the policy's rollout logprobs are the learner's own: hf sampling from float32 weights.
+    vLLM's kernels, and half-precision weights (or 'auto', which may load them), score tokens differently."""
+    return policy.backend == "hf" and policy.dtype == "float32"
+
+
+def old_logprobs_of(setting: str, policy: Any) -> str:
+    """``trainer.old_logprobs`` for one policy: ``auto`` recomputes where its rollout is not exact."""
+    if setting == "auto":
+        return "rollout" if rollout_exact(policy) else "learner"
+    return setting

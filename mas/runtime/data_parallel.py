@@ -29,6 +29,10 @@ class TorchDistributedSync:
     def __init__(self, world_size: int):
         self.world_size = world_size
 
+    def max_(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+
     def sum_(self, tensors: list[torch.Tensor]) -> None:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for t in tensors:

@@ -52,6 +52,24 @@ counted.  Dr. GRPO's point (arXiv 2503.20783) is that the length normalisations 
 ``token_mean``/``seq_mean`` bias long wrong answers; ``dr_grpo`` and ``seq_mean_token_sum``
 do not normalise by length (``dr_grpo`` keeps the gradient scale fixed by a constant).
 
+Old logprobs and the rollout/learner mismatch (CREDIT_SPEC.md §8c).  ``old_logprobs``: the PPO
+"old" logprobs are the rollout backend's sampling logprobs (``rollout``: exact for ``hf`` in
+float32), or the learner's own, recomputed with the weights before the update in one extra
+forward pass without gradient (``learner``: a vLLM or half-precision rollout scores tokens
+differently from the learner, so its ratio is not 1 on the first pass).  With ``learner``,
+``rollout_is`` weights each token's surrogate by a truncated importance weight against the
+rollout's logprobs (detached; verl's ``rollout_is``; Yao et al. 2025, truncated importance
+sampling):
+
+    token      w_t = min(exp(old_t - roll_t), C)
+    sequence   w_t = min(exp(sum over the turn's tokens of (old - roll)), C)
+    pg_t       = w_t * -min(ratio_t * A, clip(ratio_t, ...) * A)
+
+Every update records the mismatch of its first pass, whatever the setting: the mean and max of
+|logp - roll| over the completion tokens, a k3 estimate of KL(learner || rollout),
+mean(exp(roll - logp) - (roll - logp) - 1), the share of first-pass tokens whose ratio is
+clipped, and the weights' mean and the share that hit the cap.
+
 Learning-rate schedules are ``transformers.get_scheduler``'s ("constant_with_warmup",
 "linear", "cosine"), one scheduler step per update call.  Warm-up is transformers' linear
 ramp k/W for update k < W (0-based), so the first update of a warm-up runs at lr 0; after it
@@ -90,6 +108,8 @@ if TYPE_CHECKING:  # the learner reads only a few fields of it (flat builder arg
 
 LossAgg = Literal["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"]
 KlEstimator = Literal["k1", "abs", "k2", "k3", "low_var_kl"]
+OldLogprobs = Literal["rollout", "learner"]
+RolloutIS = Literal["none", "token", "sequence"]
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "abs", "k2", "k3", "low_var_kl")
 LOSS_AGGS: tuple[str, ...] = ("token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
@@ -179,6 +199,8 @@ class GradientSync(Protocol):
     world_size: int
 
     def sum_(self, tensors: list[torch.Tensor]) -> None: ...
+
+    def max_(self, tensors: list[torch.Tensor]) -> None: ...
 
 
 def _host() -> str:
@@ -302,6 +324,30 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
         d = d.clamp(-20.0, 20.0)
         return (torch.exp(-d) + d - 1.0).clamp(-10.0, 10.0)
     raise ValueError(f"unknown kl_estimator {estimator!r}; valid: {list(KL_ESTIMATORS)}")
+
+
+def rollout_is_weights(old: torch.Tensor, rollout: torch.Tensor, turn: torch.Tensor, level: str, cap: float) -> torch.Tensor:
+    """[K] truncated importance weights of the learner's old logprobs against the rollout's (module
+    docstring): per token, or one per turn (``turn``: [K] the turn of each token) on all its tokens."""
+    log_w = old - rollout  # [K]
+    if level == "sequence":
+        per_turn = torch.zeros(int(turn.max()) + 1 if turn.numel() else 0, dtype=log_w.dtype, device=log_w.device)
+        log_w = per_turn.index_add_(0, turn, log_w)[turn]  # [K]  the turn's sum on each of its tokens
+    elif level != "token":
+        raise ValueError(f"unknown rollout_is level {level!r}; valid: 'token', 'sequence'")
+    return torch.exp(log_w).clamp(max=cap)  # [K]
+
+
+@torch.no_grad()
+def rollout_mismatch(logprobs: torch.Tensor, rollout: torch.Tensor, is_weights: torch.Tensor | None,
+                     cap: float) -> dict[str, float]:
+    """Sums over K tokens of the learner's logprobs against the rollout's (module docstring): |Δ| and
+    its max, the k3 estimate of KL(learner || rollout), and the importance weights and how many hit the cap."""
+    d = rollout.float() - logprobs.float()  # [K]  roll - logp
+    w = is_weights if is_weights is not None else torch.ones_like(d)
+    return {"mismatch_abs_sum": float(d.abs().sum()), "mismatch_abs_max": float(d.abs().max()) if d.numel() else 0.0,
+            "mismatch_kl_sum": float((torch.exp(d) - d - 1.0).sum()), "is_sum": float(w.sum()),
+            "is_capped": float((w >= cap).sum()) if is_weights is not None else 0.0}
 
 
 def loss_norm(completion_lengths: list[int], loss_agg: str, max_tokens: int | None = None) -> int:
@@ -444,8 +490,16 @@ class Learner:
         max_tokens: int | None = None,
         mixed_precision: str = "no",
         kl_estimator: KlEstimator = "k3",
+        old_logprobs: OldLogprobs = "rollout",
+        rollout_is: RolloutIS = "none",
+        rollout_is_cap: float = 2.0,
     ):
         _check_agg(loss_agg)
+        if old_logprobs not in ("rollout", "learner"):
+            raise ValueError(f"policy {policy.name!r}: old_logprobs {old_logprobs!r}; valid: 'rollout', 'learner'")
+        if rollout_is not in ("none", "token", "sequence") or (rollout_is != "none" and old_logprobs != "learner"):
+            raise ValueError(f"policy {policy.name!r}: rollout_is {rollout_is!r} needs old_logprobs 'learner' (with the "
+                             "rollout's own logprobs as old, every weight is 1); valid: 'none', 'token', 'sequence'")
         if kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"policy {policy.name!r}: unknown kl_estimator {kl_estimator!r}; valid: {list(KL_ESTIMATORS)}")
         if loss_agg == "dr_grpo" and (max_tokens is None or max_tokens < 1):
@@ -472,6 +526,7 @@ class Learner:
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_coef, self.loss_agg, self.ppo_epochs, self.max_tokens = kl_coef, loss_agg, ppo_epochs, max_tokens
         self.kl_estimator = kl_estimator
+        self.recompute, self.rollout_is, self.rollout_is_cap = old_logprobs == "learner", rollout_is, rollout_is_cap
         self.optimizer = torch.optim.AdamW(
             self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
         )
@@ -568,12 +623,16 @@ class Learner:
         try:
             with self._rng(pending):
                 stats = pending.stats
+                first = None
                 for epoch in range(self.ppo_epochs):
                     if epoch:
                         stats = self._accumulate(pending.batch)
                     if self.sync is not None:  # every worker now holds the whole batch's gradient and stats
                         self._sum_gradients()
+                        largest = self._max(stats["mismatch_abs_max"])
                         stats = dict(zip(stats, self._sum(list(stats.values()))))
+                        stats["mismatch_abs_max"] = largest
+                    first = first or dict(stats)  # the first pass: the rollout/learner mismatch
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
                     if not torch.isfinite(grad_norm):
                         raise FloatingPointError(
@@ -588,7 +647,7 @@ class Learner:
             if grad_norms:  # the weights changed, even if a later epoch then failed
                 self.policy.mark_updated()
         self.scheduler.step()
-        metrics = _means(totals, self.ppo_epochs)
+        metrics = {**_means(totals, self.ppo_epochs), **_first_pass(first)}
         metrics.update(grad_norm=sum(grad_norms) / self.ppo_epochs, lr=float(lr), samples=float(pending.total),
                        forward_tokens=float(pending.batch.forward_tokens),
                        distinct_tokens=float(pending.batch.distinct_tokens))
@@ -653,6 +712,7 @@ class Learner:
             "temperatures": torch.tensor([kept[i].temperature if kept[i].temperature > 0 else 1.0 for i in packing.sample],
                                          dtype=torch.float32),  # [K]
             "weights": weights,  # [K]
+            "turn": sample,  # [K]  which kept turn each token belongs to
         }
         batch = _Batch([g.to(device) for g in groups], {k: v.to(device) for k, v in per_token.items()},
                        forward_tokens=sum(g.tokens for g in groups), distinct_tokens=distinct_tokens(sequences))
@@ -660,6 +720,16 @@ class Learner:
             with torch.no_grad(), self.policy.reference() as ref_model, _mode(ref_model, False), self._autocast():
                 heads = split_model(ref_model)
                 batch.ref = [self._logprobs(ref_model, heads, g, batch)[0] for g in batch.passes]
+        if self.recompute:  # the PPO old logprobs from these weights, before the update: one pass without gradient
+            pt = batch.per_token
+            pt["rollout_logprobs"] = pt["old_logprobs"]
+            old = pt["old_logprobs"].clone()
+            with torch.no_grad(), self.policy.activate(), _mode(self.policy.model, False), self._autocast():
+                for g in batch.passes:
+                    old[g.pairs] = self._logprobs(self.policy.model, self._heads, g, batch)[0].float()
+            pt["old_logprobs"] = old
+            if self.rollout_is != "none":
+                pt["is_weights"] = rollout_is_weights(old, pt["rollout_logprobs"], pt["turn"], self.rollout_is, self.rollout_is_cap)
         return batch
 
     def _logprobs(self, model: nn.Module, heads: Any, group: Pass, batch: "_Batch") -> tuple[torch.Tensor, torch.Tensor]:
@@ -672,6 +742,13 @@ class Learner:
         t = torch.tensor(values, dtype=torch.float64, device=self.policy.device)
         self.sync.sum_([t])
         return t.tolist()
+
+    def _max(self, value: float) -> float:
+        """``value``'s largest over the data-parallel workers."""
+        assert self.sync is not None
+        t = torch.tensor([value], dtype=torch.float64, device=self.policy.device)
+        self.sync.max_([t])
+        return float(t[0])
 
     def _sum_gradients(self) -> None:
         """Sum every trainable parameter's gradient over the workers (a worker without samples adds zeros)."""
@@ -686,7 +763,8 @@ class Learner:
         ``abort`` is asked before each micro-batch: True zeroes the gradients and raises
         ``StepAbandoned``."""
         self.optimizer.zero_grad(set_to_none=True)
-        keys = ("loss", "pg_loss", "kl_sum", "clip_sum", "ratio_sum", "entropy_sum", "tokens")
+        keys = ("loss", "pg_loss", "kl_sum", "clip_sum", "ratio_sum", "entropy_sum", "tokens",
+                "mismatch_abs_sum", "mismatch_abs_max", "mismatch_kl_sum", "is_sum", "is_capped")
         out = dict.fromkeys(keys, 0.0)
         model = self.policy.model
         with self.policy.activate(), _mode(model, True):
@@ -704,8 +782,10 @@ class Learner:
                     logprobs, data["old_logprobs"], data["advantages"], data["weights"],
                     self.clip_low, self.clip_high,
                     ref_logprobs=batch.ref[i] if batch.ref is not None else None, kl_coef=self.kl_coef,
-                    kl_estimator=self.kl_estimator,
+                    kl_estimator=self.kl_estimator, is_weights=data.get("is_weights"),
                 )
+                mismatch = rollout_mismatch(logprobs.detach(), data.get("rollout_logprobs", data["old_logprobs"]),
+                                            data.get("is_weights"), self.rollout_is_cap)
                 if not torch.isfinite(loss) and self.sync is None:  # with workers: the summed gradient norm fails on all
                     raise FloatingPointError(
                         f"policy {self.policy.name!r}: non-finite loss {loss.item()} "
@@ -720,6 +800,8 @@ class Learner:
                 out["ratio_sum"] += stats["ratio"] * n
                 out["entropy_sum"] += float(entropy.sum())
                 out["tokens"] += n
+                for k, v in mismatch.items():
+                    out[k] = max(out[k], v) if k == "mismatch_abs_max" else out[k] + v
         return out
 
 
@@ -781,13 +863,15 @@ def ppo_clip_tokens(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``ppo_clip_loss`` over a flat list of K completion tokens: ``sum_k weights[k] * loss_k``.
 
     Each token carries its turn's advantage, and its share of the aggregated loss in
     ``weights`` (1/norm, or 1/(norm * its turn's length) for seq_mean), so the same sum gives
-    every ``loss_agg``.  Stats as ``ppo_clip_loss``'s, over these K tokens (``pg_loss`` is
-    this call's share of the aggregated surrogate).
+    every ``loss_agg``.  ``is_weights`` ([K], detached) scales each token's surrogate (rollout
+    importance sampling; module docstring).  Stats as ``ppo_clip_loss``'s, over these K tokens
+    (``pg_loss`` is this call's share of the aggregated surrogate).
     """
     log_ratio = logprobs - old_logprobs  # [K]
     ratio = torch.exp(log_ratio)  # [K]
@@ -795,6 +879,8 @@ def ppo_clip_tokens(
     pg_unclipped = -ratio * adv  # [K]
     pg_clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # [K]
     pg = torch.maximum(pg_unclipped, pg_clipped)  # [K]  = -min(ratio*A, clip(ratio)*A)
+    if is_weights is not None:  # truncated importance weights against the rollout (detached)
+        pg = pg * is_weights.to(pg.dtype)
     per_token = pg
     kl = torch.zeros_like(pg)  # [K]
     if ref_logprobs is not None:
@@ -980,8 +1066,17 @@ def _autocast_for(mixed_precision: str, device: torch.device, policy: str) -> Ca
     return Accelerator(mixed_precision="bf16", cpu=device.type == "cpu").autocast
 
 
-_METRIC_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "tokens", "grad_norm", "lr", "samples",
+_MISMATCH_KEYS = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_kl", "first_clip_frac", "is_weight_mean", "is_capped_frac")
+_METRIC_KEYS = ("loss", "pg_loss", "kl", "clip_frac", "ratio", "entropy", "tokens", "grad_norm", "lr", "samples", *_MISMATCH_KEYS,
                 "forward_tokens", "distinct_tokens")
+
+
+def _first_pass(stats: dict[str, float]) -> dict[str, float]:
+    """The rollout/learner mismatch of an update's first pass (module docstring), per completion token."""
+    n = max(stats["tokens"], 1.0)
+    return {"mismatch_abs_mean": stats["mismatch_abs_sum"] / n, "mismatch_abs_max": stats["mismatch_abs_max"],
+            "mismatch_kl": stats["mismatch_kl_sum"] / n, "first_clip_frac": stats["clip_sum"] / n,
+            "is_weight_mean": stats["is_sum"] / n, "is_capped_frac": stats["is_capped"] / n}
 
 
 def _means(totals: dict[str, float], epochs: int) -> dict[str, float]:
