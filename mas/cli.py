@@ -64,7 +64,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
         else:
             defaults = "".join(f"# {key}: {note}\n" for key, note in notes.items())
             print(f"# {path}: ok (resolved)\n{defaults}{dump_config(cfg)}")
+        if args.plan:
+            status = max(status, print_plan(path, cfg, args))
     return status
+
+
+def print_plan(path: str, cfg, args: argparse.Namespace) -> int:
+    """``mas validate --plan``: the memory plan (``mas.training.memory_plan``); 1 where it does not fit."""
+    from mas.models.sources import ModelLoadError
+    from mas.training.memory_plan import PROMPT_TOKENS, plan_run, render
+
+    try:
+        plans = plan_run(cfg, device=args.device, devices=args.devices, prompt_tokens=args.prompt_tokens or PROMPT_TOKENS)
+    except (ValueError, OSError, ModelLoadError) as e:
+        print(f"{path}: --plan: {e}", file=sys.stderr)
+        return 1
+    print(f"# {path}: memory plan" + (f" on {args.device}" if args.device else " on this machine's devices")
+          + (f", {args.devices} of them" if args.devices else ""))
+    print(render(plans, cfg, args.devices))
+    return 1 if any(p.fits is False for p in plans) else 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -437,6 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--set", dest="overrides", action="append", default=[], help="key.sub=value override (same as a bare one)")
     v.add_argument("-q", "--quiet", action="store_true", help="print only ok / errors")
     v.add_argument("--strict", action="store_true", help="warnings fail too (exit 1)")
+    v.add_argument("--plan", action="store_true", help="also print the memory plan: per policy and device, weights, "
+                   "gradients, optimizer, one learner pass, the generation cache, the peak, and what to change if it does not fit")
+    v.add_argument("--device", metavar="KIND:SIZE", help="--plan for this device instead of the config's own, e.g. cuda:80GB")
+    v.add_argument("--devices", type=int, metavar="N", help="--plan: N such devices (sizes the sharding advice)")
+    v.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
+                   help="--plan: a rollout prompt's length in tokens, for the generation cache (default 512)")
     v.set_defaults(fn=cmd_validate)
     return p
 

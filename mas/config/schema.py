@@ -153,6 +153,11 @@ class PolicyConfig(Section):
         1, ge=1, description="Data-parallel workers (runtime.kind: ray): N actors each take a shard of the policy's turns and "
         "all-reduce gradients (gloo on CPU, NCCL on GPU); the update equals the one-worker update. The local runtime uses one."
     )
+    sharding: Literal["none", "fsdp"] = Field(
+        "none", description="With workers > 1 (runtime.kind: ray): none replicates the whole policy on every worker (data "
+        "parallel); fsdp shards its parameters, gradients and optimizer state over the workers with torch's FSDP2 "
+        "(fully_shard, one unit per decoder layer; gloo on CPU, NCCL on GPU): each worker holds 1/N of them, and rank 0 "
+        "gathers the full weights to serve the rollout. Checkpoints hold the full weights (docs/scaling.md).")
     rollout_batch_tokens: int | None = Field(
         None, ge=1,
         description="backend: hf. Most padded prompt tokens in one generate call (rows x the longest prompt); a larger group "

@@ -1,0 +1,339 @@
+"""The memory plan: what a config will hold, per policy and device, before anything loads.
+
+``plan_run(cfg, device=None, devices=None)`` reads each policy's model config only (the
+architecture is instantiated on the meta device: no weights are read or allocated) and adds up,
+per policy (a LoRA family shares one base, counted once):
+
+    weights        parameters x the weights' bytes (a LoRA family: its base, plus every adapter,
+                   adapters in float32)
+    gradients      trainable parameters x their bytes, during an update (a family's largest)
+    optimizer      AdamW's two moments per trainable parameter, in the parameter's dtype
+    activations    one learner pass of ``optim.micro_batch_tokens`` positions: the learner's own
+                   estimate (``mas.training.learner.plan_memory_savers``: activations kept for
+                   backward, and the output head's logits), without any saver and with the savers
+                   ``auto`` (or the config) would choose on this device
+    generation     the hf backend's KV cache for one rollout batch (every episode of a step asking
+                   at once: trainer.batch_size x trainer.group_size rows of ``prompt_tokens`` +
+                   the agents' max_new_tokens), or a vLLM engine's own copy of the weights and its
+                   KV cache (on GPU a share of the device, as mas gives it; on CPU 1 GiB)
+    serving copy   ``trainer.max_staleness: 1`` samples from a copy of each trained model
+
+With ``sharding: fsdp`` over ``workers: N``, weights, gradients and optimizer state are divided
+by N on every worker, and rank 0 keeps a full serving copy of the weights for the rollout.
+
+A device's peak is what stays (weights, optimizer, serving copies) plus the larger of an
+update's transients (gradients and one pass) and a rollout's (the generation cache): the two
+never run at once.  On the host CPU the process's own baseline (Python, torch, transformers;
+measured in this process) is added.  Where the peak passes the device's memory, the plan says
+what to change, in order: a LoRA adapter instead of full weights, sharding over more devices,
+smaller passes, activation checkpointing, a smaller vLLM share.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mas.training.learner import (ACTIVATION_ELEMENTS, AUTO_CHUNK, free_memory_bytes, logits_bytes, pass_budget_cap,
+                                  plan_memory_savers)
+from mas.training.memory import rss_mb
+
+GiB = 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PROMPT_TOKENS = 512  # a rollout prompt's length when the plan has to guess it (--prompt-tokens)
+
+
+@dataclass
+class PolicyPlan:
+    """One policy (or LoRA family) on one device; every size in bytes (per worker where sharded)."""
+
+    name: str  # the policy, or "a+b" for a LoRA family
+    device: str
+    kind: str
+    parameters: int
+    trainable: int
+    weights: int
+    gradients: int
+    optimizer: int
+    pass_plain: int | None  # one learner pass, no saver
+    pass_saved: int | None  # one learner pass, with the savers chosen for this device
+    savers: str  # which savers, and why
+    generation: int
+    serving: int
+    workers: int = 1
+    sharded: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def resident(self) -> int:
+        return self.weights + self.optimizer + self.serving
+
+    def peak(self, saved: bool = True) -> int:
+        act = (self.pass_saved if saved else self.pass_plain) or 0
+        return self.resident + max(self.gradients + act, self.generation)
+
+
+@dataclass
+class DevicePlan:
+    device: str
+    capacity: int | None  # bytes (None: unknown)
+    policies: list[PolicyPlan]
+    overhead: int = 0  # the process's own baseline (host CPU only)
+
+    def peak(self, saved: bool = True) -> int:
+        # policies update one after another in one process, and never while it samples: the
+        # largest transient counts once, the resident parts add up
+        resident = sum(p.resident for p in self.policies)
+        transient = max((p.peak(saved) - p.resident for p in self.policies), default=0)
+        return self.overhead + resident + transient
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.capacity is None else self.peak() <= self.capacity
+
+
+def parse_device(spec: str) -> tuple[str, int | None]:
+    """'cuda:80GB' -> ('cuda', 80 GiB); 'cpu:16GB' -> ('cpu', 16 GiB); 'cuda' -> ('cuda', None)."""
+    m = re.fullmatch(r"(cpu|cuda|mps)(?::(\d+(?:\.\d+)?)\s*([GM])i?B)?", spec.strip(), flags=re.IGNORECASE)
+    if not m:
+        raise ValueError(f"--device {spec!r}: expected KIND or KIND:SIZE, e.g. cuda:80GB, cuda:24GB, cpu:16GB")
+    kind, size, unit = m.group(1).lower(), m.group(2), (m.group(3) or "G").upper()
+    return kind, None if size is None else int(float(size) * (GiB if unit == "G" else 2**20))
+
+
+def model_config(model: str, trust_remote_code: bool = False):
+    """The transformers config of a policy's ``model`` (embedded, a GGUF file or short name, a local
+    folder, or a hub id from the local cache), without its weights."""
+    from transformers import AutoConfig
+
+    from mas.embedded.artifact import embedded_path
+    from mas.models.hub import hub_access
+    from mas.models.sources import gguf_file, is_gguf_model
+
+    if model == "embedded":
+        return AutoConfig.from_pretrained(str(embedded_path()))
+    if is_gguf_model(model):
+        file = gguf_file(model)
+        return AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name)
+    return AutoConfig.from_pretrained(hub_access(model, local_only=True), trust_remote_code=trust_remote_code)
+
+
+def meta_model(model: str, dtype: str, trust_remote_code: bool = False) -> torch.nn.Module:
+    """The policy's architecture on the meta device in its weights' dtype (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(model, trust_remote_code)
+    torch_dtype = getattr(torch, dtype) if dtype in DTYPE_BYTES else (getattr(config, "torch_dtype", None) or torch.float32)
+    if isinstance(torch_dtype, str):
+        torch_dtype = getattr(torch, torch_dtype)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+
+
+def lora_parameters(model: torch.nn.Module, lora: Any) -> int:
+    """Parameters of one LoRA adapter: r x (in + out) per targeted Linear (in the chosen layers)."""
+    targets = set(lora.target_modules)
+    layers = set(lora.layers) if lora.layers is not None else None
+    total = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or name.rsplit(".", 1)[-1] not in targets:
+            continue
+        m = re.search(r"\.layers\.(\d+)\.", name)
+        if layers is not None and (m is None or int(m.group(1)) not in layers):
+            continue
+        total += lora.r * (module.in_features + module.out_features)
+    return total
+
+
+def kv_cache_bytes(model: torch.nn.Module, tokens: int) -> int:
+    """Keys and values of every layer for ``tokens`` positions, in the model's dtype."""
+    cfg = model.config
+    layers = cfg.num_hidden_layers
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * layers * heads * head_dim * tokens * next(model.parameters()).element_size()
+
+
+def _families(cfg) -> list[list[str]]:
+    """Policies that share weights: a LoRA family (one base) is one entry; every other policy alone."""
+    groups: dict[tuple, list[str]] = {}
+    out = []
+    used = {a.policy for a in cfg.agents} | ({cfg.credit.critic} if getattr(cfg.credit, "critic", None) else set())
+    for name, p in cfg.policies.items():
+        if name not in used or p.backend == "openai":
+            continue
+        if p.kind == "lora":
+            key = (p.model, p.dtype, p.device, p.trust_remote_code)
+            if key not in groups:
+                groups[key] = []
+                out.append(groups[key])
+            groups[key].append(name)
+        else:
+            out.append([name])
+    return out
+
+
+def _device_of(policy, named: str | None) -> str:
+    if named is not None:
+        return named
+    if policy.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return policy.device
+
+
+def plan_policy(cfg, names: list[str], device: str, capacity: int | None, prompt_tokens: int = PROMPT_TOKENS) -> PolicyPlan:
+    """The plan of one policy or LoRA family (module docstring) on ``device`` with ``capacity`` bytes."""
+    first = cfg.policies[names[0]]
+    model = meta_model(first.model, first.dtype, first.trust_remote_code)
+    elt = next(model.parameters()).element_size()
+    base = sum(p.numel() for p in model.parameters())
+    trainable_by = {}
+    for n in names:
+        p = cfg.policies[n]
+        trainable_by[n] = 0 if p.kind == "frozen" else (lora_parameters(model, p.lora or _default_lora()) if p.kind == "lora" else base)
+    kind = first.kind if len(names) == 1 else f"{len(names)} LoRA adapters on one base"
+    adapters = sum(v for n, v in trainable_by.items() if cfg.policies[n].kind == "lora")
+    trainable = sum(trainable_by.values())
+    params = base + adapters
+    # adapters stay float32 on a low-precision base (agents/policy.py); full weights train in their own dtype
+    t_elt = {n: (4 if cfg.policies[n].kind == "lora" else elt) for n in names}
+    weights = base * elt + adapters * 4
+    optim = sum(2 * v * t_elt[n] for n, v in trainable_by.items())  # AdamW's two moments, in the parameters' dtype
+    grads = max(v * t_elt[n] for n, v in trainable_by.items())  # policies of a family update one at a time
+    workers = first.workers
+    sharded = getattr(first, "sharding", "none") == "fsdp" and workers > 1
+    notes = []
+    serving = 0
+    full = weights
+    if sharded:  # every worker holds 1/N; rank 0 keeps a full copy to serve the rollout (hf)
+        weights, grads, optim = math.ceil(weights / workers), math.ceil(grads / workers), math.ceil(optim / workers)
+        if first.backend == "hf":
+            serving += full
+            notes.append(f"sharded over {workers} workers; rank 0 also holds a full serving copy of the weights")
+    if cfg.trainer.max_staleness and trainable and first.backend == "hf":
+        serving += full
+        notes.append("trainer.max_staleness 1: a serving copy of the trained model")
+    # one learner pass: the learner's own estimate and choice of savers on this device
+    tokens = first.optim.micro_batch_tokens if first.optim else 4096
+    free = max(0, capacity - (weights + optim + serving)) if capacity is not None else None
+    cap = pass_budget_cap(device)
+    if trainable:
+        plain = plan_memory_savers(model, tokens, False, None, free, cap)
+        chosen = plan_memory_savers(model, tokens, first.optim.gradient_checkpointing, first.optim.logprob_chunk, free, cap)
+        pass_plain = (plain.activations or 0) + (plain.logits or 0)
+        kept = (chosen.activations or 0) // ACTIVATION_ELEMENTS if chosen.checkpointing else (chosen.activations or 0)
+        head = (chosen.logits or 0) if chosen.logprob_chunk is None else (logits_bytes(model, min(tokens, chosen.logprob_chunk)) or 0)
+        pass_saved = kept + head
+        savers = (f"checkpointing {'on' if chosen.checkpointing else 'off'}, logits "
+                  + ("all at once" if chosen.logprob_chunk is None else f"in chunks of {chosen.logprob_chunk}")
+                  + f" ({chosen.reason})")
+    else:
+        pass_plain = pass_saved = None
+        savers = "frozen: no update"
+    # the rollout's cache
+    agents = [a for a in cfg.agents if a.policy in names]
+    new_tokens = max((a.sampling.max_new_tokens for a in agents), default=0)
+    if first.backend == "vllm":
+        from mas.rollout.backends.vllm import CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY
+
+        if device.startswith("cuda") and capacity is not None:
+            generation = int(DEFAULT_GPU_MEMORY * capacity)
+            notes.append(f"vLLM takes {DEFAULT_GPU_MEMORY:.0%} of the device (its weights and KV cache), shared by its engines")
+        else:
+            generation = full + CPU_KV_CACHE_BYTES
+            notes.append("vLLM on CPU: its own copy of the weights and a 1 GiB KV cache")
+    else:
+        rows = cfg.trainer.batch_size * cfg.trainer.group_size
+        generation = kv_cache_bytes(model, rows * (prompt_tokens + new_tokens)) if agents else 0
+    return PolicyPlan("+".join(names), device, kind, params, trainable, weights, grads, optim, pass_plain, pass_saved, savers,
+                      generation, serving, workers, sharded, notes)
+
+
+def _default_lora():
+    from mas.config.schema import LoraConfig
+
+    return LoraConfig()
+
+
+def plan_run(cfg, device: str | None = None, devices: int | None = None, prompt_tokens: int = PROMPT_TOKENS) -> list[DevicePlan]:
+    """Every device's plan: the config's own devices (each with what it has free now), or every
+    policy on one named device (``'cuda:80GB'``)."""
+    named, capacity = parse_device(device) if device else (None, None)
+    by_device: dict[str, list[PolicyPlan]] = {}
+    for names in _families(cfg):
+        where = _device_of(cfg.policies[names[0]], named)
+        cap = capacity if named else _capacity(where)
+        by_device.setdefault(where, []).append(plan_policy(cfg, names, where, cap, prompt_tokens))
+    out = []
+    for where, policies in by_device.items():
+        cap = capacity if named else _capacity(where)
+        host = where.startswith("cpu")
+        overhead = int((rss_mb() or 0) * 2**20) if host else 0
+        out.append(DevicePlan(where, cap, policies, overhead))
+    return out
+
+
+def _capacity(device: str) -> int | None:
+    """The memory a config's own device has: what is free on it now (CPU: available RAM)."""
+    return free_memory_bytes(device)
+
+
+def advice(plan: DevicePlan, cfg, devices: int | None = None) -> list[str]:
+    """What to change when ``plan`` does not fit its device (module docstring), with the sizes each gives."""
+    if plan.fits is not False:
+        return []
+    over = plan.peak() - plan.capacity
+    out = [f"{plan.device}: planned peak {_gib(plan.peak())} is {_gib(over)} over its {_gib(plan.capacity)}; what would fit:"]
+    for p in plan.policies:
+        if p.kind == "full" and p.trainable:  # an adapter's gradients and moments are a few MB
+            out.append(f"  - policies.{p.name}.kind: lora (an adapter instead of all {p.trainable / 1e6:,.0f}M weights): saves about "
+                       f"{_gib(p.gradients + p.optimizer)} of gradients and AdamW state")
+        n = devices or 0
+        if p.trainable and not p.sharded and n >= 2:
+            per = (p.weights + p.gradients + p.optimizer) * (n - 1) / n
+            out.append(f"  - policies.{p.name}.workers: {n} with sharding: fsdp (runtime.kind: ray): each of {n} devices holds a "
+                       f"1/{n} shard of weights, gradients and optimizer state (saves {_gib(per)} per device)")
+        elif p.trainable and not p.sharded:
+            out.append(f"  - policies.{p.name}.workers: N with sharding: fsdp over N devices (--devices N shows the sizes)")
+        if p.pass_saved:
+            out.append(f"  - policies.{p.name.split('+')[0]}.optim.micro_batch_tokens: half of it halves a learner pass "
+                       f"({_gib(p.pass_saved)} now); gradient_checkpointing: true keeps one tensor per layer instead of about "
+                       f"{ACTIVATION_ELEMENTS}, and logprob_chunk: {AUTO_CHUNK} bounds the head")
+        if p.generation and cfg.policies[p.name.split("+")[0]].backend == "vllm":
+            out.append(f"  - {p.name}: fewer vLLM engines, or a smaller gpu_memory_utilization (it takes {_gib(p.generation)} here)")
+    return out
+
+
+def _gib(n: int | None) -> str:
+    """A size for people: GiB from 1 GiB up, MiB below."""
+    if n is None:
+        return "?"
+    return f"{n / GiB:,.2f} GiB" if abs(n) >= GiB else f"{n / 2**20:,.1f} MiB"
+
+
+def render(plans: list[DevicePlan], cfg, devices: int | None = None) -> str:
+    """The plan as text for the terminal: a table per device, its peak against its memory, and advice."""
+    lines = []
+    for d in plans:
+        cap = "unknown" if d.capacity is None else _gib(d.capacity)
+        lines.append(f"device {d.device} (memory {cap}{', free now' if d.capacity is not None and d.overhead else ''})")
+        lines.append("  policy | kind | parameters (trainable) | weights | gradients | optimizer | one pass, no saver -> "
+                     "with savers | generation cache | serving copy")
+        for p in d.policies:
+            shard = f", per worker of {p.workers}" if p.sharded else ""
+            lines.append(f"  {p.name} | {p.kind}{shard} | {p.parameters / 1e6:,.1f}M ({p.trainable / 1e6:,.2f}M) | "
+                         f"{_gib(p.weights)} | {_gib(p.gradients)} | {_gib(p.optimizer)} | "
+                         f"{_gib(p.pass_plain)} -> {_gib(p.pass_saved)} | {_gib(p.generation)} | {_gib(p.serving)}")
+            lines.append(f"    savers: {p.savers}")
+            for note in p.notes:
+                lines.append(f"    note: {note}")
+        if d.overhead:
+            lines.append(f"  process baseline (Python, torch, transformers, measured here): {_gib(d.overhead)}")
+        verdict = "" if d.fits is None else (" (fits)" if d.fits else " (does NOT fit)")
+        lines.append(f"  planned peak: {_gib(d.peak(saved=False))} without memory savers, {_gib(d.peak())} with them{verdict}")
+        lines += advice(d, cfg, devices)
+    return "\n".join(lines)
