@@ -644,6 +644,7 @@ class RunConfig(Section):
                 errors.append((("policies", name), name, "a LoRA policy's name is its peft adapter name: "
                                "it may not contain '.' or 'lora_', nor be part of 'lora_' (e.g. 'a', 'lo')"))
         errors += _lora_family_refs(self.policies)
+        errors += _sharding_refs(self)
         for i, a in enumerate(self.agents):
             if a.policy not in self.policies:
                 errors.append((("agents", i, "policy"), a.policy, f"unknown policy; valid: {policies}"))
@@ -678,11 +679,34 @@ def _lora_family_refs(policies: dict) -> list[tuple[tuple, Any, str]]:
         first = policies[names[0]]
         for name in names[1:]:
             p = policies[name]
-            for field, value, want in (("resources", p.resources, first.resources), ("workers", p.workers, first.workers)):
+            for field, value, want in (("resources", p.resources, first.resources), ("workers", p.workers, first.workers),
+                                       ("sharding", p.sharding, first.sharding)):
                 if value != want:
                     found = value.model_dump() if field == "resources" else value
                     errs.append((("policies", name, field), found, f"LoRA policies on one base share one actor; "
                                  f"set the same {field} as policies.{names[0]}.{field}"))
+    return errs
+
+
+def _sharding_refs(cfg: "RunConfig") -> list[tuple[tuple, Any, str]]:
+    """``sharding: fsdp`` only where it can work (mas/runtime/sharding.py)."""
+    errs = []
+    for name, p in cfg.policies.items():
+        if p.sharding != "fsdp":
+            continue
+        where = ("policies", name, "sharding")
+        if p.workers < 2:
+            errs.append((where, "fsdp", f"shards the policy over its workers; set policies.{name}.workers to 2 or more "
+                         f"(found {p.workers}), or sharding: none"))
+        if cfg.runtime.kind != "ray":
+            errs.append((where, "fsdp", "the workers of a sharded policy are Ray actors; set runtime.kind: ray"))
+        if p.kind == "full" and cfg.trainer.kl_coef > 0:
+            errs.append((where, "fsdp", "the KL term's reference of a full policy is a whole copy of its initial weights, "
+                         "which is not sharded: every worker would hold it; set trainer.kl_coef: 0, or use kind: lora "
+                         "(its reference is the base with the adapter off)"))
+        if cfg.trainer.max_staleness:
+            errs.append((where, "fsdp", "trainer.max_staleness 1 samples from rank 0's copy while an update gathers new "
+                         "weights into it; set trainer.max_staleness: 0 with sharding"))
     return errs
 
 

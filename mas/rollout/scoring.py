@@ -282,7 +282,27 @@ def split_model(model: nn.Module) -> Heads | None:
     return Heads(body, head)
 
 
+SHARDED_SCORE = "mas_token_logprobs_packed"  # the scoring method a sharded model carries (mas.runtime.sharding)
+
+
 def token_logprobs_packed(
+    model: nn.Module,
+    batch: Pass,
+    temperatures: torch.Tensor,
+    chunk: int | None = 1024,
+    heads: Heads | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability and entropy of every pair of ``batch`` ([K] each; entropy detached); see
+    ``packed_logprobs``.  A model sharded with FSDP (``mas.runtime.sharding``) is scored through
+    the method it carries, registered as a forward method of its root, so that the body and the
+    head, called apart, still gather their shards and reduce their gradients."""
+    method = getattr(model, SHARDED_SCORE, None)
+    if method is not None:
+        return method(batch, temperatures, chunk, heads)
+    return packed_logprobs(model, batch, temperatures, chunk, heads)
+
+
+def packed_logprobs(
     model: nn.Module,
     batch: Pass,
     temperatures: torch.Tensor,

@@ -271,7 +271,8 @@ class RayRuntime:
             if len(group.actors) > 1:
                 address, port = group.get(group.actors[0].data_parallel_address.remote())
                 n = len(group.actors)
-                group.get([a.init_data_parallel.remote(address, port, rank, n) for rank, a in enumerate(group.actors)])
+                sharding = cfg.policies[group.names[0]].sharding
+                group.get([a.init_data_parallel.remote(address, port, rank, n, sharding) for rank, a in enumerate(group.actors)])
 
     def restart(self, everything: bool = False) -> list[str]:
         """Start again every actor group that has a dead actor (a data-parallel group as a whole;

@@ -35,7 +35,7 @@ import torch
 from mas.rollout.backends.base import Backend, GenRequest, GenResult
 from mas.training.learner import Learner, TrainSample, UpdateSpan, _host
 from mas.training.memory import peak_rss_mb, release_freed_memory
-from mas.runtime.policy_state import load_policy_state, save_policy_state
+from mas.runtime.policy_state import load_policy_state, load_sharded_state, save_policy_state, save_sharded_state
 from mas.training.sft import supervised_steps
 
 if TYPE_CHECKING:
@@ -71,8 +71,9 @@ class PolicyWorker:
             if h.trainable and name in train
         }
         self.serving = self._serving_handles() if serving_copy else self.handles
-        batch_tokens = {name: policies[name].rollout_batch_tokens for name in self.serving}
-        self.backend: Backend = build_backend(self.serving, batch_tokens) if rank == 0 else None  # other ranks only train
+        self._batch_tokens = {name: policies[name].rollout_batch_tokens for name in self.serving}
+        self.backend: Backend = build_backend(self.serving, self._batch_tokens) if rank == 0 else None  # other ranks only train
+        self.sharded: set[str] = set()  # policies sharded over this worker's group (``sharding: fsdp``)
         self._turn = threading.Condition()
         self._next_ticket = 0
 
@@ -108,7 +109,7 @@ class PolicyWorker:
 
     def sync(self, name: str) -> int:
         """Serve the trained weights of ``name`` (copying them into the serving copy if there is one)."""
-        if self.serving is not self.handles:
+        if self.serving is not self.handles and name not in self.sharded:  # sharded: gathered by _publish
             trained, served = self.handles[name], self.serving[name]
             if trained.trainable:
                 _copy_trainable(trained, served)
@@ -124,14 +125,15 @@ class PolicyWorker:
 
             close_backend(self.backend)
 
-    def _serving_handles(self) -> dict[str, "PolicyHandle"]:
-        """Handles on deep copies of the models that hf samples from while the learners train."""
+    def _serving_handles(self, every_backend: bool = False) -> dict[str, "PolicyHandle"]:
+        """Handles on deep copies of the models that hf samples from while the learners train
+        (``every_backend``: for vLLM too, whose engine is then pushed the copy's weights)."""
         from mas.agents.policy import PolicyHandle
 
         copies: dict[int, torch.nn.Module] = {}
         out = {}
         for name, h in self.handles.items():
-            if not h.trainable or h.backend != "hf":  # frozen weights never change; vLLM holds its own copy
+            if not h.trainable or (h.backend != "hf" and not every_backend):  # frozen: never changes; vLLM: its own copy
                 out[name] = h
                 continue
             if id(h.model) not in copies:  # a LoRA family: one copy of the shared PeftModel
@@ -152,6 +154,7 @@ class PolicyWorker:
         with self._in_turn(ticket):
             start = time.time()
             metrics = self.learners[name].update(samples, seed=seed)
+            self._publish(name)
             metrics["peak_rss_mb"] = peak_rss_mb()  # this actor's memory (the step's ``memory`` record)
             release_freed_memory()  # the update's activations and gradients: back to the system, not kept
             return metrics, UpdateSpan(os.getpid(), _host(), start, time.time()), self.handles[name].version
@@ -164,6 +167,7 @@ class PolicyWorker:
         got = supervised_steps(self.handles[name], demonstrations, steps, batch_size, lr, seed,
                                micro_batch_tokens=learner.micro_batch_tokens, logprob_chunk=learner.logprob_chunk,
                                abort=abort)
+        self._publish(name)
         self.sync(name)
         return got
 
@@ -188,13 +192,48 @@ class PolicyWorker:
 
         return free_address()
 
-    def init_data_parallel(self, address: str, port: int, rank: int, world_size: int) -> None:
-        """Join the torch.distributed group of this policy's workers (see ``mas.runtime.data_parallel``)."""
+    def init_data_parallel(self, address: str, port: int, rank: int, world_size: int, sharding: str = "none") -> None:
+        """Join the torch.distributed group of this policy's workers (see ``mas.runtime.data_parallel``);
+        with ``sharding: fsdp`` shard the trained model over them (``mas.runtime.sharding``), rank 0
+        keeping a full copy to serve the rollout from."""
         from mas.runtime.data_parallel import join_group
 
         sync = join_group(address, port, rank, world_size, self._device())
         for learner in self.learners.values():
             learner.sync = sync
+        if sharding == "fsdp":
+            self._shard(world_size)
+
+    def _shard(self, world_size: int) -> None:
+        from mas.rollout.backends import build_backend
+        from mas.runtime.sharding import shard_model
+
+        if self.rank == 0 and self.serving is self.handles:  # the rollout samples from a full copy
+            from mas.rollout.backends.base import close_backend
+
+            close_backend(self.backend)
+            self.serving = self._serving_handles(every_backend=True)
+            self.backend = build_backend(self.serving, self._batch_tokens)
+        sharded: set[int] = set()
+        for name, learner in self.learners.items():
+            model = self.handles[name].model
+            if id(model) not in sharded:  # a LoRA family: its one model, once
+                shard_model(model)
+                sharded.add(id(model))
+            learner.sharded(world_size)
+        self.sharded = set(self.learners)
+
+    def _publish(self, name: str) -> None:
+        """After ``name``'s weights changed on a sharded worker: gather its trained parameters into
+        rank 0's full copy (every worker takes part)."""
+        if name not in self.sharded:
+            return
+        from mas.runtime.sharding import gather_into, parameter_names
+
+        model = self.handles[name].model
+        gather_into(model, parameter_names(model, self.learners[name].params), self.serving[name].model if self.rank == 0 else None)
+        if self.rank == 0:
+            self.serving[name].version = self.handles[name].version
 
     def _device(self) -> torch.device:
         return next(iter(self.handles.values())).device
@@ -205,7 +244,11 @@ class PolicyWorker:
         """Write ``names``' weights (rank 0), optimizer and schedule (rank 0) and this process's RNG
         state into checkpoint folder ``ckpt`` (``mas.training.checkpoint`` layout)."""
         for name in names:
-            save_policy_state(Path(ckpt), name, self.handles[name], self.learners.get(name), rank=self.rank)
+            if name in self.sharded:  # rank 0's full copy holds the weights; the optimizer state is gathered
+                save_sharded_state(Path(ckpt), name, self.handles[name], self.serving[name] if self.rank == 0 else None,
+                                   self.learners[name], rank=self.rank)
+            else:
+                save_policy_state(Path(ckpt), name, self.handles[name], self.learners.get(name), rank=self.rank)
 
     def save_files(self, names: list[str]) -> dict[str, bytes]:
         """``save`` into a private folder and return its files (relative path -> bytes), for a driver
@@ -221,7 +264,11 @@ class PolicyWorker:
         with ``learner_state``) and serve them; returns the new weight versions."""
         for name in names:
             learner = self.learners.get(name) if learner_state else None
-            load_policy_state(Path(ckpt), name, self.handles[name], learner, rank=self.rank)
+            if name in self.sharded:
+                load_sharded_state(Path(ckpt), name, self.handles[name], self.serving[name] if self.rank == 0 else None,
+                                   learner, rank=self.rank)
+            else:
+                load_policy_state(Path(ckpt), name, self.handles[name], learner, rank=self.rank)
             self.sync(name)
         return self.versions()
 

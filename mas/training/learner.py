@@ -527,13 +527,27 @@ class Learner:
         self.kl_coef, self.loss_agg, self.ppo_epochs, self.max_tokens = kl_coef, loss_agg, ppo_epochs, max_tokens
         self.kl_estimator = kl_estimator
         self.recompute, self.rollout_is, self.rollout_is_cap = old_logprobs == "learner", rollout_is, rollout_is_cap
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay
-        )
-        self.scheduler = build_scheduler(self.optimizer, optim.schedule, optim.warmup_steps, total_steps)
+        self._optim, self._total_steps = optim, total_steps
+        self.optimizer, self.scheduler = self._build_optimizer()
         self.sync: GradientSync | None = None  # set on data-parallel workers (mas.runtime.data_parallel)
+        self.world = 1  # workers whose shards of the model FSDP averages over (sharded: see ``sharded``)
         self._autocast = _autocast_for(mixed_precision, torch.device(policy.device), policy.name)
         self._heads = split_model(policy.model)  # None: the model is scored whole (no chunked head)
+
+    def _build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        o = self._optim
+        optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+        return optimizer, build_scheduler(optimizer, o.schedule, o.warmup_steps, self._total_steps)
+
+    def sharded(self, world: int) -> None:
+        """The policy's model was just sharded over ``world`` workers with FSDP (``mas.runtime.sharding``):
+        take its sharded parameters (a new AdamW over them; no step was taken yet), let FSDP reduce the
+        gradients (the loss's backward is scaled by ``world``, since FSDP averages), and pad every update
+        to the passes of the worker with the most, so their collectives pair up."""
+        self.params = list(self.policy.trainable_parameters())
+        self.optimizer, self.scheduler = self._build_optimizer()
+        self.world = world
+        self._heads = split_model(self.policy.model)
 
     # -- public API ----------------------------------------------------------------------
 
@@ -628,12 +642,15 @@ class Learner:
                     if epoch:
                         stats = self._accumulate(pending.batch)
                     if self.sync is not None:  # every worker now holds the whole batch's gradient and stats
-                        self._sum_gradients()
+                        if self.world == 1:  # sharded: FSDP reduced the gradients into each worker's shard
+                            self._sum_gradients()
                         largest = self._max(stats["mismatch_abs_max"])
                         stats = dict(zip(stats, self._sum(list(stats.values()))))
                         stats["mismatch_abs_max"] = largest
                     first = first or dict(stats)  # the first pass: the rollout/learner mismatch
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+                    if hasattr(grad_norm, "full_tensor"):  # sharded: the norm of the whole gradient
+                        grad_norm = grad_norm.full_tensor()
                     if not torch.isfinite(grad_norm):
                         raise FloatingPointError(
                             f"policy {self.policy.name!r}: non-finite gradient norm {float(grad_norm)}; this optimizer step is not taken"
@@ -716,10 +733,13 @@ class Learner:
         }
         batch = _Batch([g.to(device) for g in groups], {k: v.to(device) for k, v in per_token.items()},
                        forward_tokens=sum(g.tokens for g in groups), distinct_tokens=distinct_tokens(sequences))
+        if self.world > 1:  # sharded: every worker runs as many passes as the one with the most
+            batch.pad = int(self._max(float(len(batch.passes)))) - len(batch.passes)
         if self.kl_coef > 0:  # the reference never changes within an update: one pass
             with torch.no_grad(), self.policy.reference() as ref_model, _mode(ref_model, False), self._autocast():
                 heads = split_model(ref_model)
                 batch.ref = [self._logprobs(ref_model, heads, g, batch)[0] for g in batch.passes]
+                self._dummy_passes(ref_model, heads, batch.pad)
         if self.recompute:  # the PPO old logprobs from these weights, before the update: one pass without gradient
             pt = batch.per_token
             pt["rollout_logprobs"] = pt["old_logprobs"]
@@ -727,10 +747,24 @@ class Learner:
             with torch.no_grad(), self.policy.activate(), _mode(self.policy.model, False), self._autocast():
                 for g in batch.passes:
                     old[g.pairs] = self._logprobs(self.policy.model, self._heads, g, batch)[0].float()
+                self._dummy_passes(self.policy.model, self._heads, batch.pad)
             pt["old_logprobs"] = old
             if self.rollout_is != "none":
                 pt["is_weights"] = rollout_is_weights(old, pt["rollout_logprobs"], pt["turn"], self.rollout_is, self.rollout_is_cap)
         return batch
+
+    def _dummy_passes(self, model: nn.Module, heads: Any, count: int, backward: bool = False) -> None:
+        """``count`` passes over a two-token sequence that add nothing (loss 0): a sharded worker with
+        fewer passes than the others runs these, so every all-gather and reduce-scatter pairs up."""
+        if not count:
+            return
+        dummy = passes(pack([[PAD_ID, PAD_ID]], [1], 16, share=False), max_tokens=16, pad_id=PAD_ID)[0]
+        dummy = dummy.to(self.policy.device)
+        for _ in range(count):
+            with self._autocast():
+                logp, _ = token_logprobs_packed(model, dummy, torch.ones(1), chunk=self.logprob_chunk, heads=heads)
+            if backward:
+                (logp.sum() * 0.0).backward()
 
     def _logprobs(self, model: nn.Module, heads: Any, group: Pass, batch: "_Batch") -> tuple[torch.Tensor, torch.Tensor]:
         temps = batch.per_token["temperatures"][group.pairs]  # [Kp]
@@ -791,7 +825,7 @@ class Learner:
                         f"policy {self.policy.name!r}: non-finite loss {loss.item()} "
                         "(check advantages and old_logprobs); this optimizer step is not taken"
                     )
-                loss.backward()
+                (loss * self.world if self.world > 1 else loss).backward()  # sharded: FSDP averages over the workers
                 n = stats["tokens"]
                 out["loss"] += float(loss.detach())
                 out["pg_loss"] += stats["pg_loss"]
@@ -802,6 +836,7 @@ class Learner:
                 out["tokens"] += n
                 for k, v in mismatch.items():
                     out[k] = max(out[k], v) if k == "mismatch_abs_max" else out[k] + v
+            self._dummy_passes(model, self._heads, batch.pad, backward=True)
         return out
 
 
@@ -814,6 +849,7 @@ class _Batch:
     forward_tokens: int  # token positions run per epoch (padding included)
     distinct_tokens: int  # the batch's distinct token positions
     ref: list[torch.Tensor] | None = None  # reference logprobs per pass (KL term)
+    pad: int = 0  # dummy passes after the real ones (a sharded worker with fewer passes than the others)
 
 
 @dataclass
