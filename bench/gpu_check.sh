@@ -20,7 +20,10 @@
 # bfloat16 for 10 steps on that model; (5) bench/real_model_speed.py: rollout against raw generate,
 # and each learner against a hand-written PPO loop, with the memory savers the learner chose;
 # (6) the same with vLLM, where the machine has it (bench/rollout_throughput.py --backend vllm
-# --parity, then the tests marked vllm). Outputs: $OUT/gpu_check.log and $OUT/*.json when $OUT is set.
+# --parity, then the tests marked vllm); (7) one sharded update (sharding: fsdp, 2 workers over gloo on
+# the host) against one worker's (bench/sharding.py); (8) a bfloat16 step with the old logprobs
+# recomputed and token-level TIS, and the rollout/learner mismatch it measured (hf, and vLLM where
+# installed). Outputs: $OUT/gpu_check.log and $OUT/*.json when $OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -198,6 +201,37 @@ if "$PY" -c "import vllm" >/dev/null 2>&1; then
   part vllm-tests 150 env MAS_REQUIRE_VLLM=1 MAS_VLLM_TEST_MODEL="$MODEL" "$PY" -m pytest -q -m vllm -p no:cacheprovider tests/backends
 else
   echo "SKIP vllm: not installed on this machine (docs/vllm.md, 'A GPU machine without network')"
+fi
+
+# (7) one sharded step against the unsharded one: 2 processes over gloo on the host CPUs (one GPU
+# cannot hold two NCCL ranks), the same batch; loss, gradient norm, weights and per-worker memory
+SHARD_MODEL=$MODEL; [ "$DRY" = 1 ] && SHARD_MODEL=embedded
+part sharded-step 120 "$PY" bench/sharding.py --model "$SHARD_MODEL" --kind full --dtype float32
+
+# (8) old logprobs recomputed by the learner, with token-level TIS against the rollout's, on the
+# bfloat16 rollout (hf here; vLLM below where installed): the mismatch the first pass saw
+mismatch() {
+  local run=$1; shift
+  "$PY" -m mas.cli train configs/smol_orchestrator.yaml "${SET[@]}" "$@" trainer.steps=2 trainer.warmup.steps=2 \
+    trainer.warmup.episodes=8 trainer.eval_size=4 trainer.save_every=0 trainer.old_logprobs=learner \
+    trainer.rollout_is=token logging.progress=false --run-dir "$WORK/$run" || return 1
+  "$PY" - "$WORK/$run" "$OUTDIR/$run.json" <<'EOF'
+import json, sys
+from pathlib import Path
+rows = [json.loads(l) for l in (Path(sys.argv[1]) / "metrics.jsonl").read_text().splitlines()]
+keys = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_kl", "first_clip_frac", "is_weight_mean", "is_capped_frac")
+got = [{p: {k: round(m[k], 5) for k in keys} for p, m in r["policies"].items()} for r in rows if "step" in r and "eval" not in r]
+print(json.dumps(got))
+Path(sys.argv[2]).write_text(json.dumps(got, indent=2))
+assert all(m["first_clip_frac"] == 0 for step in got for m in step.values()), "recomputed old logprobs: ratio 1 on the first pass"
+EOF
+}
+part recompute-tis-hf 120 mismatch recompute_hf
+if "$PY" -c "import vllm" >/dev/null 2>&1; then
+  VSET=(); for p in $POLICIES; do VSET+=("policies.$p.backend=vllm"); done
+  part recompute-tis-vllm 200 mismatch recompute_vllm "${VSET[@]}"
+else
+  echo "SKIP recompute-tis-vllm: vLLM is not installed on this machine"
 fi
 
 rm -rf "$WORK"

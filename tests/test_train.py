@@ -161,3 +161,22 @@ def test_turns_a_method_masks_out_are_not_trained(tiny_model_dir, monkeypatch):
     metrics = train_step(team, 0).metrics
     lead_turns = metrics["agents"]["lead"]["turns"]
     assert metrics["policies"]["main"]["samples"] == lead_turns  # helper's turns (same policy) were left out
+
+
+def test_constant_groups_are_dropped_from_the_update_and_counted(tiny_model_dir):
+    """trainer.drop_constant_groups: groups whose episodes all scored the same train nothing, and the
+    step counts them; groups with varied rewards still train."""
+    cfg = team_config(tiny_model_dir, "chain")
+    cfg["trainer"].update(drop_constant_groups=True, batch_size=2, group_size=4)
+    team = build(cfg)
+    team.engine.score = lambda ep: 0.0  # every group constant
+    step = train_step(team, 0)
+    assert step.metrics["constant_groups_dropped"] == 2 and not bool(step.credit.train_mask.any())
+    assert step.metrics["policies"]["main"]["samples"] == 0
+    team.engine.score = varied_reward
+    step = train_step(team, 1)
+    constant = sum(len({ep.reward for ep in g.episodes}) == 1 for g in step.groups)
+    assert step.metrics["constant_groups_dropped"] == constant < 2
+    assert step.metrics["policies"]["main"]["samples"] > 0
+    off = build(team_config(tiny_model_dir, "chain"))
+    assert "constant_groups_dropped" not in train_step(off, 0).metrics  # off by default: nothing counted

@@ -28,8 +28,14 @@ def weights_of(folder) -> dict[str, torch.Tensor]:
     return load_file(folder / name)
 
 
+def optimizer_of(ckpt):
+    folder = ckpt / "learners" / "main"
+    whole = folder / "optimizer_full.pt"
+    return torch.load(whole if whole.exists() else folder / "optimizer.bin", weights_only=False)
+
+
 def update_and_save(cfg: dict, out) -> tuple[dict, dict[str, torch.Tensor], list]:
-    """One update of 'main' on ``samples()``; its metrics, the checkpointed weights, and a rollout after it."""
+    """One update of 'main' on ``samples()``; its metrics, the checkpointed weights, and a greedy rollout after it."""
     with build_team(validate_config(cfg)) as t:
         metrics = t.learners["main"].start_update(samples(), seed=3).result()
         t.backend.sync_weights("main")
@@ -39,10 +45,17 @@ def update_and_save(cfg: dict, out) -> tuple[dict, dict[str, torch.Tensor], list
     return metrics, weights_of(out / "policies" / "main"), greedy
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_a_sharded_update_equals_the_one_worker_update(tiny_model_dir, tmp_path, ray_instance, lora):
-    m1, w1, g1 = update_and_save(team(tiny_model_dir, 1, kind="local", lora=lora), tmp_path / "one")
-    m2, w2, g2 = update_and_save(team(tiny_model_dir, 2, "fsdp", lora=lora), tmp_path / "sharded")
+@pytest.fixture(scope="module")
+def full_runs(tiny_model_dir, tmp_path_factory, ray_instance):
+    """The same update of a full policy by one worker (local) and by two sharded workers, checkpointed."""
+    root = tmp_path_factory.mktemp("sharding")
+    return {"one": (root / "one", *update_and_save(team(tiny_model_dir, 1, kind="local"), root / "one")),
+            "two": (root / "two", *update_and_save(team(tiny_model_dir, 2, "fsdp"), root / "two"))}
+
+
+def assert_same_update(one, two):
+    _, m1, w1, g1 = one
+    _, m2, w2, g2 = two
     assert m2["samples"] == m1["samples"] == 11 and m2["tokens"] == m1["tokens"]
     for key in ("loss", "pg_loss", "grad_norm", "clip_frac", "entropy", "mismatch_abs_mean"):
         assert m2[key] == pytest.approx(m1[key], abs=1e-6), key
@@ -51,42 +64,44 @@ def test_a_sharded_update_equals_the_one_worker_update(tiny_model_dir, tmp_path,
     assert g2 == g1  # rank 0 serves the gathered weights: the same greedy rollout
 
 
-def test_a_sharded_checkpoint_resumes_with_one_worker_and_back(tiny_model_dir, tmp_path, ray_instance):
-    """Saved by 2 sharded workers, resumed by 1 (local) and by 2 again: the same weights and AdamW
+def test_a_sharded_update_of_a_full_policy_equals_the_one_worker_update(full_runs):
+    assert_same_update(full_runs["one"], full_runs["two"])
+
+
+def test_a_sharded_update_of_a_lora_policy_equals_the_one_worker_update(tiny_model_dir, tmp_path, ray_instance):
+    one = (None, *update_and_save(team(tiny_model_dir, 1, kind="local", lora=True), tmp_path / "one"))
+    two = (None, *update_and_save(team(tiny_model_dir, 2, "fsdp", lora=True), tmp_path / "two"))
+    assert_same_update(one, two)
+
+
+def test_checkpoints_move_between_worker_counts(full_runs, tiny_model_dir, tmp_path):
+    """Saved by 2 sharded workers: resumed by 1 (local) and by 2 again, the same weights and AdamW
     moments; and an unsharded run's checkpoint resumes sharded."""
-    sharded = tmp_path / "sharded"
-    update_and_save(team(tiny_model_dir, 2, "fsdp"), sharded)
+    sharded, plain = full_runs["two"][0], full_runs["one"][0]
     assert (sharded / "learners" / "main" / "optimizer_full.pt").is_file()
     assert sorted(p.name for p in (sharded / "learners" / "main").glob("random_states_*.pkl")) == [
         "random_states_0.pkl", "random_states_1.pkl"]
+    full = optimizer_of(sharded)
+    names = list(full["state"])
 
-    def moments_after_load(cfg, ckpt, out) -> tuple[dict, dict]:
-        with build_team(validate_config(cfg)) as t:
-            t.runtime.load_policies(ckpt, ["main"])
-            (out / "learners").mkdir(parents=True)
-            t.runtime.save_policies(out, ["main"])
-        opt = out / "learners" / "main"
-        state = torch.load(opt / ("optimizer_full.pt" if (opt / "optimizer_full.pt").exists() else "optimizer.bin"),
-                           weights_only=False)
-        return weights_of(out / "policies" / "main"), state
+    def load_save(t, ckpt, out):
+        t.runtime.load_policies(ckpt, ["main"])
+        (out / "learners").mkdir(parents=True)
+        t.runtime.save_policies(out, ["main"])
+        return weights_of(out / "policies" / "main"), optimizer_of(out)["state"]
 
-    w_one, s_one = moments_after_load(team(tiny_model_dir, 1, kind="local"), sharded, tmp_path / "as-one")
-    w_two, s_two = moments_after_load(team(tiny_model_dir, 2, "fsdp"), sharded, tmp_path / "as-two")
+    with build_team(validate_config(team(tiny_model_dir, 1, kind="local"))) as t:
+        w_one, s_one = load_save(t, sharded, tmp_path / "as-one")
+    with build_team(validate_config(team(tiny_model_dir, 2, "fsdp"))) as t:
+        w_two, s_two = load_save(t, sharded, tmp_path / "as-two")
+        w_back, s_back = load_save(t, plain, tmp_path / "plain-as-two")
     w_saved = weights_of(sharded / "policies" / "main")
     for w in (w_one, w_two):
         assert all(torch.equal(w[k], w_saved[k]) for k in w_saved)
-    full = torch.load(sharded / "learners" / "main" / "optimizer_full.pt", weights_only=False)
-    names = list(full["state"])
-    one = s_one["state"]  # numbered by parameter, in the model's order
-    assert len(one) == len(names) and int(one[0]["step"]) == 1
+    assert len(s_one) == len(names) and int(s_one[0]["step"]) == 1  # numbered by parameter, in the model's order
     for i, name in enumerate(names):
-        assert torch.allclose(one[i]["exp_avg"], full["state"][name]["exp_avg"])
-        assert torch.allclose(s_two["state"][name]["exp_avg_sq"], full["state"][name]["exp_avg_sq"])
-    # and the other way: an unsharded checkpoint into two sharded workers
-    plain = tmp_path / "plain"
-    update_and_save(team(tiny_model_dir, 1, kind="local"), plain)
-    w_back, s_back = moments_after_load(team(tiny_model_dir, 2, "fsdp"), plain, tmp_path / "plain-as-two")
-    w_plain = weights_of(plain / "policies" / "main")
+        assert torch.allclose(s_one[i]["exp_avg"], full["state"][name]["exp_avg"])
+        assert torch.allclose(s_two[name]["exp_avg_sq"], full["state"][name]["exp_avg_sq"])
+    w_plain, saved = weights_of(plain / "policies" / "main"), optimizer_of(plain)["state"]
     assert all(torch.equal(w_back[k], w_plain[k]) for k in w_plain)
-    saved = torch.load(plain / "learners" / "main" / "optimizer.bin", weights_only=False)["state"]
-    assert all(torch.allclose(s_back["state"][name]["exp_avg"], saved[i]["exp_avg"]) for i, name in enumerate(names))
+    assert all(torch.allclose(s_back[name]["exp_avg"], saved[i]["exp_avg"]) for i, name in enumerate(names))
