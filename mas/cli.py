@@ -200,6 +200,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 return 2
             team.runtime.load_policies(ckpt, loaded, learner_state=False)
             print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
+            base = sorted(n for n, p in cfg.policies.items() if p.kind != "frozen" and n not in loaded)
+            if base:  # a trainable policy the checkpoint does not hold is evaluated as it starts
+                print(f"warning: {ckpt} holds no weights for {', '.join(base)}: evaluated at their initial weights",
+                      file=sys.stderr)
         result = evaluate(team, size, cfg.trainer.seed)
     print(json.dumps(result, indent=2))
     return 0
@@ -357,7 +361,10 @@ def cmd_build_embedded(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mas.version import __version__
+
     p = argparse.ArgumentParser(prog="mas", description="Train teams of LLM agents with RL.")
+    p.add_argument("--version", action="version", version=f"mas {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train a team from a YAML config")

@@ -27,8 +27,11 @@ The base model a LoRA checkpoint records (``base_model_name_or_path``) is the hu
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +94,26 @@ def export_run(run_dir: str | Path, out: str | Path, merge_lora: bool = False, c
         raise ExportError(f"GGUF dtype {gguf!r}; valid: {list(GGUF_DTYPES)}")
     if out.exists() and any(out.iterdir()):
         raise ExportError(f"{out} exists and is not empty; choose another --out")
+    # written into a folder beside ``out`` and renamed into place when complete: a failed export
+    # (a model that cannot be merged or written as GGUF) leaves nothing that would refuse the retry
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        done = _export_policies(cfg, run_dir, ckpt, chosen, work, out, merge_lora, gguf, log)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if out.exists():
+        out.rmdir()  # empty (checked above)
+    os.replace(work, out)
+    return [dataclasses.replace(e, path=out / e.path.relative_to(work),
+                                gguf=out / e.gguf.relative_to(work) if e.gguf is not None else None) for e in done]
+
+
+def _export_policies(cfg, run_dir: Path, ckpt: Path, chosen: list[str], out: Path, shown: Path, merge_lora: bool,
+                     gguf: str | None, log) -> list[Exported]:
+    """Write each chosen policy of checkpoint ``ckpt`` into ``out/<policy>/`` (logged as under ``shown``,
+    where it will be)."""
     done = []
     for name in chosen:
         pcfg = cfg.policies[name]
@@ -110,9 +133,9 @@ def export_run(run_dir: str | Path, out: str | Path, merge_lora: bool = False, c
         gguf_path = None
         if gguf is not None:
             gguf_path = _write_gguf(name, dst, base, dst / f"{name}.{gguf}.gguf", gguf, f"{cfg.team.name}-{name}")
-            log(f"{name}: GGUF ({gguf}, {gguf_path.stat().st_size / 1e6:.1f} MB) -> {gguf_path}")
+            log(f"{name}: GGUF ({gguf}, {gguf_path.stat().st_size / 1e6:.1f} MB) -> {shown / gguf_path.relative_to(out)}")
         _write_card(dst, cfg, name, kind, base, ckpt, gguf_path)
-        log(f"{name}: {kind} -> {dst}")
+        log(f"{name}: {kind} -> {shown / name}")
         done.append(Exported(name, kind, dst, base, gguf_path))
     return done
 

@@ -161,7 +161,7 @@ def test_validate_needs_a_file(capsys):
 
 @pytest.mark.parametrize("key,value,message", [
     ("policies.main.resources.num_gpus", "-1", "policies.main.resources.num_gpus: Input should be greater than or equal to 0 (found -1)"),
-    ("policies.main.resources.gpus", "1", "policies.main.resources.gpus: unknown key; valid: ['custom', 'num_cpus', 'num_gpus']"),
+    ("policies.main.resources.gpus", "1", "policies.main.resources.gpus: unknown key; did you mean 'num_gpus'? valid: ['custom', 'num_cpus', 'num_gpus']"),
     ("policies.main.resources.custom", "{node_a: -0.5}", "policies.main.resources.custom.node_a: Input should be greater"),
     ("policies.main.workers", "0", "policies.main.workers: Input should be greater than or equal to 1"),
     ("runtime.adress", "auto", "runtime.adress: unknown key"),
@@ -187,7 +187,7 @@ def test_lora_policies_on_one_base_share_an_actor_so_their_resources_must_agree(
 def test_validate_refuses_an_unknown_verifier_with_the_valid_names(good, capsys):
     assert main(["validate", "-q", str(good), "policies.main.model=embedded", "verifier.name=gold_oracle"]) != 0
     err = capsys.readouterr().err
-    assert "  - verifier.name: unknown verifier 'gold_oracle'; valid: auto, none, facts, hotpotqa, synthetic_math, team_conjunctive, " \
+    assert "  - verifier.name: unknown verifier 'gold_oracle'; valid: auto, none, facts, hotpotqa, synthetic_math, team_conjunctive, team_fork, " \
            "team_relay, team_saboteur, or 'package.module:function' (found 'gold_oracle')" in err
     assert main(["validate", "-q", str(good), "policies.main.model=embedded", "verifier.name=no_such_pkg.checks:verify"]) != 0
     err = capsys.readouterr().err
@@ -196,3 +196,30 @@ def test_validate_refuses_an_unknown_verifier_with_the_valid_names(good, capsys)
     assert main(["validate", "-q", str(good), "policies.main.model=embedded", "verifier.name=team_relay"]) == 0
     assert main(["validate", "-q", str(good), "policies.main.model=embedded",
                  "verifier.name=mas.envs.math.turns:verify_math_turn"]) == 0
+
+
+def test_newcomer_mistakes_get_named(good, tmp_path, capsys):
+    """A misspelt key suggests the right one; an unknown list entry lists the valid names; a YAML
+    syntax error names the file; an absurd learning rate and a group of one are caught."""
+    assert main(["validate", "-q", str(good), "trainer.stpes=3"]) == 1
+    assert "trainer.stpes: unknown key; did you mean 'steps'?" in capsys.readouterr().err
+    assert main(["validate", "-q", str(good), "agents.addr.role=x"]) == 1
+    err = capsys.readouterr().err
+    assert "no list entry named 'addr'; did you mean 'adder'? valid: ['orchestrator', 'adder']" in err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("team: {name: x\n")
+    assert main(["validate", "-q", str(broken)]) == 1
+    err = capsys.readouterr().err
+    assert f'in "{broken}"' in err and "<unicode string>" not in err
+    assert main(["validate", "-q", str(good), "policies.main.optim.lr=1e5"]) == 1
+    assert "policies.main.optim.lr: Input should be less than or equal to 1" in capsys.readouterr().err
+    assert main(["validate", "-q", str(good), "trainer.group_size=1"]) == 0
+    assert "trainer.group_size: credit 'grpo' compares each episode with the others" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    from mas.version import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"mas {__version__}"

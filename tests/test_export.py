@@ -124,3 +124,21 @@ def test_push_without_a_reachable_hub_fails_at_once_keeping_the_export(tmp_path,
     assert done.returncode == 1 and "cannot be reached" in done.stderr and "Traceback" not in done.stderr
     assert "Retrying" not in done.stderr  # no back-off: one try
     assert (tmp_path / "out" / "main" / "model.safetensors").exists()
+
+
+def test_a_failed_export_leaves_nothing_and_the_retry_works(tmp_path, tiny_model_dir, monkeypatch):
+    import mas.export as export
+
+    run = train_run(tmp_path, tiny_model_dir, "full", monkeypatch)
+    out = tmp_path / "exported"
+
+    def broken(*args, **kwargs):
+        raise export.ExportError("policy 'main': cannot be written as GGUF: a stand-in failure")
+
+    monkeypatch.setattr(export, "_write_gguf", broken)
+    assert main(["export", str(run), "--out", str(out), "--gguf"]) == 2
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".exported.")]  # no half folder
+    monkeypatch.undo()
+    assert main(["export", str(run), "--out", str(out)]) == 0  # the retry is not refused
+    assert (out / "main" / "model.safetensors").is_file()
+    assert (run / "warnings.jsonl").is_file()  # present even when the run had no warning

@@ -17,6 +17,7 @@ reports them like the schema's own errors.
 from __future__ import annotations
 
 import copy
+import difflib
 import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
@@ -57,7 +58,7 @@ class LoraConfig(Section):
 
 class OptimConfig(Section):
     lr: float | None = Field(
-        None, gt=0,
+        None, gt=0, le=1.0,
         description="Peak learning rate of this policy's AdamW. None: the default for the model, filled in when the team "
         "is built: the embedded model's working rate, else a rate by the model's size and kind (mas/config/defaults.py; README table).",
     )
@@ -396,7 +397,7 @@ class WarmupConfig(Section):
 
     steps: int = Field(0, ge=0, description="Supervised steps per trainable policy; 0: no warm-up.")
     batch_size: int = Field(8, ge=1, description="Demonstration turns per policy per step.")
-    lr: float = Field(2e-4, gt=0, description="AdamW learning rate of the warm-up (its optimizer is dropped after it).")
+    lr: float = Field(2e-4, gt=0, le=1.0, description="AdamW learning rate of the warm-up (its optimizer is dropped after it).")
     episodes: int = Field(
         64, ge=1, description="Teacher episodes played for demonstrations, on training tasks drawn from a stream of their "
         "own (the run's task stream is untouched).")
@@ -841,7 +842,9 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
         found = e.get("input")
         if e["type"] == "extra_forbidden":
             valid = _valid_keys_at(data, loc[:-1])
-            msg = f"unknown key{'; valid: ' + str(valid) if valid else ''}"
+            close = difflib.get_close_matches(str(loc[-1]), valid or [], n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            msg = f"unknown key{'; ' + hint + 'valid: ' + str(valid) if valid else ''}"
         elif e["type"] == "value_error":  # our own validators' messages say everything already
             msg = msg.removeprefix("Value error, ")
         elif e["type"] == "literal_error" and "expected" in ctx:
@@ -1019,7 +1022,11 @@ def _list_index(items: list, part: str, key: str) -> int:
     for i, it in enumerate(items):
         if isinstance(it, dict) and it.get("name") == part:
             return i
-    raise ConfigError("overrides", [f"{key}: no list entry named {part!r}"])
+    names = [it["name"] for it in items if isinstance(it, dict) and "name" in it]
+    close = difflib.get_close_matches(part, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ";"
+    valid = f" valid: {names} (or a position 0..{len(items) - 1})" if names else f" valid: a position 0..{len(items) - 1}"
+    raise ConfigError("overrides", [f"{key}: no list entry named {part!r}{hint}{valid}"])
 
 
 def validate_config(data: dict, source: str = "<config>", check: ConfigCheck | None = None) -> RunConfig:
@@ -1101,8 +1108,8 @@ def read_config_data(path: str | Path) -> Any:
         raise ConfigError(str(path), [f"cannot read: {getattr(e, 'strerror', None) or e}"]) from None
     except YAMLBoundsError as e:
         raise ConfigError(str(path), [str(e)]) from None
-    except yaml.YAMLError as e:
-        raise ConfigError(str(path), [f"YAML syntax: {e}"]) from None
+    except yaml.YAMLError as e:  # name the file where PyYAML says "<unicode string>"
+        raise ConfigError(str(path), [f"YAML syntax: {str(e).replace('<unicode string>', str(path))}"]) from None
     return data or {}
 
 

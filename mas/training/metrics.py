@@ -371,6 +371,7 @@ class RunLogger:
         (self.run_dir / "config.yaml").write_text(dump_config(cfg))
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.episodes_path = self.run_dir / "episodes.jsonl"
+        (self.run_dir / "warnings.jsonl").touch()  # present, if empty, in a run without warnings
         self.show_progress = show_progress
         self.bar: tqdm | None = None
         self.tb = _tensorboard_writer(self.run_dir / "tensorboard")

@@ -485,7 +485,6 @@ def _start_evals(team: Team, run_dir: Path, summary: dict, logger: RunLogger, ab
     start = start_eval(summary)
     if start is None:  # eval_before: false and no warm-up evaluation: nothing to compare with
         return
-    summary["eval_start"] = start
     if cfg.trainer.eval_noise:
         summary["eval_noise"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed + 1, abort)
         logger.log_eval("noise", summary["eval_noise"])
@@ -496,7 +495,7 @@ def check_regression(summary: dict, now: dict, logger: RunLogger, step: int) -> 
     """The greedy-regression guard: an evaluation whose greedy accuracy is below the start's by
     more than the paired noise floor (``mas.training.evaluation.regression``) is recorded on the
     evaluation, in the summary and as a warning (the progress line, warnings.jsonl, the report)."""
-    start = summary.get("eval_start")
+    start = start_eval(summary)
     found = regression(start, now) if start else None
     if found is None:
         return
