@@ -289,21 +289,23 @@ def advice(plan: DevicePlan, cfg, devices: int | None = None) -> list[str]:
     over = plan.peak() - plan.capacity
     out = [f"{plan.device}: planned peak {_gib(plan.peak())} is {_gib(over)} over its {_gib(plan.capacity)}; what would fit:"]
     for p in plan.policies:
+        first, *rest = p.name.split("+")
+        family = f" (and the same on {', '.join(rest)}: one LoRA family)" if rest else ""
         if p.kind == "full" and p.trainable:  # an adapter's gradients and moments are a few MB
-            out.append(f"  - policies.{p.name}.kind: lora (an adapter instead of all {p.trainable / 1e6:,.0f}M weights): saves about "
+            out.append(f"  - policies.{first}.kind: lora (an adapter instead of all {p.trainable / 1e6:,.0f}M weights): saves about "
                        f"{_gib(p.gradients + p.optimizer)} of gradients and AdamW state")
         n = devices or 0
         if p.trainable and not p.sharded and n >= 2:
             per = (p.weights + p.gradients + p.optimizer) * (n - 1) / n
-            out.append(f"  - policies.{p.name}.workers: {n} with sharding: fsdp (runtime.kind: ray): each of {n} devices holds a "
-                       f"1/{n} shard of weights, gradients and optimizer state (saves {_gib(per)} per device)")
+            out.append(f"  - policies.{first}.workers: {n} with sharding: fsdp{family} (runtime.kind: ray): each of {n} devices "
+                       f"holds a 1/{n} shard of weights, gradients and optimizer state (saves {_gib(per)} per device)")
         elif p.trainable and not p.sharded:
-            out.append(f"  - policies.{p.name}.workers: N with sharding: fsdp over N devices (--devices N shows the sizes)")
+            out.append(f"  - policies.{first}.workers: N with sharding: fsdp{family} over N devices (--devices N shows the sizes)")
         if p.pass_saved:
-            out.append(f"  - policies.{p.name.split('+')[0]}.optim.micro_batch_tokens: half of it halves a learner pass "
+            out.append(f"  - policies.{first}.optim.micro_batch_tokens{family}: half of it halves a learner pass "
                        f"({_gib(p.pass_saved)} now); gradient_checkpointing: true keeps one tensor per layer instead of about "
                        f"{ACTIVATION_ELEMENTS}, and logprob_chunk: {AUTO_CHUNK} bounds the head")
-        if p.generation and cfg.policies[p.name.split("+")[0]].backend == "vllm":
+        if p.generation and cfg.policies[first].backend == "vllm":
             out.append(f"  - {p.name}: fewer vLLM engines, or a smaller gpu_memory_utilization (it takes {_gib(p.generation)} here)")
     return out
 
