@@ -299,17 +299,21 @@ _CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 _MODELS = {p: {pol.get("model") for pol in yaml.safe_load(p.read_text())["policies"].values()} for p in _CONFIGS}
 _EMBEDDED = [p for p in _CONFIGS if _MODELS[p] == {"embedded"}]
 # Configs with a format warm-up of their own (``trainer.warmup``: configs/cpu_facts.yaml, a research
-# protocol the embedded model was never warm-started on) teach their prompts before RL instead.
+# protocol the embedded model was never warm-started on; configs/team_fork_n*.yaml, the relay's prompt
+# re-taught to answer at once more often than not) teach their prompts before RL instead.
 _OWN_WARMUP = {p for p in _EMBEDDED if yaml.safe_load(p.read_text()).get("trainer", {}).get("warmup")}
 EMBEDDED_CONFIGS = [p for p in _EMBEDDED if yaml.safe_load(p.read_text())["topology"]["kind"] not in FRAMEWORK_KINDS
                     and p not in _OWN_WARMUP]
 MIXED_CONFIGS = [p for p in _CONFIGS if "embedded" in _MODELS[p] and len(_MODELS[p]) > 1]
 
 
+FORK = ["team_fork_n2.yaml", "team_fork_n4.yaml", "team_fork_n8.yaml"]  # the relay's prompt, re-taught to answer at once
+
+
 def test_the_configs_outside_the_warm_start_are_exactly_the_framework_teams_and_those_with_a_format_warmup():
     assert sorted(p.name for p in _EMBEDDED if p not in EMBEDDED_CONFIGS) == [
-        "autogen_selector.yaml", "cpu_facts.yaml", "langgraph_custom.yaml"]
-    assert sorted(p.name for p in _OWN_WARMUP) == ["cpu_facts.yaml"]
+        "autogen_selector.yaml", "cpu_facts.yaml", "langgraph_custom.yaml", *FORK]
+    assert sorted(p.name for p in _OWN_WARMUP) == ["cpu_facts.yaml", *FORK]
 
 
 def test_every_format_names_shipped_configs_and_every_embedded_config_has_a_format():

@@ -125,7 +125,8 @@ def test_resume_reproduces_a_straight_run(tiny_model_dir, tmp_path, topology, cr
         torch.use_deterministic_algorithms(False)
     a, b = metric_rows(straight), metric_rows(resumed)
     assert [r["step"] for r in b] == list(range(6))
-    assert a[3]["policies"]["main"]["loss"] != 0.0  # the steps after the resume really train
+    # the steps after the resume really train (a step whose groups all tie has loss 0: not all three)
+    assert any(a[k]["policies"]["main"]["loss"] != 0.0 for k in (3, 4, 5))
     for ra, rb in zip(a, b):
         assert_close(ra, rb)
 

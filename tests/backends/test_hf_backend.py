@@ -237,11 +237,15 @@ def test_a_reduced_precision_head_is_not_expanded_once_per_row_on_cpu():
         done = subprocess.run([sys.executable, "-c", HEAD_MEMORY, variant], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         grown[variant] = float(done.stdout.split()[-1])
-    # with: the KV cache, kept logits and temporaries, a few MB.  without (the control): this torch
-    # still expands the weight, up to 512 MB, of which the pages it touches count (236 to 512 MB
-    # measured, by machine); a torch that stops expanding it fails the control, and the fix can go
+    # with: the KV cache, kept logits and temporaries, a few MB.  without (the control): where this
+    # torch's CPU kernel expands the weight, up to 512 MB, of which the pages it touches count (236 to
+    # 512 MB measured on Intel machines); on others (seen on an AMD EPYC: 1.8 MB) the kernel takes
+    # another path and there is nothing to guard, so only the bound of the fixed path is asserted
     bound = 128
-    assert grown["with"] < bound < grown["without"], grown
+    assert grown["with"] < bound, grown
+    if grown["without"] < bound:
+        pytest.skip(f"this CPU's torch does not expand the weight per row (control grew {grown['without']:.1f} MB)")
+    assert bound < grown["without"], grown
 
 
 def test_the_contiguous_head_input_changes_no_bit_of_a_bfloat16_generation(monkeypatch):
