@@ -124,11 +124,29 @@ def test_resume_reproduces_a_straight_run(tiny_model_dir, tmp_path, topology, cr
     finally:
         torch.use_deterministic_algorithms(False)
     a, b = metric_rows(straight), metric_rows(resumed)
+    assert not (resumed / "config.1.yaml").exists()  # resumed unchanged: one config
     assert [r["step"] for r in b] == list(range(6))
     # the steps after the resume really train (a step whose groups all tie has loss 0: not all three)
     assert any(a[k]["policies"]["main"]["loss"] != 0.0 for k in (3, 4, 5))
     for ra, rb in zip(a, b):
         assert_close(ra, rb)
+
+
+def test_a_resume_that_changes_the_config_keeps_the_earlier_segments_config(tiny_model_dir, tmp_path):
+    """A run resumed with overrides (more steps here; a worker count or a sharding in practice)
+    writes the new config.yaml and keeps the one the earlier steps ran with as config.1.yaml."""
+    import yaml
+
+    cfg = team_config(tiny_model_dir, "chain", trainer={"steps": 1, "batch_size": 2, "group_size": 2, "eval_size": 0})
+    train(build(cfg), tmp_path)
+    cfg["trainer"]["steps"] = 2
+    train(build(cfg), tmp_path, resume=True)
+    assert yaml.safe_load((tmp_path / "config.1.yaml").read_text())["trainer"]["steps"] == 1
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["trainer"]["steps"] == 2
+    assert [r["step"] for r in metric_rows(tmp_path)] == [0, 1]
+    cfg["trainer"]["steps"] = 3
+    train(build(cfg), tmp_path, resume=True)
+    assert yaml.safe_load((tmp_path / "config.2.yaml").read_text())["trainer"]["steps"] == 2
 
 
 def test_checkpoint_restores_rng_state_and_data_cursor(tiny_model_dir, tmp_path):

@@ -1,7 +1,7 @@
 """Step metrics and the run directory writer (metrics.jsonl, episodes.jsonl, progress bar).
 
 Run directory layout:
-    config.yaml        the resolved config
+    config.yaml        the resolved config (config.<N>.yaml: an earlier segment's, when a resume changed it)
     metrics.jsonl      one JSON object per step (and one per evaluation, with "eval": name)
     episodes.jsonl     sample episodes with each turn's credit
     checkpoints/       see mas.training.checkpoint
@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from mas.config.schema import RunConfig, dump_config
 from mas.training.memory import peak_rss_mb, rss_mb
+from mas.training.rundir import write_keeping_earlier
 from mas.errors import MissingDependencyError  # still importable from here
 from mas.envs.base import DESIGNED
 from mas.envs.verifiers import VERIFIED
@@ -368,7 +369,8 @@ class RunLogger:
     def __init__(self, run_dir: Path, cfg: RunConfig, show_progress: bool = True):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        # a resume with overrides keeps the earlier segment's config as config.<N>.yaml
+        write_keeping_earlier(self.run_dir / "config.yaml", dump_config(cfg))
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.episodes_path = self.run_dir / "episodes.jsonl"
         (self.run_dir / "warnings.jsonl").touch()  # present, if empty, in a run without warnings
@@ -397,7 +399,7 @@ class RunLogger:
 
     def write_run_info(self, info: dict) -> None:
         """What the run trained on (models, data, credit method, devices): the report's checklist."""
-        (self.run_dir / "run_info.json").write_text(json.dumps(info, indent=2))
+        write_keeping_earlier(self.run_dir / "run_info.json", json.dumps(info, indent=2))
 
     def log_step(self, metrics: dict, groups: list[EpisodeGroup], credit: Credit, n_samples: int, store_episodes: bool = True) -> None:
         _check_finite(metrics)

@@ -32,6 +32,22 @@ def check_fresh(run_dir: Path, resume_hint: str = "") -> None:
         )
 
 
+def write_keeping_earlier(path: Path, text: str) -> Path | None:
+    """Write ``text`` to ``path``; when ``path`` holds other text (a run resumed with overrides: a
+    worker count, a sharding, a dtype), the earlier text first moves to ``<stem>.<N><suffix>``, the
+    first N not taken, so every segment of a run keeps the config it ran with.  Returns where the
+    earlier text went, or None."""
+    path = Path(path)
+    kept = None
+    if path.is_file() and path.read_text() != text:
+        n = 1
+        while (kept := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
+            n += 1
+        path.rename(kept)
+    path.write_text(text)
+    return kept
+
+
 def aside_path(run_dir: Path) -> Path:
     """Where ``move_aside`` would put ``run_dir``: ``<name>.old-<N>``, the first N not taken."""
     run_dir = Path(run_dir)
