@@ -22,7 +22,13 @@ export MAS_REQUIRE_BROWSER=${MAS_REQUIRE_BROWSER:-1}
 export MAS_ARTIFACTS_DIR=${MAS_ARTIFACTS_DIR:-$PWD/.mas_tmp/artifacts}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export MAS_CACHE_DIR=${MAS_CACHE_DIR:-$PWD/.mas_tmp/cache}
-.venv/bin/python -m pytest -q -m "not vllm" "$@"
+# MAS_TEST_WORKERS (default 2): test processes (pytest-xdist), each test file kept in one of them
+# (its module fixtures: a Ray instance, shared runs); every test runs on one torch thread, so one
+# process would leave the second core idle. MAS_TEST_WORKERS=0 runs in this process.
+WORKERS=${MAS_TEST_WORKERS:-2}
+XDIST=()
+[ "$WORKERS" = 0 ] || XDIST=(-n "$WORKERS" --dist loadfile)
+.venv/bin/python -m pytest -q "${XDIST[@]}" -m "not vllm" "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: treating as a failure" >&2
