@@ -732,3 +732,16 @@ def test_credit_methods_naming_missing_agents_or_policies_fail_at_load_time(cred
     data["credit"] = credit
     data["trainer"] = {"group_size": 4}
     assert line_for(errors_of(data), path)
+
+
+def test_an_error_shows_a_long_path_whole_and_cuts_a_huge_value():
+    """A model path in a deep folder (test runners and CI put them there) is named whole in the
+    error about it; a value of 10^5 characters is cut, not printed."""
+    from mas.config.schema import issue_lines
+
+    deep = "/tmp/" + "/".join(f"folder-{i:02d}" for i in range(20)) + "/no.gguf"  # 200 characters
+    assert len(deep) > 150
+    (line,) = issue_lines([(("policies", "main", "model"), deep, "GGUF file does not exist")])
+    assert deep in line and line.startswith("policies.main.model: GGUF file does not exist")
+    (line,) = issue_lines([(("team", "name"), "x" * 100_000, "too long")])
+    assert len(line) < 1_000 and "..." in line

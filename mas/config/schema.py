@@ -799,7 +799,9 @@ class ConfigError(ValueError):
 
 
 _SHOW = reprlib.Repr()
-_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong, _SHOW.maxlevel = 80, 80, 40, 3
+# a string up to 400 characters (a model or data path in a deep folder) is shown whole: an error
+# that cuts the path out of its own message does not say which file; longer ones are cut
+_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong, _SHOW.maxlevel = 400, 80, 40, 3
 _SHOW.maxlist = _SHOW.maxtuple = _SHOW.maxdict = _SHOW.maxset = 6
 
 
