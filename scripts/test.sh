@@ -28,7 +28,7 @@ export MAS_CACHE_DIR=${MAS_CACHE_DIR:-$PWD/.mas_tmp/cache}
 WORKERS=${MAS_TEST_WORKERS:-2}
 XDIST=()
 [ "$WORKERS" = 0 ] || XDIST=(-n "$WORKERS" --dist loadfile)
-.venv/bin/python -m pytest -q "${XDIST[@]}" -m "not vllm" "$@"
+.venv/bin/python -m pytest -q ${XDIST[@]+"${XDIST[@]}"} -m "not vllm" "$@"  # (an empty array under set -u: bash < 4.4)
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: treating as a failure" >&2

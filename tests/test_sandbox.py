@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -66,21 +67,23 @@ def pid():
 FUNCTIONS = {f.__name__: f for f in (add, hang, spin, allocate, connect, raw_socket, spawn, net_devices, fail, pid)}
 
 
-@pytest.fixture()
-def box():
-    """A sandbox whose time limit no working call reaches, however busy the machine (the tests that use
-    it check results, memory and network; a 1 s limit failed an allocation test under a parallel run)."""
-    sandbox = Sandbox(FUNCTIONS, timeout_s=60.0, memory_mb=64, workers=2, name="test")
+def _sandbox(timeout_s: float) -> Iterator[Sandbox]:
+    sandbox = Sandbox(FUNCTIONS, timeout_s=timeout_s, memory_mb=64, workers=2, name="test")
     yield sandbox
     sandbox.close()
+
+
+@pytest.fixture()
+def box():
+    """A time limit no working call reaches, however busy the machine (these tests check results,
+    memory and network; a 1 s limit failed the allocation test under the parallel suite)."""
+    yield from _sandbox(60.0)
 
 
 @pytest.fixture()
 def quick_box():
     """A 1 s time limit, for the calls that never finish."""
-    sandbox = Sandbox(FUNCTIONS, timeout_s=1.0, memory_mb=64, workers=2, name="test")
-    yield sandbox
-    sandbox.close()
+    yield from _sandbox(1.0)
 
 
 @pytest.fixture()

@@ -124,7 +124,7 @@ def test_resume_reproduces_a_straight_run(tiny_model_dir, tmp_path, topology, cr
     finally:
         torch.use_deterministic_algorithms(False)
     a, b = metric_rows(straight), metric_rows(resumed)
-    assert not (resumed / "config.1.yaml").exists()  # resumed unchanged: one config
+    assert not (resumed / "config.1.yaml").exists() and not (resumed / "run_info.1.json").exists()  # resumed unchanged
     assert [r["step"] for r in b] == list(range(6))
     # the steps after the resume really train (a step whose groups all tie has loss 0: not all three)
     assert any(a[k]["policies"]["main"]["loss"] != 0.0 for k in (3, 4, 5))

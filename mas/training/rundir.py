@@ -8,6 +8,7 @@ offers ``--resume`` (continue it) or ``--overwrite``, which moves the old run as
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 # any of these means the directory holds (part of) a run
@@ -32,6 +33,14 @@ def check_fresh(run_dir: Path, resume_hint: str = "") -> None:
         )
 
 
+def _first_free(name: Callable[[int], Path]) -> Path:
+    """``name(N)`` for the first N = 1, 2, ... that does not exist."""
+    n = 1
+    while name(n).exists():
+        n += 1
+    return name(n)
+
+
 def write_keeping_earlier(path: Path, text: str) -> Path | None:
     """Write ``text`` to ``path``; when ``path`` holds other text (a run resumed with overrides: a
     worker count, a sharding, a dtype), the earlier text first moves to ``<stem>.<N><suffix>``, the
@@ -40,9 +49,7 @@ def write_keeping_earlier(path: Path, text: str) -> Path | None:
     path = Path(path)
     kept = None
     if path.is_file() and path.read_text() != text:
-        n = 1
-        while (kept := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
-            n += 1
+        kept = _first_free(lambda n: path.with_name(f"{path.stem}.{n}{path.suffix}"))
         path.rename(kept)
     path.write_text(text)
     return kept
@@ -51,10 +58,7 @@ def write_keeping_earlier(path: Path, text: str) -> Path | None:
 def aside_path(run_dir: Path) -> Path:
     """Where ``move_aside`` would put ``run_dir``: ``<name>.old-<N>``, the first N not taken."""
     run_dir = Path(run_dir)
-    n = 1
-    while (run_dir.parent / f"{run_dir.name}.old-{n}").exists():
-        n += 1
-    return run_dir.parent / f"{run_dir.name}.old-{n}"
+    return _first_free(lambda n: run_dir.parent / f"{run_dir.name}.old-{n}")
 
 
 def move_aside(run_dir: Path) -> Path | None:
