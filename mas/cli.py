@@ -280,6 +280,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     """Run (or continue) a grid of credit methods x seeds at a matched budget; write study.html/json.
     Several configs (one per team size) make a study over team sizes."""
     from mas.study import StudySpec, study, write_outputs
+    from mas.training.callbacks import RunControl
+    from mas.training.signals import StopOnSignal, mas_command
 
     configs, overrides = split_overrides(args.items)
     if not configs:
@@ -303,12 +305,19 @@ def cmd_study(args: argparse.Namespace) -> int:
                      baseline=args.baseline, metric=args.metric)
     if args.report_only:
         json_path, html_path = write_outputs(args.out)
-    else:
-        executor = args.executor or _default_executor(configs[0], overrides)
+        print(f"study: {html_path} and {json_path}")
+        return 0
+    executor = args.executor or _default_executor(configs[0], overrides)
+    # Ctrl-C / SIGTERM: the run in progress stops as under `mas train` (checkpointed at its step's
+    # next safe point), no other starts, and the same command resumes it (Ray tasks: not caught)
+    control = RunControl()
+    again = " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with StopOnSignal(control, lambda: f"abandoned the run in progress at once; its last checkpoint stays. "
+                                       f"continue with: {mas_command()} {again}") as stop:
         json_path, html_path = study(spec, configs, executor=executor, ray_address=args.ray_address,
-                                     cpus_per_run=args.cpus_per_run)
+                                     cpus_per_run=args.cpus_per_run, control=control)
     print(f"study: {html_path} and {json_path}")
-    return 0
+    return stop.exit_code or 0
 
 
 def cmd_audit(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mas.study.analysis import analyse, analyse_sizes, write_study_json
 from mas.study.page import render_sizes, render_study, write_sizes_html, write_study_html
+from mas.training.callbacks import RunControl
 from mas.study.runner import SCALING_SPEC_FILE, BUDGET_KINDS, BudgetStop, StudySpec, plan_jobs, run_job, run_sizes, run_study
 
 __all__ = ["BUDGET_KINDS", "BudgetStop", "StudySpec", "analyse", "analyse_sizes", "plan_jobs", "render_sizes", "render_study",
@@ -39,11 +40,13 @@ def write_outputs(out: str | Path) -> tuple[Path, Path]:
 
 
 def study(spec: StudySpec, configs: list[str] | tuple[str, ...] = (), executor: str = "local", ray_address: str | None = None,
-          cpus_per_run: float = 1.0, log=print) -> tuple[Path, Path]:
+          cpus_per_run: float = 1.0, log=print, control: RunControl | None = None) -> tuple[Path, Path]:
     """Run (or continue) the study's grid, then write study.json and study.html.  With ``configs``
-    (more than one), a study over team sizes: one grid per config (``spec.config`` is ignored)."""
+    (more than one), a study over team sizes: one grid per config (``spec.config`` is ignored).
+    ``control``: a stop requested on it (Ctrl-C) checkpoints the run in progress, starts no other,
+    and the pages are written from the runs so far."""
     if len(configs) > 1:
-        run_sizes(spec, configs, executor=executor, ray_address=ray_address, cpus_per_run=cpus_per_run, log=log)
+        run_sizes(spec, configs, executor=executor, ray_address=ray_address, cpus_per_run=cpus_per_run, log=log, control=control)
     else:
-        run_study(spec, executor=executor, ray_address=ray_address, cpus_per_run=cpus_per_run, log=log)
+        run_study(spec, executor=executor, ray_address=ray_address, cpus_per_run=cpus_per_run, log=log, control=control)
     return write_outputs(spec.out)

@@ -85,6 +85,7 @@ except ImportError:  # pragma: no cover - Windows
 from mas.config.checks import meaning_errors
 from mas.config.schema import ConfigError, apply_overrides, read_config_data, validate_config
 from mas.runtime.ray_cluster import start_local_ray
+from mas.training.callbacks import RunControl
 
 BudgetKind = Literal["steps", "tokens", "seconds"]
 BUDGET_KINDS: tuple[str, ...] = ("steps", "tokens", "seconds")
@@ -332,10 +333,13 @@ class BudgetStop:
 # --- running one job ------------------------------------------------------------------------------
 
 
-def run_job(job: Job | dict) -> dict:
+def run_job(job: Job | dict, control: RunControl | None = None) -> dict:
     """Train (or resume, or skip) one run; returns its ``study_run.json`` record.
 
-    Importable by Ray workers: takes and returns plain data.
+    Importable by Ray workers: takes and returns plain data.  ``control``: the study's stop flag
+    (``mas study`` sets it at Ctrl-C): the run stops as ``mas train`` does, at its step's next
+    safe point with a checkpoint, and is left unfinished (``interrupted`` in the record) so that
+    the next ``mas study`` resumes it.
     """
     if isinstance(job, dict):
         job = Job(**job)
@@ -343,7 +347,7 @@ def run_job(job: Job | dict) -> dict:
     with run_lock(run_dir) as held:
         if not held:
             return {"method": job.method, "seed": job.seed, "run_dir": str(run_dir), "busy": True}
-        return _train_run(job, run_dir)
+        return _train_run(job, run_dir, control)
 
 
 @contextmanager
@@ -368,7 +372,7 @@ def run_lock(run_dir: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _train_run(job: Job, run_dir: Path) -> dict:
+def _train_run(job: Job, run_dir: Path, control: RunControl | None = None) -> dict:
     """Train, resume or skip the run in ``run_dir`` (its lock held); its ``study_run.json`` record."""
     from mas.training.team import build_team
     from mas.training.trainer import train
@@ -384,7 +388,7 @@ def _train_run(job: Job, run_dir: Path) -> dict:
     t0 = time.time()
     if not budget.reached:
         with build_team(cfg) as team:  # closing frees a Ray runtime's actors at once
-            summary = train(team, run_dir, resume=resume, callbacks=[budget])
+            summary = train(team, run_dir, resume=resume, callbacks=[budget], control=control)
         del team
         gc.collect()
     else:  # the budget was spent at the last checkpoint (a crash before this file was written)
@@ -397,6 +401,8 @@ def _train_run(job: Job, run_dir: Path) -> dict:
         "stopped": summary.get("stopped"),
         "wall_s_this_call": round(time.time() - t0, 3),
     }
+    if control is not None and control.abandoning():  # a signal, not the budget: the run is not done
+        return {**record, "interrupted": True}
     (run_dir / DONE_FILE).write_text(json.dumps(record, indent=2))
     return record
 
@@ -476,17 +482,26 @@ def prepare_study(spec: StudySpec, log=print) -> list[Job]:
 
 
 def run_jobs(jobs: list[Job], executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
-             cpus_per_run: float = 1.0, log=print) -> list[dict]:
-    """Run every unfinished job (locally one by one, or all at once as Ray tasks); their records."""
+             cpus_per_run: float = 1.0, log=print, control: RunControl | None = None) -> list[dict]:
+    """Run every unfinished job (locally one by one, or all at once as Ray tasks); their records.
+    Locally, a stop requested on ``control`` (Ctrl-C in ``mas study``) checkpoints the run in
+    progress and starts no other: the same command continues the study from there."""
     todo = [j for j in jobs if j.state != "done"]
     if executor == "ray" and todo:
         return _run_ray(todo, ray_address, cpus_per_run, log)
     records = []
     for i, job in enumerate(todo):
+        if control is not None and control.should_stop:
+            break
         log(f"[{i + 1}/{len(todo)}] {job.name}: {'resuming' if job.state == 'resume' else 'training'} ({job.run_dir})")
-        records.append(run_job(job))
+        records.append(run_job(job, control))
         if records[-1].get("busy"):
             log(f"[{i + 1}/{len(todo)}] {busy_note(job)}")
+        if records[-1].get("interrupted"):
+            log(f"[{i + 1}/{len(todo)}] {job.name}: stopped with a checkpoint; run the same command again to resume it")
+    if control is not None and control.should_stop:
+        left = len(todo) - sum(1 for r in records if not r.get("interrupted") and not r.get("busy"))
+        log(f"study stopped ({control.stop_reason}): {left} of {len(todo)} runs left; run the same command again to continue")
     return records
 
 
@@ -496,10 +511,10 @@ def busy_note(job: Job) -> str:
 
 
 def run_study(spec: StudySpec, executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
-              cpus_per_run: float = 1.0, log=print) -> StudyRun:
+              cpus_per_run: float = 1.0, log=print, control: RunControl | None = None) -> StudyRun:
     """Plan, then run every unfinished job of the grid (locally one by one, or as Ray tasks)."""
     jobs = prepare_study(spec, log)
-    return StudyRun(spec, jobs, run_jobs(jobs, executor, ray_address, cpus_per_run, log))
+    return StudyRun(spec, jobs, run_jobs(jobs, executor, ray_address, cpus_per_run, log, control))
 
 
 # --- a study over team sizes ---------------------------------------------------------------------
@@ -526,7 +541,8 @@ def scaling_record(spec: StudySpec, sizes: list[tuple[int, StudySpec]]) -> dict:
 
 
 def run_sizes(spec: StudySpec, configs: list[str] | tuple[str, ...], executor: Literal["local", "ray"] = "local",
-              ray_address: str | None = None, cpus_per_run: float = 1.0, log=print) -> list[StudyRun]:
+              ray_address: str | None = None, cpus_per_run: float = 1.0, log=print,
+              control: RunControl | None = None) -> list[StudyRun]:
     """A study over team sizes (module docstring): every size's study is checked and planned
     before any run starts, then all their runs go together (one after another, or as Ray tasks)."""
     _check_budget(spec)
@@ -550,7 +566,7 @@ def run_sizes(spec: StudySpec, configs: list[str] | tuple[str, ...], executor: L
         _record(one, jobs, skipped, log)
         planned.append((one, jobs))
     path.write_text(json.dumps(record, indent=2))
-    records = run_jobs([j for _, jobs in planned for j in jobs], executor, ray_address, cpus_per_run, log)
+    records = run_jobs([j for _, jobs in planned for j in jobs], executor, ray_address, cpus_per_run, log, control)
     by_dir = {str(Path(one.out)): StudyRun(one, jobs) for one, jobs in planned}
     for rec in records:
         by_dir[str(Path(rec["run_dir"]).parents[2])].records.append(rec)

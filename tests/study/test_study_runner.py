@@ -215,3 +215,45 @@ def test_a_busy_run_is_logged_and_left_for_its_holder(tmp_path, tiny_model_dir, 
     assert result.records == [{"method": "grpo", "seed": 0, "run_dir": job.run_dir, "busy": True}]
     assert any("grpo/seed_0: another process is training it" in line for line in lines)
     assert not (Path(job.run_dir) / "study_run.json").exists()
+
+
+def test_ctrl_c_in_mas_study_checkpoints_the_run_in_progress_and_the_same_command_resumes_it(tmp_path, tiny_model_dir):
+    """A real SIGINT to `mas study` while its first run is inside step 1 (paused at a fault point
+    until the stop request arrives): the run is checkpointed after step 0 and left unfinished, the
+    second run is not started, the command exits 130; the same command then resumes the first
+    run from step 1 and trains the second."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    team_yaml = tiny_team_yaml(tmp_path / "team.yaml", tiny_model_dir, save_every=1)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "mas.cli", "study", team_yaml, "--methods", "grpo", "--seeds", "2", "--out", str(out),
+           "--eval-every", "1", "--executor", "local"]
+    pause = tmp_path / "paused"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MAS_PAUSE_AT": "mid_rollout:1",
+           "MAS_PAUSE_FILE": str(pause)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 600  # only a hung process gets near it
+        while not pause.exists():  # waiting for an event: the run reached step 1's rollout
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the study never reached step 1"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    first, second = plan_jobs(StudySpec(config=team_yaml, methods=("grpo",), seeds=2, out=str(out), eval_every=1))
+    assert first.state == "resume" and steps_of(Path(first.run_dir)) == [0]
+    assert not (Path(first.run_dir) / "study_run.json").exists()
+    assert second.state == "new" and not Path(second.run_dir).exists()
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 done, 1 to resume, 1 to start" in done.stdout
+    for job in plan_jobs(StudySpec(config=team_yaml, methods=("grpo",), seeds=2, out=str(out), eval_every=1)):
+        assert job.state == "done" and steps_of(Path(job.run_dir)) == [0, 1]
