@@ -279,8 +279,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_study(args: argparse.Namespace) -> int:
     """Run (or continue) a grid of credit methods x seeds at a matched budget; write study.html/json.
     Several configs (one per team size) make a study over team sizes."""
-    from mas.study import StudySpec, study, write_outputs
-    from mas.training.callbacks import RunControl
+    from mas.study import StudySpec, StudyStop, study, write_outputs
     from mas.training.signals import StopOnSignal, mas_command
 
     configs, overrides = split_overrides(args.items)
@@ -310,7 +309,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     executor = args.executor or _default_executor(configs[0], overrides)
     # Ctrl-C / SIGTERM: the run in progress stops as under `mas train` (checkpointed at its step's
     # next safe point), no other starts, and the same command resumes it (Ray tasks: not caught)
-    control = RunControl()
+    control = StudyStop()
     again = " ".join(shlex.quote(a) for a in sys.argv[1:])
     with StopOnSignal(control, lambda: f"abandoned the run in progress at once; its last checkpoint stays. "
                                        f"continue with: {mas_command()} {again}") as stop:

@@ -18,10 +18,9 @@ from pathlib import Path
 
 from mas.study.analysis import analyse, analyse_sizes, write_study_json
 from mas.study.page import render_sizes, render_study, write_sizes_html, write_study_html
-from mas.training.callbacks import RunControl
-from mas.study.runner import SCALING_SPEC_FILE, BUDGET_KINDS, BudgetStop, StudySpec, plan_jobs, run_job, run_sizes, run_study
+from mas.study.runner import SCALING_SPEC_FILE, BUDGET_KINDS, BudgetStop, StudySpec, StudyStop, plan_jobs, run_job, run_sizes, run_study
 
-__all__ = ["BUDGET_KINDS", "BudgetStop", "StudySpec", "analyse", "analyse_sizes", "plan_jobs", "render_sizes", "render_study",
+__all__ = ["BUDGET_KINDS", "BudgetStop", "StudySpec", "StudyStop", "analyse", "analyse_sizes", "plan_jobs", "render_sizes", "render_study",
            "run_job", "run_sizes", "run_study", "study", "write_outputs"]
 
 
@@ -40,7 +39,7 @@ def write_outputs(out: str | Path) -> tuple[Path, Path]:
 
 
 def study(spec: StudySpec, configs: list[str] | tuple[str, ...] = (), executor: str = "local", ray_address: str | None = None,
-          cpus_per_run: float = 1.0, log=print, control: RunControl | None = None) -> tuple[Path, Path]:
+          cpus_per_run: float = 1.0, log=print, control: StudyStop | None = None) -> tuple[Path, Path]:
     """Run (or continue) the study's grid, then write study.json and study.html.  With ``configs``
     (more than one), a study over team sizes: one grid per config (``spec.config`` is ignored).
     ``control``: a stop requested on it (Ctrl-C) checkpoints the run in progress, starts no other,

@@ -308,9 +308,12 @@ def decoding_summary(runs: list[dict]) -> dict[str, Any]:
 
 
 def verified_summary(runs: list[dict]) -> dict[str, Any]:
-    """Verified accuracy before training and at the last evaluation (module docstring): per agent
-    and for the team (the mean over agents), each the mean over seeds; {} where none was scored."""
-    out: dict[str, Any] = {}
+    """Verified accuracy before training and at the last evaluation (module docstring): per agent,
+    each the mean over seeds; {} where none was scored.  The team's figure is the mean over the
+    agents scored at both times (``team_agents``), so that before and final compare the same
+    agents: an agent that never spoke before training (no verified turn) would otherwise enter
+    only the final mean.  Where no agent was scored at both, each time averages its own."""
+    per_when: dict[str, dict[str, float]] = {}
     for when, index in (("before", 0), ("final", -1)):
         per_agent: dict[str, list[float]] = {}
         for r in runs:
@@ -320,8 +323,12 @@ def verified_summary(runs: list[dict]) -> dict[str, Any]:
             for a, v in (pts[index].get("verified") or {}).items():
                 per_agent.setdefault(a, []).append(v)
         if per_agent:
-            agents = {a: statistics.fmean(v) for a, v in per_agent.items()}
-            out[when] = {"agents": agents, "team": statistics.fmean(agents.values())}
+            per_when[when] = {a: statistics.fmean(v) for a, v in per_agent.items()}
+    both = sorted(set.intersection(*(set(a) for a in per_when.values()))) if len(per_when) == 2 else []
+    out: dict[str, Any] = {}
+    for when, agents in per_when.items():
+        names = both or sorted(agents)
+        out[when] = {"agents": agents, "team": statistics.fmean(agents[a] for a in names), "team_agents": names}
     return out
 
 

@@ -280,7 +280,10 @@ def _verified_text(v: dict) -> str:
     if "final" not in v:
         return "—"
     before = f"{v['before']['team']:.3f} → " if "before" in v else ""
-    return before + f"{v['final']['team']:.3f}"
+    names = v["final"].get("team_agents")  # the agents scored at both times (older study.json: absent)
+    only = f" ({', '.join(names)} only: the others were not verified before training)" \
+        if names and len(names) < len(v["final"]["agents"]) else ""
+    return before + f"{v['final']['team']:.3f}" + only
 
 
 def verified_rows(study: dict) -> dict[str, Any]:

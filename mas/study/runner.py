@@ -333,7 +333,7 @@ class BudgetStop:
 # --- running one job ------------------------------------------------------------------------------
 
 
-def run_job(job: Job | dict, control: RunControl | None = None) -> dict:
+def run_job(job: Job | dict, control: StudyStop | None = None) -> dict:
     """Train (or resume, or skip) one run; returns its ``study_run.json`` record.
 
     Importable by Ray workers: takes and returns plain data.  ``control``: the study's stop flag
@@ -348,6 +348,34 @@ def run_job(job: Job | dict, control: RunControl | None = None) -> dict:
         if not held:
             return {"method": job.method, "seed": job.seed, "run_dir": str(run_dir), "busy": True}
         return _train_run(job, run_dir, control)
+
+
+class StudyStop:
+    """The stop flag of a study (``mas study`` hands it to its Ctrl-C/SIGTERM handler): a request
+    goes on to the run in progress, whose own ``RunControl`` abandons its step at the next safe
+    point and checkpoints, and no further run starts.  Each run has its own ``RunControl``, so a
+    run's budget stop ends that run only."""
+
+    def __init__(self) -> None:
+        self.stop_reason: str | None = None
+        self.current: RunControl | None = None  # the run in progress
+
+    def request_stop(self, reason: str, abandon: bool = True) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if self.current is not None:
+            self.current.request_stop(reason, abandon=True)
+
+    @property
+    def should_stop(self) -> bool:
+        return self.stop_reason is not None
+
+    def run_control(self) -> RunControl:
+        """A new run's own control, already stopped if the study was asked to stop."""
+        self.current = RunControl()
+        if self.stop_reason is not None:
+            self.current.request_stop(self.stop_reason, abandon=True)
+        return self.current
 
 
 @contextmanager
@@ -372,7 +400,7 @@ def run_lock(run_dir: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _train_run(job: Job, run_dir: Path, control: RunControl | None = None) -> dict:
+def _train_run(job: Job, run_dir: Path, control: StudyStop | None = None) -> dict:
     """Train, resume or skip the run in ``run_dir`` (its lock held); its ``study_run.json`` record."""
     from mas.training.team import build_team
     from mas.training.trainer import train
@@ -386,9 +414,10 @@ def _train_run(job: Job, run_dir: Path, control: RunControl | None = None) -> di
     resume = state == "resume"
     budget = BudgetStop.resuming(job.budget_kind, job.budget, run_dir) if resume else BudgetStop(job.budget_kind, job.budget)
     t0 = time.time()
+    run_control = control.run_control() if control is not None else RunControl()
     if not budget.reached:
         with build_team(cfg) as team:  # closing frees a Ray runtime's actors at once
-            summary = train(team, run_dir, resume=resume, callbacks=[budget], control=control)
+            summary = train(team, run_dir, resume=resume, callbacks=[budget], control=run_control)
         del team
         gc.collect()
     else:  # the budget was spent at the last checkpoint (a crash before this file was written)
@@ -401,7 +430,7 @@ def _train_run(job: Job, run_dir: Path, control: RunControl | None = None) -> di
         "stopped": summary.get("stopped"),
         "wall_s_this_call": round(time.time() - t0, 3),
     }
-    if control is not None and control.abandoning():  # a signal, not the budget: the run is not done
+    if run_control.abandon:  # a signal, not the budget: the run is not done
         return {**record, "interrupted": True}
     (run_dir / DONE_FILE).write_text(json.dumps(record, indent=2))
     return record
@@ -482,7 +511,7 @@ def prepare_study(spec: StudySpec, log=print) -> list[Job]:
 
 
 def run_jobs(jobs: list[Job], executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
-             cpus_per_run: float = 1.0, log=print, control: RunControl | None = None) -> list[dict]:
+             cpus_per_run: float = 1.0, log=print, control: StudyStop | None = None) -> list[dict]:
     """Run every unfinished job (locally one by one, or all at once as Ray tasks); their records.
     Locally, a stop requested on ``control`` (Ctrl-C in ``mas study``) checkpoints the run in
     progress and starts no other: the same command continues the study from there."""
@@ -511,7 +540,7 @@ def busy_note(job: Job) -> str:
 
 
 def run_study(spec: StudySpec, executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
-              cpus_per_run: float = 1.0, log=print, control: RunControl | None = None) -> StudyRun:
+              cpus_per_run: float = 1.0, log=print, control: StudyStop | None = None) -> StudyRun:
     """Plan, then run every unfinished job of the grid (locally one by one, or as Ray tasks)."""
     jobs = prepare_study(spec, log)
     return StudyRun(spec, jobs, run_jobs(jobs, executor, ray_address, cpus_per_run, log, control))
@@ -542,7 +571,7 @@ def scaling_record(spec: StudySpec, sizes: list[tuple[int, StudySpec]]) -> dict:
 
 def run_sizes(spec: StudySpec, configs: list[str] | tuple[str, ...], executor: Literal["local", "ray"] = "local",
               ray_address: str | None = None, cpus_per_run: float = 1.0, log=print,
-              control: RunControl | None = None) -> list[StudyRun]:
+              control: StudyStop | None = None) -> list[StudyRun]:
     """A study over team sizes (module docstring): every size's study is checked and planned
     before any run starts, then all their runs go together (one after another, or as Ray tasks)."""
     _check_budget(spec)

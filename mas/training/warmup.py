@@ -550,7 +550,8 @@ def warm_up(team: Any, log: Callable[[str], None], abort: Callable[[], bool] | N
     record: dict[str, Any] = {"steps": w.steps, "batch_size": w.batch_size, "lr": w.lr,
                               "source": w.demonstrations or "teacher", "teacher_reward": teacher_reward, "policies": {}}
     for name, items in by_policy.items():
-        log(f"warm-up: policy {name!r} on {len(items)} demonstration turns, {w.steps} steps")
+        log(f"warm-up: policy {name!r} on {len(items)} demonstration turns, {w.steps} supervised steps before RL "
+            f"(its own phase: trainer.steps does not shorten it; trainer.warmup.steps=N does, 0 skips it)")
         got = team.runtime.warm_up(name, items, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
                                    seed=cfg.trainer.seed, abort=abort)
         team.backend.sync_weights(name)

@@ -275,3 +275,21 @@ def test_a_study_without_verified_shows_no_lead_column(tmp_path):
     from mas.study.page import render_study
 
     assert "verified's lead" not in render_study(study)
+
+
+def test_verified_team_figure_compares_the_same_agents_before_and_final():
+    """Before training only the planner was verified (the adder never spoke); at the end both were.
+    The team's before and final figures average the agents scored at both times: the planner."""
+    from mas.study.analysis import verified_summary
+
+    runs = [{"points": [{"steps": 0, "verified": {"planner": 0.5}},
+                        {"steps": 10, "verified": {"planner": 0.7, "adder": 0.1}}]},
+            {"points": [{"steps": 0, "verified": {"planner": 0.3}},
+                        {"steps": 10, "verified": {"planner": 0.9, "adder": 0.3}}]}]
+    got = verified_summary(runs)
+    assert got["before"]["team"] == pytest.approx(0.4) and got["before"]["team_agents"] == ["planner"]
+    assert got["final"]["team"] == pytest.approx(0.8)  # (0.7 + 0.9) / 2, not the mean with the adder's 0.2
+    assert got["final"]["agents"] == pytest.approx({"planner": 0.8, "adder": 0.2})
+    # nothing scored at both times: each time averages its own agents
+    only_final = verified_summary([{"points": [{"steps": 0, "verified": {}}, {"steps": 5, "verified": {"a": 0.2, "b": 0.6}}]}])
+    assert "before" not in only_final and only_final["final"]["team"] == pytest.approx(0.4)
