@@ -332,10 +332,15 @@ def test_every_credit_method_says_what_its_credit_share_means(run_dir):
     from mas.report.methods import SHARE_NOTES
 
     assert sorted(SHARE_NOTES) == credit_names()
-    assert SHARE_NOTES["dr_mas"].startswith("shares follow turn counts; advantages are normalised per agent, so their mean is 0")
+    # a method's line says how it makes credit, never what a run's numbers turned out to be
+    for method, note in SHARE_NOTES.items():
+        for claim in ("follow turn counts", "mean is 0", "mean advantage is 0", "free rider"):
+            assert claim not in note, (method, claim)
     html = write_report(run_dir).read_text()
     agents = html[html.index('<section id="agents">'):html.index('<section id="curves">')]
-    assert "What the credit share means under dr_mas:</b> shares follow turn counts" in agents
+    assert "What the credit share means under dr_mas:</b> every turn gets the episode&#39;s outcome" in agents
+    # what the table's numbers show is said beside it, from those numbers (checked in the next tests)
+    assert "<b>In this table:</b>" in agents and "mean advantage" in agents.lower()
     episodes = html[html.index('<section id="episodes">'):]
     assert "Decisive badge.</b> Credit is the episode&#39;s outcome normalised per agent (agent: statistics per agent)" in episodes
     assert "largest |credit| in this episode" not in html and "decisive agent" not in html  # Dr. MAS: no badge
@@ -661,3 +666,169 @@ def test_the_rollout_learner_mismatch_is_plotted_and_the_importance_weights_only
     assert "Per policy: rollout importance weight" not in html and "trainer.rollout_is is none" in html
     on = _synthetic_run(run_dir, tmp_path / "tis", **{"config.yaml": lambda t: t.replace("rollout_is: none", "rollout_is: token")})
     assert "Per policy: rollout importance weight, mean" in render_report(load_run(on))
+
+
+# --- the per-agent table: notes from its own numbers, the free-rider flag, correctness ---------
+
+
+def _agents_section(html: str) -> str:
+    return html[html.index('<section id="agents">'):html.index('<section id="curves">')]
+
+
+def _row(section: str, agent: str) -> str:
+    return re.search(rf"<tr><th>{agent}.*?</tr>", section, flags=re.S).group(0)
+
+
+def _cells(row: str) -> list[str]:
+    return re.findall(r"<td>(.*?)</td>", row, flags=re.S)
+
+
+def _set_agents(values: dict[str, dict]):
+    """A metrics.jsonl edit: every step's per-agent record of each named agent replaced by ``values[name]``
+    (over the run's own, so every key the report reads is there)."""
+    def edit(text):
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        for r in rows:
+            if "agents" in r:
+                for name, v in values.items():
+                    base = {k: x for k, x in r["agents"][name].items() if k not in ("verified_accuracy", "verified_turns",
+                                                                                    "designed_accuracy", "designed_episodes")}
+                    r["agents"][name] = {**base, **v}
+        return "".join(json.dumps(r) + "\n" for r in rows)
+    return edit
+
+
+def _agent(share, turns, adv, **more):
+    return {"credit_share": share, "turns": turns, "advantage": {"mean": adv, "std": 1.0, "min": -1.0, "max": 1.0}, **more}
+
+
+def test_the_notes_beside_the_agent_table_are_computed_from_its_numbers(run_dir, tmp_path):
+    """Dr. MAS's line used to say "shares follow turn counts; ... their mean is 0" whatever the table
+    showed.  Here lead has 80% of the credit for a third of the turns, and the mean advantages are
+    +0.3 and -0.1 (normaliser: group, say): the notes say that, and nothing that contradicts it."""
+    wrong = _synthetic_run(run_dir, tmp_path / "unequal", **{"metrics.jsonl": _set_agents({
+        "lead": _agent(0.8, 2, 0.3), "helper": _agent(0.1, 2, -0.1), "checker": _agent(0.1, 2, 0.0)})})
+    section = _agents_section(write_report(wrong).read_text())
+    # each agent took 2 of the step's 6 turns: 33.3%; lead's share 80.0% is 46.7 points above it
+    assert [_cells(_row(section, a))[1:4] for a in ("lead", "helper", "checker")] == [
+        ["80.0%", "33.3%", "+0.300"], ["10.0%", "33.3%", "-0.100"], ["10.0%", "33.3%", "+0.000"]]
+    assert ("The credit shares do not follow the shares of turns: lead has 80.0% of the credit for 33.3% of the turns."
+            in section)
+    assert "Mean advantages are not 0 for lead (+0.300), helper (-0.100)." in section
+    assert "follow turn counts" not in section and "mean is 0" not in section and "follow the shares of turns:" not in \
+        section.replace("do not follow the shares of turns:", "")
+
+    # shares within 5 points of the turns (35%, 33%, 32% against 33.3% each) and every mean 0 to 3 decimals
+    even = _synthetic_run(run_dir, tmp_path / "even", **{"metrics.jsonl": _set_agents({
+        "lead": _agent(0.35, 2, 0.0002), "helper": _agent(0.33, 2, 0.0), "checker": _agent(0.32, 2, -0.0001)})})
+    section = _agents_section(write_report(even).read_text())
+    assert "The credit shares follow the shares of turns: every agent&#39;s is within 5 points of its share of turns." in section
+    assert "Every agent&#39;s mean advantage is 0 (to 3 decimals)." in section
+    assert "do not follow" not in section and "are not 0" not in section
+
+
+def test_table_notes_read_the_cells_they_describe():
+    from mas.report.checklist import table_notes
+
+    def row(name, share, turns, adv):
+        return {"name": name, "silent": False, "share": share, "turn_share": turns, "advantage": adv}
+
+    # 5 points is the line: 38.3% against 33.3% still follows, 38.4% does not
+    assert table_notes([row("a", "38.3%", "33.3%", "+0.000"), row("b", "28.4%", "33.3%", "+0.000")])[0].startswith(
+        "The credit shares follow")
+    assert table_notes([row("a", "38.4%", "33.3%", "+0.000"), row("b", "28.3%", "33.3%", "+0.000")])[0] == (
+        "The credit shares do not follow the shares of turns: a has 38.4% of the credit for 33.3% of the turns.")
+    # no share to compare (no positive credit), one agent, silent agents: no sentence about shares
+    assert table_notes([row("a", "—", "50.0%", "+0.000"), row("b", "—", "50.0%", "+0.000")]) == [
+        "Every agent's mean advantage is 0 (to 3 decimals)."]
+    assert table_notes([{"name": "c", "silent": True}]) == []
+
+
+def test_an_agent_that_does_its_part_is_not_called_a_free_rider(run_dir, tmp_path):
+    """Low credit for many turns is a free rider only where nothing says its turns were right.
+    helper's turns verified right every time: no free-rider tag, a plain note; checker's mostly
+    wrong: tagged; a verified accuracy column shows both (lead has none: "—")."""
+    run = _synthetic_run(run_dir, tmp_path / "verified", **{"metrics.jsonl": _set_agents({
+        "lead": _agent(0.9, 2, 0.0),
+        "helper": _agent(0.05, 2, 0.0, verified_accuracy=1.0, verified_turns=2),
+        "checker": _agent(0.05, 2, 0.0, verified_accuracy=0.25, verified_turns=2)})})
+    section = _agents_section(write_report(run).read_text())
+    assert "<th title=\"mean turn-verifier score of the agent&#39;s turns (envs/verifiers.py)\">verified accuracy</th>" in section
+    helper, checker, lead = _row(section, "helper"), _row(section, "checker"), _row(section, "lead")
+    assert _cells(helper)[4] == "100.0%" and _cells(checker)[4] == "25.0%" and _cells(lead)[4] == "—"
+    assert "free-rider?" not in helper
+    assert "low credit for its share of turns, though it does its part (verified accuracy 100.0%)" in helper
+    assert "its turns were mostly wrong (verified accuracy 25.0%): free-rider?" in checker
+
+    # the same credit without verification: nothing says its turns were right, so the credit decides
+    bare = _synthetic_run(run_dir, tmp_path / "bare", **{"metrics.jsonl": _set_agents({
+        "lead": _agent(0.9, 2, 0.0), "helper": _agent(0.05, 2, 0.0), "checker": _agent(0.05, 2, 0.0)})})
+    section = _agents_section(write_report(bare).read_text())
+    assert "low credit for its share of turns: free-rider?" in _row(section, "helper")
+    assert "verified accuracy" not in section  # no verification in the run: no column
+
+    # a designed team task's ground truth counts the same way, weighted by the episodes it judged
+    designed = _synthetic_run(run_dir, tmp_path / "designed", **{"metrics.jsonl": _set_agents({
+        "lead": _agent(0.9, 2, 0.0), "helper": _agent(0.05, 2, 0.0, designed_accuracy=0.75, designed_episodes=4),
+        "checker": _agent(0.05, 2, 0.0)})})
+    section = _agents_section(write_report(designed).read_text())
+    assert ">did its part</th>" in section and _cells(_row(section, "helper"))[4] == "75.0%"
+    assert "though it does its part (did its part 75.0%)" in _row(section, "helper")
+    assert "free-rider?" in _row(section, "checker")  # no judgement of its part: the credit decides
+
+
+def test_verified_accuracy_is_weighted_by_the_turns_it_scored():
+    from mas.report.checklist import _weighted
+
+    # 1 of 1 turns right in one step, 1 of 3 in the next: 2 of 4 turns, not the mean of 1.0 and 0.333
+    ms = [{"verified_accuracy": 1.0, "verified_turns": 1}, {"verified_accuracy": 1 / 3, "verified_turns": 3}, {}]
+    assert _weighted(ms, "verified_accuracy", "verified_turns") == pytest.approx(2 / 4)
+    assert _weighted([{}], "verified_accuracy", "verified_turns") is None
+
+
+def test_step_metrics_record_designed_accuracy_per_agent():
+    from mas.credit.batch import build_credit_batch
+    from mas.training.metrics import step_metrics
+
+    task = Task("t", "q", "1")
+    eps = [Episode(task, 0, i, 0, turns=[_turn("lead"), _turn("helper")], reward=1.0) for i in range(4)]
+    for ep, (lead, helper) in zip(eps, [(1.0, 1.0), (1.0, 0.0), (1.0, 0.0), (0.0, 0.0)]):
+        ep.info["designed"] = {"lead": lead, "helper": helper}
+    del eps[3].info["designed"]["helper"]  # helper had no judged part there: it does not count
+    groups = [EpisodeGroup(task, eps)]
+    batch = build_credit_batch(groups, ["lead", "helper"])
+    m = step_metrics(0, groups, batch, Credit(advantages=torch.zeros(8)), {}, {})
+    assert m["kind"] == "step"
+    assert m["agents"]["lead"]["designed_accuracy"] == 3 / 4 and m["agents"]["lead"]["designed_episodes"] == 4
+    assert m["agents"]["helper"]["designed_accuracy"] == 1 / 3 and m["agents"]["helper"]["designed_episodes"] == 3
+
+
+def test_a_sharp_agent_whose_marginal_is_0_is_never_decisive():
+    """SHARP's credit is the outcome plus λ·φ, normalised per agent: lead's Shapley value is 0 (it
+    changed nothing) yet its normalised credit 1.2 is the largest.  The badge goes to helper, whose
+    φ = 0.5 is the largest contribution; with every φ 0, or every credit 0, nothing is decisive."""
+    from mas.report.episodes import episode_block
+    from mas.report.methods import decisive
+
+    agents = ["lead", "helper", "lead"]
+
+    def sharp_ep(credits, marginals):
+        ep = _ep(credits, agents)
+        for t, phi in zip(ep["turns"], marginals):
+            t["details"] = {"marginal": phi, "broadcast": 1.0}
+        return ep
+
+    ep = sharp_ep([1.2, 0.3, 1.2], [0.0, 0.5, 0.0])
+    assert decisive(ep["turns"], "agent").agents == {"helper"}
+    html = episode_block(ep, agents, 1.0, True, level="agent")
+    assert _badged(html) == [1] and "decisive: helper" in html and "decisive: lead" not in html
+    # λ_s = 0 (or every player excluded): every φ is 0, so no agent contributed more than another
+    assert _badged(episode_block(sharp_ep([1.2, 0.3, 1.2], [0.0, 0.0, 0.0]), agents, 1.0, True, level="agent")) == []
+    # a group without reward variance: every credit 0, whatever the Shapley values
+    assert _badged(episode_block(sharp_ep([0.0, 0.0, 0.0], [0.0, 0.5, 0.0]), agents, 1.0, True, level="agent")) == []
+    # the largest contributor got credit 0 (its normalisation set was constant): no badge, not the runner-up
+    assert decisive(sharp_ep([0.0, 0.4, 0.0], [0.9, 0.5, 0.9])["turns"], "agent").agents == set()
+    # per-turn and unknown levels: credit 0 everywhere is never decisive, and a 0 never wins
+    for level in ("turn", None):
+        assert decisive(_ep([0.0, 0.0, 0.0], agents)["turns"], level).turns == set()
+    assert decisive(_ep([0.0, -0.0, 0.0], agents)["turns"], "agent").agents == set()

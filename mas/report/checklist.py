@@ -158,20 +158,100 @@ def _mean(values: list[Any]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def _weighted(ms: list[dict[str, Any]], key: str, weight: str) -> float | None:
+    """The mean of ``key`` over the steps ``ms`` that have it, each weighted by its ``weight``
+    (the turns or episodes it averages; 1 in a record without it)."""
+    pairs = [(float(a[key]), float(a[weight]) if finite(a.get(weight)) else 1.0) for a in ms if finite(a.get(key))]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total > 0 else None
+
+
+# How right an agent's own turns were, where the run knows: the turn verifier's mean score
+# (``verified_accuracy``, envs/verifiers.py), else a designed task's ground truth of whether it
+# did its part (``designed_accuracy``, envs/base.py).  The per-agent table shows it, and the
+# free-rider flag reads it: an agent whose turns were mostly right does its part, whatever its
+# credit.
+CORRECTNESS = (("verified_accuracy", "verified_turns", "verified accuracy",
+                "mean turn-verifier score of the agent's turns (envs/verifiers.py)"),
+               ("designed_accuracy", "designed_episodes", "did its part",
+                "share of its episodes where it did its designed part right (envs/base.py)"))
+RIGHT_ENOUGH = 0.5  # correctness at or above this: the agent does its part, so it is not called a free rider
+LOW_SHARE = 0.5  # a credit share below this fraction of the share of turns is low
+HIGH_SHARE = 1.5  # above this fraction, high
+FOLLOWS_POINTS = 5.0  # shares within this many percentage points of the shares of turns "follow" them
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _adv(x: float) -> str:
+    return f"{0.0 if abs(x) < 5e-4 else x:+.3f}"
+
+
+def _flags(share: float | None, turn_share: float, right: float | None, label: str, unparsed: float | None) -> list[tuple[str, str]]:
+    """The tags of an agent's row, from the numbers the row shows (``right``: its correctness, where known)."""
+    flags = []
+    if share is None:
+        flags.append(("no turn got positive credit in these steps", ""))
+    elif turn_share > 0 and share < LOW_SHARE * turn_share:
+        if right is None:  # nothing says whether its turns were right: the credit is the only evidence
+            flags.append(("low credit for its share of turns: free-rider?", "bad"))
+        elif right < RIGHT_ENOUGH:
+            flags.append((f"low credit for its share of turns, and its turns were mostly wrong ({label} "
+                          f"{_pct(right)}): free-rider?", "bad"))
+        else:  # it does its part: the credit method is what undervalues it
+            flags.append((f"low credit for its share of turns, though it does its part ({label} {_pct(right)})", ""))
+    elif share > HIGH_SHARE * turn_share:
+        flags.append(("earns more credit than its share of turns", "key"))
+    if unparsed is not None and unparsed >= 0.005:
+        flags.append((f"{100 * unparsed:.1f}% of the team's positive credit went to its unparsed turns", "bad"))
+    return flags
+
+
+def table_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """Sentences about the per-agent table, each computed from the numbers the table shows (the
+    rounded text of its cells) and said only where it is true of them: whether the credit
+    shares follow the shares of turns, and whether the mean advantages are 0."""
+    spoke = [r for r in rows if not r["silent"]]
+    notes = []
+    shared = [r for r in spoke if r["share"] != "—"]
+    if len(shared) >= 2:
+        gaps = [(abs(float(r["share"][:-1]) - float(r["turn_share"][:-1])), r) for r in shared]
+        widest, r = max(gaps, key=lambda g: g[0])
+        if widest <= FOLLOWS_POINTS:
+            notes.append(f"The credit shares follow the shares of turns: every agent's is within {FOLLOWS_POINTS:g} "
+                         f"points of its share of turns.")
+        else:
+            notes.append(f"The credit shares do not follow the shares of turns: {r['name']} has {r['share']} of the "
+                         f"credit for {r['turn_share']} of the turns.")
+    if spoke:
+        off = [r for r in spoke if float(r["advantage"]) != 0.0]
+        if not off:
+            notes.append("Every agent's mean advantage is 0 (to 3 decimals)." if len(spoke) > 1
+                         else "The agent's mean advantage is 0 (to 3 decimals).")
+        else:
+            notes.append("Mean advantages are not 0 for " + ", ".join(f"{r['name']} ({r['advantage']})" for r in off) + ".")
+    return notes
+
+
 def agent_table(run: RunData, tail: float = 0.2) -> str:
     """Who earned the reward: per agent over the last ``tail`` of the steps, with a line on what
-    the method's credit share means."""
+    the method's credit share measures and notes on what this table's numbers show."""
     if not run.steps:
         return ""
     method, _ = method_of(run.info, run.config)
     last = run.steps[int(len(run.steps) * (1 - tail)):] or run.steps[-1:]
     total_turns = sum(a.get("turns", 0) for m in last for a in m.get("agents", {}).values()) or 1
     roles = {str(a.get("name")): a.get("role") for a in run.config.get("agents", []) if isinstance(a, dict)}
+    per_agent = {name: [m["agents"][name] for m in last if name in m.get("agents", {})] for name in run.agents}
+    # the correctness column: the first kind of it that some agent has in these steps
+    source = next((c for c in CORRECTNESS if any(finite(a.get(c[0])) for ms in per_agent.values() for a in ms)), None)
     rows = []
     for name in run.agents:
         role = roles.get(name)
         role = str(role)[:ROLE_CHARS] + ("…" if len(str(role)) > ROLE_CHARS else "") if role else ""
-        ms = [m["agents"][name] for m in last if name in m.get("agents", {})]
+        ms = per_agent[name]
         if not ms:
             rows.append({"name": name, "role": role, "silent": True})
             continue
@@ -181,22 +261,17 @@ def agent_table(run: RunData, tail: float = 0.2) -> str:
         adv = statistics.fmean(a.get("advantage", {}).get("mean", 0.0) for a in ms)
         parse = sum(a.get("parse_failures", 0) for a in ms)
         tool = [a["tool_valid"] for a in ms if "tool_valid" in a]
-        flags = []
-        if share is None:
-            flags.append(("no turn got positive credit in these steps", ""))
-        elif turn_share > 0 and share < 0.5 * turn_share:
-            flags.append(("low credit for its share of turns: free-rider?", "bad"))
-        elif share > 1.5 * turn_share:
-            flags.append(("earns more credit than its share of turns", "key"))
-        if unparsed is not None and unparsed >= 0.005:
-            flags.append((f"{100 * unparsed:.1f}% of the team's positive credit went to its unparsed turns", "bad"))
+        right = _weighted(ms, source[0], source[1]) if source else None
         rows.append({
             "name": name, "role": role, "silent": False,
             "reward": f"{statistics.fmean(a.get('reward', 0.0) for a in ms):.3f}",
-            "share": "—" if share is None else f"{100 * share:.1f}%", "turn_share": f"{100 * turn_share:.1f}%",
-            "advantage": f"{0.0 if abs(adv) < 5e-4 else adv:+.3f}", "parse": parse,
-            "unparsed_share": "—" if unparsed is None else f"{100 * unparsed:.1f}%",
-            "tool": f"{100 * statistics.fmean(tool):.0f}%" if tool else "—", "flags": flags,
+            "share": "—" if share is None else _pct(share), "turn_share": _pct(turn_share),
+            "advantage": _adv(adv), "parse": parse,
+            "unparsed_share": "—" if unparsed is None else _pct(unparsed),
+            "tool": f"{100 * statistics.fmean(tool):.0f}%" if tool else "—",
+            "right": "—" if right is None else _pct(right),
+            "flags": _flags(share, turn_share, right, source[2] if source else "", unparsed),
         })
-    view = {"method": method, "note": share_note(method), "rows": rows, "last": len(last), "steps": len(run.steps)}
+    view = {"method": method, "note": share_note(method), "rows": rows, "last": len(last), "steps": len(run.steps),
+            "notes": table_notes(rows), "right": {"label": source[2], "help": source[3], "threshold": _pct(RIGHT_ENOUGH)} if source else None}
     return macro(TEMPLATE, "agents")(view)

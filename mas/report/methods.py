@@ -8,15 +8,22 @@ The decisive badge follows the credit's granularity, read from the method card i
     statistics  the outcome normalised per agent (Dr. MAS): agents differ only through their
                 own statistics and the invalid-turn penalty, not through what they did: no badge
     agent       a value per agent or role (SHARP, CCPO, M-GRPO): the decisive agent is the one
-                whose turns' mean credit is largest in magnitude; the badge marks its turns
+                whose contribution is largest in magnitude; the badge marks its turns
     turn        a value per turn (C3, critic): the turn with the largest |credit|
 
-In every level the badge is absent where the credit it compares is the same everywhere in the
-episode (all turns, or all agents, within a relative 1e-6), or where everything ties.  Turns the
-method left out of the update (M-GRPO's dropped sub-agent copies) do not count.  A run
-without a recorded granularity (written before run_info.json, or by an unknown method) gets
-the level its stored credit shows: per agent if each agent's turns share one value, else per
-turn.
+What is compared is a turn's contribution: the method's own measure of it where the turn
+records one (``CONTRIBUTION_KEYS``: SHARP's Shapley value, ``marginal``), else its credit.
+SHARP's credit mixes the Shapley value with the team's outcome and normalises it per agent,
+so an agent whose Shapley value is 0 (it changed nothing, or it is excluded from the players)
+can still hold the largest |credit|: it is never decisive.
+
+In every level the badge is absent where the contribution it compares is the same everywhere in
+the episode (all turns, or all agents, within a relative 1e-6), or where everything ties.  A
+turn or agent whose contribution is 0, or whose credit is 0, is never decisive, and an episode
+whose credit is 0 everywhere has no decisive turn.  Turns the method left out of the update
+(M-GRPO's dropped sub-agent copies) do not count.  A run without a recorded granularity
+(written before run_info.json, or by an unknown method) gets the level its stored credit
+shows: per agent if each agent's turns share one value, else per turn.
 """
 
 from __future__ import annotations
@@ -27,36 +34,41 @@ from typing import Any
 
 from mas.report.render import finite
 
-# What each built-in method's credit share means (share: an agent's summed positive credit over
-# the team's, per step).  A test checks every registered method has a line.
+# What each built-in method's credit share measures (share: an agent's summed positive credit
+# over the team's, per step).  Each line says how the method makes the credit, never what the
+# numbers of a run turned out to be: whether shares follow the shares of turns, or mean advantages
+# are 0, is said under the per-agent table from that table's own numbers (checklist.table_notes).
+# A test checks every registered method has a line.
 SHARE_NOTES = {
-    "grpo": "every turn of an episode gets the episode's group-normalised advantage, so shares follow how many turns "
-            "each agent took in better-than-average episodes; they do not measure who helped.",
-    "dr_grpo": "every turn of an episode gets its reward minus the task group's mean, so shares follow turn counts in "
-               "better-than-average episodes; they do not measure who helped.",
-    "rloo": "every turn of an episode gets its reward minus the mean of the task's other episodes, so shares follow "
-            "turn counts in better-than-average episodes; they do not measure who helped.",
-    "magrpo": "every turn of a joint rollout gets the rollout's reward minus the node baseline, so shares follow turn "
-              "counts in better-than-baseline rollouts; they do not measure who helped.",
+    "grpo": "every turn of an episode gets the episode's group-normalised advantage, so an agent's share grows with "
+            "the turns it took in better-than-average episodes; it does not measure who helped.",
+    "dr_grpo": "every turn of an episode gets its reward minus the task group's mean, so an agent's share grows with "
+               "the turns it took in better-than-average episodes; it does not measure who helped.",
+    "rloo": "every turn of an episode gets its reward minus the mean of the task's other episodes, so an agent's share "
+            "grows with the turns it took in better-than-average episodes; it does not measure who helped.",
+    "magrpo": "every turn of a joint rollout gets the rollout's reward minus the node baseline, so an agent's share "
+              "grows with the turns it took in better-than-baseline rollouts; it does not measure who helped.",
     "reinforce_pp": "every turn gets its episode's return, whitened over the batch (or per agent) and token-weighted, "
-                    "so shares follow turn counts in above-average episodes; the token-weighted mean advantage is 0.",
-    "dr_mas": "shares follow turn counts; advantages are normalised per agent, so their mean is 0. Every agent is "
-              "judged on the shared outcome against its own statistics, not on what it contributed.",
-    "sharp": "shares follow each agent's Shapley value from coalition re-runs (plus any tool reward), normalised per "
-             "agent, so each agent's mean advantage is 0; a share far below the share of turns points at a free rider.",
+                    "so an agent's share grows with the turns it took in above-average episodes.",
+    "dr_mas": "every turn gets the episode's outcome (less a penalty where its output did not parse), normalised "
+              "against its own agent's turns (per task group, by default). Every agent is judged on the shared "
+              "outcome against its own statistics, not on what it contributed.",
+    "sharp": "an agent's credit in an episode is the team's outcome plus its Shapley value from coalition re-runs "
+             "(plus any tool reward), normalised per agent; the Shapley values themselves are the episodes' "
+             "'marginal' details.",
     "c3": "shares follow each turn's counterfactual value: its outcome against replays from the same frozen context, "
-          "so agents whose decisions changed the outcome earn more than their share of turns.",
+          "so agents whose decisions changed the outcome earn more credit.",
     "ccpo": "shares split credit by role: the upstream agent's turns carry a bonus when the team does better with it "
-            "than without it, the downstream turns the joint reward; each role is centred per task, so its mean is 0.",
+            "than without it, the downstream turns the joint reward; each role is centred per task.",
     "m_grpo": "shares split main from sub-agent credit: the main agent's turns carry the group-relative main reward, "
               "sub-agent turns the aligned sub reward (once per copy); each side is normalised on its own, so shares "
               "compare main with sub, not one sub-agent's merit with another's.",
     "critic": "shares follow the critic's per-turn scores (MAPPA) or per-message credits (LLM-MCA), normalised per "
-              "agent, so each agent's mean advantage is 0 (token-weighted under MAPPA): a share says which of an "
-              "agent's turns the critic rated above that agent's average.",
+              "agent (token-weighted under MAPPA): a share says which of an agent's turns the critic rated above "
+              "that agent's average.",
     "verified": "shares follow each turn's reward, its verifier's score mixed with the team's outcome, normalised per "
-                "agent, so each agent's mean advantage is 0: a share says which of an agent's turns did their own job "
-                "(and helped the team) more than that agent's average.",
+                "agent: a share says which of an agent's turns did their own job (and helped the team) more than "
+                "that agent's average.",
 }
 
 GENERIC_SHARE_NOTE = "an agent's summed positive credit over the team's, per step; what drives it depends on the method."
@@ -70,14 +82,19 @@ DECISIVE_RULES = {
                   "statistics and the penalty on unparsed turns, not through what they did, so no turn or agent is "
                   "marked as decisive.",
     "agent": "Credit is per agent ({g}): an agent's turns in an episode share its credit, so the badge marks the "
-             "decisive agent, the one whose turns' mean credit is largest in magnitude, on each of its turns and in "
-             "the heatmap. No badge where every agent's credit is the same.",
+             "decisive agent, the one whose contribution is largest in magnitude (its Shapley value where the "
+             "method records one, else its turns' mean credit), on each of its turns and in the heatmap. No badge "
+             "where every agent's is the same, and never for an agent whose contribution or credit is 0.",
     "turn": "Credit is per turn ({g}): the badge marks the turn with the largest |credit| in the episode. No badge "
-            "where every turn's credit is the same.",
+            "where every turn's credit is the same, and never on a turn whose credit is 0.",
     None: "The credit granularity is not recorded for this run, so it is read from the stored credit: where each "
           "agent's turns share one value the badge marks the agent whose credit is largest in magnitude, otherwise "
-          "the turn with the largest |credit|. No badge where the credit is the same everywhere.",
+          "the turn with the largest |credit|. No badge where the credit is the same everywhere, and never on "
+          "credit 0.",
 }
+
+# per-turn details that measure a turn's own contribution, in the order looked for (see the module doc)
+CONTRIBUTION_KEYS = ("marginal",)
 
 
 def share_note(method: str) -> str:
@@ -124,30 +141,44 @@ def _same(a: float, b: float) -> bool:
 
 
 def _largest(values: dict[Any, float]) -> set:
-    """Keys whose |value| is the largest, unless every value is the same or every key ties."""
+    """Keys whose |value| is the largest, unless every value is the same or every key ties; a
+    key whose value is 0 is never among them."""
     vals = list(values.values())
     if len(vals) < 2 or all(_same(v, vals[0]) for v in vals):
         return set()
     top = max(abs(v) for v in vals)
-    keys = {k for k, v in values.items() if _same(abs(v), top)}
+    keys = {k for k, v in values.items() if _same(abs(v), top) and not _same(v, 0.0)}
     return set() if len(keys) == len(values) else keys
+
+
+def contribution(turn: dict[str, Any]) -> float:
+    """What the decisive badge compares for one turn: the method's own measure of its
+    contribution where the turn records one (``CONTRIBUTION_KEYS``), else its credit."""
+    details = turn.get("details") if isinstance(turn.get("details"), dict) else {}
+    for key in CONTRIBUTION_KEYS:
+        if finite(details.get(key)):
+            return float(details[key])
+    return float(turn["credit"])
 
 
 def decisive(turns: list[dict[str, Any]], level: str | None) -> Decisive:
     """The decisive turn(s) or agent(s) of an episode under credit ``level`` (see the module doc)."""
-    credit = {i: float(t["credit"]) for i, t in enumerate(turns)
-              if finite(t.get("credit")) and (t.get("details") or {}).get("trained") is not False}  # left out: no signal
-    if level in ("episode", "statistics") or not credit:
-        return Decisive()
-    by_agent: dict[str, list[float]] = {}
-    for i, c in credit.items():
-        by_agent.setdefault(str(turns[i].get("agent")), []).append(c)
+    counted = [i for i, t in enumerate(turns)
+               if finite(t.get("credit")) and (t.get("details") or {}).get("trained") is not False]  # left out: no signal
+    credit = {i: float(turns[i]["credit"]) for i in counted}
+    if level in ("episode", "statistics") or all(_same(c, 0.0) for c in credit.values()):
+        return Decisive()  # nothing to single out; credit 0 everywhere: nothing earned or lost
+    value = {i: contribution(turns[i]) for i in counted}
+    by_agent: dict[str, list[int]] = {}
+    for i in counted:
+        by_agent.setdefault(str(turns[i].get("agent")), []).append(i)
     if level is None:  # read the level from the credit itself
-        level = "agent" if all(all(_same(c, cs[0]) for c in cs) for cs in by_agent.values()) else "turn"
+        level = "agent" if all(all(_same(credit[i], credit[ix[0]]) for i in ix) for ix in by_agent.values()) else "turn"
     if level == "agent":
-        agents = _largest({a: statistics.fmean(cs) for a, cs in by_agent.items()})
-        return Decisive(turns={i for i in credit if str(turns[i].get("agent")) in agents}, agents=agents)
-    return Decisive(turns=_largest(credit))
+        agents = _largest({a: statistics.fmean(value[i] for i in ix) for a, ix in by_agent.items()})
+        agents = {a for a in agents if any(not _same(credit[i], 0.0) for i in by_agent[a])}  # its credit 0: not decisive
+        return Decisive(turns={i for a in agents for i in by_agent[a] if not _same(credit[i], 0.0)}, agents=agents)
+    return Decisive(turns={i for i in _largest(value) if not _same(credit[i], 0.0)})
 
 
 def unparsed(turn: dict[str, Any]) -> bool:

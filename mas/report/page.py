@@ -215,11 +215,47 @@ def _heldout_chart(run: RunData) -> str | None:
     return line_chart(series, "Held-out accuracy by decoding", "accuracy", x_label="steps done", note=note)
 
 
+def unheard(run: RunData) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """The steps in which each agent did not speak, and in which each policy that updated got no
+    samples: ({agent: steps}, {policy: steps}).  From each step's ``silent_agents`` and
+    ``idle_policies``; a step record of an older run, without them, counts the team's agents
+    missing from its ``agents`` and the policies whose update had ``samples`` 0."""
+    agents: dict[str, list[int]] = {}
+    policies: dict[str, list[int]] = {}
+    for m in run.steps:
+        silent = m["silent_agents"] if isinstance(m.get("silent_agents"), list) else \
+            [a for a in run.agents if a not in (m.get("agents") or {})]
+        idle = m["idle_policies"] if isinstance(m.get("idle_policies"), list) else \
+            [p for p, u in (m.get("policies") or {}).items() if isinstance(u, dict) and u.get("samples") == 0]
+        for name in silent:
+            agents.setdefault(str(name), []).append(m["step"])
+        for name in idle:
+            policies.setdefault(str(name), []).append(m["step"])
+    return agents, policies
+
+
+def _unheard_facts(run: RunData) -> list[tuple[str, str]]:
+    agents, policies = unheard(run)
+    n = len(run.steps)
+
+    def where(steps: list[int]) -> str:
+        return f"{len(steps)} of {n} steps (first: step {fmt(steps[0])})"
+
+    facts = []
+    if agents:
+        facts.append(("agents that did not speak", "; ".join(f"{a} in {where(s)}" for a, s in agents.items())))
+    if policies:
+        facts.append(("policies without samples", "; ".join(f"{p} in {where(s)}: its weights did not change then"
+                                                            for p, s in policies.items())))
+    return facts
+
+
 def _facts(run: RunData) -> list[tuple[str, str]]:
     method, _ = method_of(run.info, run.config)
     facts = [("credit", method), ("topology", str((run.config.get("topology") or {}).get("kind", "?"))),
              ("agents", ", ".join(run.agents)), ("steps", str(len(run.steps))),
              ("training time", duration(wall_seconds(run)))]
+    facts += _unheard_facts(run)
     for when, label in (("before", "held-out before training"), ("warmup", "held-out after the warm-up"),
                         ("after", "held-out after training")):
         if when in run.evals:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mas.config.schema import ConfigError, read_config_data
+from mas.training.metrics import record_kind
 
 
 class NotARunError(ValueError):
@@ -19,14 +20,14 @@ class RunData:
     path: Path
     name: str
     config: dict[str, Any]
-    steps: list[dict[str, Any]]  # metrics.jsonl step records, in step order
+    steps: list[dict[str, Any]]  # metrics.jsonl step records (kind "step"), in step order
     evals: dict[str, dict[str, Any]]  # "before"/"after" -> eval metrics
     episodes: list[dict[str, Any]]  # episodes.jsonl records
     info: dict[str, Any]  # run_info.json ({} for runs written before it existed)
     summary: dict[str, Any]
     skipped_lines: int = 0  # unreadable lines (a run killed mid-write leaves a partial last line)
     agents: list[str] = field(default_factory=list)  # the team's agents, in config order
-    warnings: list[dict[str, Any]] = field(default_factory=list)  # warnings.jsonl: {"step", "kind", "message"}
+    warnings: list[dict[str, Any]] = field(default_factory=list)  # warnings.jsonl: {"step", "kind", "message"}; [] if empty or absent
     warmup: dict[str, Any] | None = None  # the format warm-up's record (mas.training.warmup), if the run had one
     config_problem: str | None = None  # why config.yaml could not be read (the report goes on without it)
     eval_rows: list[dict[str, Any]] = field(default_factory=list)  # every evaluation record, in the order written
@@ -81,9 +82,12 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     rows, bad = _read_jsonl(path / "metrics.jsonl")
     episodes, bad_ep = _read_jsonl(path / "episodes.jsonl")
     warnings, bad_warn = _read_jsonl(path / "warnings.jsonl")
-    steps = sorted((r for r in rows if "step" in r and "eval" not in r), key=lambda r: r["step"])
-    evals = {r["eval"]: r for r in rows if "eval" in r}
-    warmup = next((r["warmup"] for r in rows if isinstance(r.get("warmup"), dict)), None)
+    kinds = [record_kind(r) for r in rows]  # "step", "eval", "warmup" (older runs: read from the keys)
+    steps = sorted((r for r, k in zip(rows, kinds) if k == "step" and isinstance(r.get("step"), (int, float))),
+                   key=lambda r: r["step"])
+    eval_rows = [r for r, k in zip(rows, kinds) if k == "eval" and "eval" in r]
+    evals = {r["eval"]: r for r in eval_rows}
+    warmup = next((r["warmup"] for r, k in zip(rows, kinds) if k == "warmup" and isinstance(r.get("warmup"), dict)), None)
     config, config_problem = _read_config(path / "config.yaml")
     info = json.loads((path / "run_info.json").read_text()) if (path / "run_info.json").exists() else {}
     summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else {}
@@ -93,7 +97,7 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     team = config.get("team", {}).get("name", path.name)
     return RunData(path=path, name=name or team, config=config, steps=steps, evals=evals, episodes=episodes,
                    info=info, summary=summary, skipped_lines=bad + bad_ep + bad_warn, agents=agents, warnings=warnings,
-                   warmup=warmup, config_problem=config_problem, eval_rows=[r for r in rows if "eval" in r])
+                   warmup=warmup, config_problem=config_problem, eval_rows=eval_rows)
 
 
 def _read_config(path: Path) -> tuple[dict[str, Any], str | None]:

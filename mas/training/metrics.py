@@ -1,9 +1,15 @@
 """Step metrics and the run directory writer (metrics.jsonl, episodes.jsonl, progress bar).
 
-Run directory layout:
+Run directory layout (docs/report.md says what each file holds):
     config.yaml        the resolved config (config.<N>.yaml: an earlier segment's, when a resume changed it)
-    metrics.jsonl      one JSON object per step (and one per evaluation, with "eval": name)
+    metrics.jsonl      one JSON object per line, in the order written; ``kind`` says which:
+                       "eval" (a held-out evaluation, named by "eval": the "before" one, where
+                       there is one, is the first line), "warmup" (the format warm-up) and
+                       "step" (one per training step).  Runs written before ``kind`` existed
+                       tell them apart by the "eval" and "warmup" keys (``record_kind``).
     episodes.jsonl     sample episodes with each turn's credit
+    warnings.jsonl     the run's warnings, one {"step", "kind", "message"} per line; created
+                       empty at the start, so it is there in a run without warnings
     checkpoints/       see mas.training.checkpoint
     summary.json       held-out accuracy before/after and the final step
     tensorboard/       the same step metrics as TensorBoard scalars (torch's SummaryWriter):
@@ -61,7 +67,9 @@ def step_metrics(
     failures, tool calls and tool-call validity (where turns carry a ``tool_valid`` signal).
     Where a turn verifier scored its turns (``turn.extra_rewards["verified"]``,
     ``envs/verifiers.py``), ``verified_accuracy``: the mean verifier score of its scored turns,
-    and ``verified_turns``: how many were scored.
+    and ``verified_turns``: how many were scored.  On a designed team task (``info["designed"]``,
+    ``envs/base.py``), ``designed_accuracy``: the share of the episodes it spoke in where it did
+    its designed part right, and ``designed_episodes``: how many such episodes had a judgement.
     The per-agent signal ``designed_signal``: the gradient signal the agent actually got, as the
     Pearson correlation between its advantages and its own correctness over its trained turns
     of the step.  Its correctness is the designed ground truth on a designed team task
@@ -114,6 +122,10 @@ def step_metrics(
         if verified:
             agents[name]["verified_accuracy"] = statistics.fmean(verified)
             agents[name]["verified_turns"] = len(verified)
+        designed = [episodes[e].info[DESIGNED][name] for e in spoke if name in episodes[e].info.get(DESIGNED, {})]
+        if designed:
+            agents[name]["designed_accuracy"] = statistics.fmean(designed)
+            agents[name]["designed_episodes"] = len(designed)
         if any(name in ep.info.get(DESIGNED, {}) for ep in episodes):  # designed truth, one value per agent and episode
             judged = [(a, ep.info[DESIGNED][name]) for (ep, _), a, s, kept in zip(flat, adv.tolist(), sel.tolist(), trained.tolist())
                       if s and kept and name in ep.info.get(DESIGNED, {})]
@@ -123,6 +135,7 @@ def step_metrics(
                       if s and kept and VERIFIED in t.extra_rewards]
             agents[name]["designed_signal"] = pearson([a for a, _ in judged], [d for _, d in judged])
     return {
+        "kind": "step",  # a metrics.jsonl line: "step", "eval" or "warmup" (record_kind)
         "step": step,
         "reward": {"team": statistics.fmean(ep.reward for ep in episodes)},
         "agents": agents,
@@ -401,7 +414,24 @@ class RunLogger:
         """What the run trained on (models, data, credit method, devices): the report's checklist."""
         write_keeping_earlier(self.run_dir / "run_info.json", json.dumps(info, indent=2))
 
-    def log_step(self, metrics: dict, groups: list[EpisodeGroup], credit: Credit, n_samples: int, store_episodes: bool = True) -> None:
+    def step_records(self) -> list[dict]:
+        """The step records metrics.jsonl holds now (a resumed run's earlier steps), in file order."""
+        if not self.metrics_path.exists():
+            return []
+        rows = []
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line half-written by a crash
+                continue
+            if isinstance(row, dict) and record_kind(row) == "step":
+                rows.append(row)
+        return rows
+
+    def log_step(self, metrics: dict, groups: list[EpisodeGroup], credit: Credit, n_samples: int, store_episodes: bool = True,
+                 note: dict[str, str] | None = None) -> None:
+        """Append the step's record (and, with ``store_episodes``, sample episodes); ``note``: short
+        extra entries for the progress line (e.g. agents that have not spoken, with their count)."""
         _check_finite(metrics)
         self._append(self.metrics_path, metrics)
         scalars = dict(_scalars(metrics))
@@ -417,15 +447,16 @@ class RunLogger:
         if self.bar is not None:
             post = {"team": f"{metrics['reward']['team']:.2f}"}
             post.update({name: f"{a['reward']:.2f}" for name, a in metrics["agents"].items()})
+            post.update(note or {})
             self.bar.set_postfix(post, refresh=False)
             self.bar.update(1)
 
     def log_eval(self, name: str, metrics: dict) -> None:
-        self._append(self.metrics_path, {"eval": name, **metrics})
+        self._append(self.metrics_path, {"kind": "eval", "eval": name, **metrics})
 
     def log_warmup(self, record: dict) -> None:
         """The format warm-up's record (``mas.training.warmup``): per policy its losses, tokens and time."""
-        self._append(self.metrics_path, {"warmup": record})
+        self._append(self.metrics_path, {"kind": "warmup", "warmup": record})
 
     def write_summary(self, summary: dict) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -454,6 +485,97 @@ class RunLogger:
         ``mas report`` shows at the top of the page.  ``kind`` names the check that raised it."""
         self.info(f"warning: {message}")
         self._append(self.run_dir / "warnings.jsonl", {"step": step, "kind": kind, "message": message})
+
+
+RECORD_KINDS = ("step", "eval", "warmup")
+
+
+def record_kind(row: dict) -> str | None:
+    """What a metrics.jsonl line is: "step", "eval" or "warmup" (None: none of them).  Its
+    ``kind`` where it has one; a line of a run written before ``kind`` existed by its keys (an
+    evaluation has "eval", the warm-up "warmup", a step "step")."""
+    kind = row.get("kind")
+    if kind in RECORD_KINDS:
+        return kind
+    if "eval" in row:
+        return "eval"
+    if "warmup" in row:
+        return "warmup"
+    return "step" if "step" in row else None
+
+
+class Silence:
+    """Agents that said nothing in a step and trainable policies that got no samples in it.
+
+    A step's metrics name them (``silent_agents``: agents without a turn in any of the step's
+    episodes; ``idle_policies``: policies that updated this step yet had no turn to train on,
+    so their weights did not change).  The first step each one is seen is a warning (printed
+    and kept in warnings.jsonl); after that it is counted, not warned again: ``brief`` for the
+    progress line, ``closing`` for the end of the run, and ``mas report`` counts the steps from
+    metrics.jsonl.  ``agent_policy``: each agent's policy, to say why a policy got nothing."""
+
+    def __init__(self, agent_policy: dict[str, str]):
+        self.agent_policy = dict(agent_policy)
+        self.agents: dict[str, list[int]] = {}  # name -> [first step, steps]
+        self.policies: dict[str, list[int]] = {}
+        self.steps = 0  # steps observed
+
+    @classmethod
+    def from_records(cls, agent_policy: dict[str, str], rows: list[dict]) -> "Silence":
+        """The counts of the steps already logged (a resumed run's), without warning again."""
+        silence = cls(agent_policy)
+        for row in rows:
+            silence.observe(row)
+        return silence
+
+    def observe(self, metrics: dict) -> list[tuple[str, str]]:
+        """Count one step's silent agents and idle policies; (kind, message) warnings for the new ones."""
+        self.steps += 1
+        step, episodes = metrics["step"], metrics["episodes"]["count"]
+        silent = list(metrics.get("silent_agents", []))  # a step record of an older run has neither list
+        warnings = []
+        for name in silent:
+            if self._count(self.agents, name, step):
+                warnings.append(("silent_agent", f"agent {name!r} did not speak in any of the {episodes} episodes of step "
+                                 f"{step}: it gets no training signal (does the topology reach it? an orchestrator must "
+                                 f"call it). Later steps without it are counted on the progress line and in the report, "
+                                 f"not warned again"))
+        for name in metrics.get("idle_policies", []):
+            if self._count(self.policies, name, step):
+                agents = [a for a, p in self.agent_policy.items() if p == name]
+                why = (f"none of its agents ({', '.join(agents)}) spoke" if agents and set(agents) <= set(silent) else
+                       f"its agents' turns ({', '.join(agents) or 'none'}) were all left out of the update (failed "
+                       f"episodes, turns without tokens, the credit method's mask or trainer.drop_constant_groups)")
+                warnings.append(("no_samples", f"policy {name!r} got no samples in step {step}, so its weights did not "
+                                 f"change: {why}. Later steps without samples are counted on the progress line and in "
+                                 f"the report, not warned again"))
+        return warnings
+
+    @staticmethod
+    def _count(seen: dict[str, list[int]], name: str, step: Any) -> bool:
+        """Count ``name`` at ``step``; True the first time it is seen."""
+        if name in seen:
+            seen[name][1] += 1
+            return False
+        seen[name] = [step, 1]
+        return True
+
+    def brief(self) -> dict[str, str]:
+        """Progress-line entries: each silent agent and idle policy with its count of steps."""
+        out = {}
+        if self.agents:
+            out["silent"] = ", ".join(f"{a}×{n}" for a, (_, n) in self.agents.items())
+        if self.policies:
+            out["no samples"] = ", ".join(f"{p}×{n}" for p, (_, n) in self.policies.items())
+        return out
+
+    def closing(self) -> list[str]:
+        """One line per silent agent and idle policy, for the end of the run."""
+        lines = [f"agent {a!r} has not spoken in {n} of {self.steps} steps (first in step {first})"
+                 for a, (first, n) in self.agents.items()]
+        lines += [f"policy {p!r} got no samples in {n} of {self.steps} steps (first in step {first})"
+                  for p, (first, n) in self.policies.items()]
+        return lines
 
 
 def _step_of(line: str) -> int:

@@ -40,7 +40,7 @@ from mas.training.fault_points import enter_step, pause_point
 from mas.training.learner import TrainSample, UpdateSpan
 from mas.training.memory import release_freed_memory
 from mas.training.evaluation import evaluate, regression
-from mas.training.metrics import RunLogger, credit_cost, divergence_warning, eval_summary, step_metrics
+from mas.training.metrics import RunLogger, Silence, credit_cost, divergence_warning, eval_summary, step_metrics
 from mas.training.rundir import check_fresh
 from mas.runtime import PolicyActorDied
 from mas.training.team import Team, describe_team
@@ -179,6 +179,10 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
 
     faults, fault_messages = merge_faults(current.faults, team.engine.take_faults())  # this step's rollout, then credit
     metrics = step_metrics(step, groups, batch, credit, updates, timings, cost, generated.counts(), faults)
+    # who went unheard: agents without a turn in any episode, updated policies without a sample
+    # (train() warns the first time and counts after that: mas.training.metrics.Silence)
+    metrics["silent_agents"] = [a for a in batch.agent_names if a not in metrics["agents"]]
+    metrics["idle_policies"] = [name for name in active if not samples[name]]
     if cfg.trainer.drop_constant_groups:
         metrics["constant_groups_dropped"] = constant
     engines = take_backend_metrics(team.backend)  # vLLM: engine start-up (first step), per-call cost, sync time
@@ -391,6 +395,8 @@ def train(
     upcoming: Rollout | None = None  # the next step's rollout when it ran during the updates
     initial_env = team.env.state_dict()  # where a run restarted before its first checkpoint begins again
     restarts = 0
+    agent_policy = {name: agent.policy for name, agent in team.agents.items()}
+    silence = Silence.from_records(agent_policy, logger.step_records())  # a resumed run's earlier steps count
     logger.start_progress(total=cfg.trainer.steps, initial=start)
     step = start
     while step < end:
@@ -409,6 +415,7 @@ def train(
                 raise
             restarts += 1
             step, upcoming = restart_actors(team, run_dir, logger, e, restarts, (start, initial_env)), None
+            silence = Silence.from_records(agent_policy, logger.step_records())  # the dropped steps are counted again
             continue
         except StepAbandoned:  # no optimizer stepped: the weights are still the state before this step
             team.engine.take_faults()  # the dropped step's generations
@@ -420,8 +427,10 @@ def train(
                             f"the checkpoint holds the state before it", close_progress=True)
         upcoming = result.upcoming
         store = step % cfg.logging.episodes_every == 0 or step == cfg.trainer.steps - 1
-        logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store)
-        for kind, message in result.warnings:  # the run goes on; the user sees what went wrong
+        unheard = silence.observe(result.metrics)  # agents that said nothing, policies that got no samples
+        logger.log_step(result.metrics, result.groups, result.credit, cfg.trainer.sample_episodes, store_episodes=store,
+                        note=silence.brief())
+        for kind, message in [*result.warnings, *unheard]:  # the run goes on; the user sees what went wrong
             logger.warn(message, kind=kind, step=step)
         pause_point("after_log", step)
         hooks.on_step_end(step, result.metrics, result.groups, result.credit)
@@ -441,6 +450,8 @@ def train(
             logger.info(f"stopped after step {step} ({control.stop_reason}); its checkpoint is written")
             break
         step += 1
+    for line in silence.closing():
+        logger.info(line)
     logger.close_progress()
     if end == cfg.trainer.steps and not control.should_stop and cfg.trainer.eval_size and cfg.trainer.eval_after:
         last_eval = summary.get("eval_last", {})
