@@ -212,9 +212,10 @@ def test_newcomer_mistakes_get_named(good, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f'in "{broken}"' in err and "<unicode string>" not in err
     assert main(["validate", "-q", str(good), "policies.main.optim.lr=1e5"]) == 1
-    assert "policies.main.optim.lr: Input should be less than or equal to 1" in capsys.readouterr().err
-    assert main(["validate", "-q", str(good), "trainer.group_size=1"]) == 0
-    assert "trainer.group_size: credit 'grpo' compares each episode with the others" in capsys.readouterr().err
+    assert "policies.main.optim.lr: a learning rate must be > 0 and < 1: AdamW moves" in capsys.readouterr().err
+    assert main(["validate", "-q", str(good), "trainer.group_size=1"]) == 1
+    assert "trainer.group_size: credit 'grpo': normaliser 'group' takes its mean and std over each task's group" \
+           in capsys.readouterr().err
 
 
 def test_version(capsys):

@@ -218,10 +218,6 @@ def _parts_errors(topo: Any, env: Any) -> list[Issue]:
 # --------------------------------------------------------------------------------------------
 
 
-# credit methods whose advantage does not come from the task's group alone: a group of one still trains
-SINGLE_EPISODE_OK = ("reinforce_pp", "critic")
-
-
 def config_warnings(cfg: Any) -> list[Issue]:
     """Policies nothing uses, nothing to train, credit and schedule options that leave agents out."""
     warns: list[Issue] = []
@@ -244,10 +240,6 @@ def config_warnings(cfg: Any) -> list[Issue]:
     topo = cfg.topology
     if getattr(topo, "kind", None) == "chain" and topo.verdict_from is not None and topo.loop_to is None:
         warns.append((("topology", "verdict_from"), topo.verdict_from, "has no effect without topology.loop_to"))
-    if cfg.trainer.group_size == 1 and getattr(cfg.credit, "method", None) not in SINGLE_EPISODE_OK:
-        warns.append((("trainer", "group_size"), 1,
-                      f"credit {cfg.credit.method!r} compares each episode with the others of its task's group; with one "
-                      "episode per task every advantage is 0 and nothing trains: use 2 or more (GRPO-style methods use 4 to 16)"))
     if cfg.trainer.eval_do_sample:
         warns.append((("trainer", "eval_do_sample"), True,
                       "deprecated and ignored: held-out accuracy is the greedy team's, and the sampled avg@k / pass@k "

@@ -11,6 +11,7 @@ them.  An installed package is found as usual.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import re
 import sys
@@ -21,6 +22,24 @@ _REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_
 
 class RefError(ValueError):
     """A reference that cannot be resolved; the message says why."""
+
+
+def extra_providing(module: str) -> str | None:
+    """The pip extra of mas-rl that installs top-level module ``module`` (``autogen_agentchat`` ->
+    ``autogen``), read from the installed package's metadata (pyproject.toml's optional
+    dependencies); None for a module no extra brings, or where mas-rl is not installed."""
+    top = module.split(".")[0]
+    try:
+        requires = importlib.metadata.requires("mas-rl") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for req in requires:  # e.g. 'autogen-agentchat>=0.4; extra == "autogen"'
+        spec, _, marker = req.partition(";")
+        found = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        dist = re.split(r"[\s\[<>=!~;]", spec.strip(), maxsplit=1)[0]
+        if found and dist and dist.lower().replace("-", "_").replace(".", "_") == top.lower():
+            return found.group(1)
+    return None
 
 
 def check_ref_syntax(ref: str) -> None:
@@ -39,6 +58,10 @@ def import_ref(ref: str, callable_: bool = True) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
+        extra = extra_providing(e.name or "")
+        if extra:  # a framework mas installs as an option (autogen): say which extra brings it
+            raise RefError(f"{module_name!r} needs {e.name!r}, which is not installed: "
+                           f"pip install -e '.[{extra}]' (or EXTRAS=dev,{extra} bash scripts/setup.sh)") from None
         if e.name and module_name.startswith(e.name):  # the module itself (or its package) is missing
             raise RefError(f"cannot import {module_name!r}: no module named {e.name!r} (searched the current "
                            f"directory {cwd} and the installed packages)") from None

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import reprlib
+import types
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
 
@@ -37,6 +39,15 @@ load_plugins()  # other packages' envs, credit methods and parsers join the regi
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _learning_rate(lr: float | None) -> float | None:
+    """A learning rate in (0, 1), with the reason in the error: pydantic's bare 'less than or
+    equal to 1' says nothing of why ``lr: 1e5`` (or ``1.0``) is wrong."""
+    if lr is not None and not 0 < lr < 1:  # also refuses nan and inf
+        raise ValueError("a learning rate must be > 0 and < 1: AdamW moves every weight by about lr per step, so 0 "
+                         "learns nothing and 1 or more wrecks the model in one update (typical: 1e-7 to 1e-3)")
+    return lr
 
 
 # --------------------------------------------------------------------------------------------
@@ -58,12 +69,14 @@ class LoraConfig(Section):
 
 class OptimConfig(Section):
     lr: float | None = Field(
-        None, gt=0, le=1.0,
-        description="Peak learning rate of this policy's AdamW. None: the default for the model, filled in when the team "
-        "is built: the embedded model's working rate, else a rate by the model's size and kind (mas/config/defaults.py; README table).",
+        None,
+        description="Peak learning rate of this policy's AdamW, > 0 and < 1. None: the default for the model, filled in "
+        "when the team is built: the embedded model's working rate, else a rate by the model's size and kind "
+        "(mas/config/defaults.py; README table).",
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="AdamW betas, each in [0, 1): the decay of its moving averages (torch refuses others).")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping threshold (global L2 norm).")
     schedule: Literal["constant", "linear", "cosine"] = Field(
@@ -94,6 +107,8 @@ class OptimConfig(Section):
         "pass's activations (estimated from the model's depth, width and dtype and micro_batch_tokens) and logits would "
         "not fit in half the device's free memory (on CPU, in at most 2 GiB) even with chunked logits "
         "(mas.training.learner.plan_memory_savers).")
+
+    _lr = field_validator("lr")(_learning_rate)
 
 
 class EndpointConfig(Section):
@@ -358,6 +373,12 @@ class AutogenTopology(Section):
         None, description="team only (a factory's team has its own): when the team stops, by a text mention or a message count."
     )
     max_turns: int | None = Field(None, ge=1, description="team only: AutoGen's bound on agent turns per episode; None = none.")
+    # the cap on a framework team's model calls (topologies/adapters.py): a team that never terminates still ends
+    max_model_calls: int = Field(
+        64, ge=1, description="Model calls one episode may make (each call of a mas client; tool rounds mas runs inside "
+        "a call are bounded by the agent's max_tool_calls); the next call ends the episode as failed (fault "
+        "model_call_limit), so a team that never terminates ends. Raise it for teams that need more calls."
+    )
 
 
 class LangGraphTopology(Section):
@@ -375,6 +396,12 @@ class LangGraphTopology(Section):
         "messages gives the last message's text)."
     )
     recursion_limit: int = Field(25, ge=1, description="LangGraph's bound on super-steps per episode (its default is 25).")
+    # the cap on a framework team's model calls (topologies/adapters.py): a team that never terminates still ends
+    max_model_calls: int = Field(
+        64, ge=1, description="Model calls one episode may make (each call of a mas client; tool rounds mas runs inside "
+        "a call are bounded by the agent's max_tool_calls); the next call ends the episode as failed (fault "
+        "model_call_limit), so a team that never terminates ends. Raise it for teams that need more calls."
+    )
 
 
 TopologyConfig = Annotated[
@@ -397,7 +424,7 @@ class WarmupConfig(Section):
 
     steps: int = Field(0, ge=0, description="Supervised steps per trainable policy; 0: no warm-up.")
     batch_size: int = Field(8, ge=1, description="Demonstration turns per policy per step.")
-    lr: float = Field(2e-4, gt=0, le=1.0, description="AdamW learning rate of the warm-up (its optimizer is dropped after it).")
+    lr: float = Field(2e-4, description="AdamW learning rate of the warm-up, > 0 and < 1 (its optimizer is dropped after it).")
     episodes: int = Field(
         64, ge=1, description="Teacher episodes played for demonstrations, on training tasks drawn from a stream of their "
         "own (the run's task stream is untouched).")
@@ -411,6 +438,8 @@ class WarmupConfig(Section):
         (), description="Agents whose turns are trained on; (): every agent of a trainable policy.")
     eval: bool = Field(True, description="Evaluate (trainer.eval_size tasks) after the warm-up: its own phase in the report.")
 
+    _lr = field_validator("lr")(_learning_rate)
+
 
 class TrainerConfig(Section):
     steps: int = Field(10, ge=0, description="Training steps (rollout -> credit -> update).")
@@ -420,8 +449,8 @@ class TrainerConfig(Section):
     clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1.")
     clip_high: float = Field(0.2, ge=0, description="PPO clip epsilon above 1 (clip-higher if larger).")
     kl_coef: float = Field(
-        0.0, ge=0, description="Weight of the KL term to the reference (the initial weights) in the loss: loss += kl_coef * "
-        "agg(KL estimate per token) (verl: use_kl_loss, kl_loss_coef). 0: no KL and no reference pass.")
+        0.0, ge=0, allow_inf_nan=False, description="Weight of the KL term to the reference (the initial weights) in the "
+        "loss: loss += kl_coef * agg(KL estimate per token) (verl: use_kl_loss, kl_loss_coef). 0: no KL and no reference pass.")
     kl_estimator: Literal["k1", "abs", "k2", "k3", "low_var_kl"] = Field(
         "k3", description="The per-token KL estimate (verl: kl_loss_type), d = logp - ref: k1 = d; abs = |d|; k2 = d^2/2 "
         "(verl mse); k3 = exp(-d) + d - 1 (>= 0, unbiased on-policy); low_var_kl = k3 clamped as verl does (d to "
@@ -747,7 +776,41 @@ def _credit_refs(credit: Any, agents: list[str], policies: list[str], trainer: A
     if fanout and trainer is not None and trainer.group_size != fanout[0]:
         errs.append((("trainer", "group_size"), trainer.group_size,
                      f"C3's tree has fanout[0] = {fanout[0]} roots per task; set group_size to {fanout[0]}"))
+    why = group_relative(credit)
+    if why and trainer is not None and trainer.group_size == 1:
+        other = ", or credit.normaliser: global" if why.startswith("normaliser") else ""
+        errs.append((("trainer", "group_size"), 1,
+                     f"credit {credit.method!r}: {why}, so with one episode per task every advantage is 0 and nothing "
+                     f"trains; set trainer.group_size to 2 or more (GRPO-style runs use 4 to 16){other}"))
     return errs
+
+
+# normalisers whose mean and std are taken per task group (credit/normalise.py): group and
+# group_batch_std over its episodes, agent over each agent's turns in it
+GROUP_NORMALISERS = ("group", "group_batch_std", "agent")
+
+
+def group_relative(credit: Any) -> str | None:
+    """Why ``credit`` measures an episode against the other episodes of its task's group (so
+    that a group of one gives every advantage 0), or None where one episode per task still
+    trains (normaliser global or none, reinforce_pp without baseline, C3, whose tree's fanout
+    sets its groups).  A reason that starts with "normaliser" is the normaliser's alone.
+    tests/test_newcomer_config.py checks this against ``run_credit`` on groups of one."""
+    method = getattr(credit, "method", None)
+    if method == "rloo":
+        return "its baseline is the mean of the task's other episodes"
+    if method == "magrpo" and credit.advantage_mode != "raw":
+        return f"advantage_mode {credit.advantage_mode!r} compares each joint sample with the task's other samples"
+    if method == "ccpo":
+        return "its GRPO step centres each role's reward on the task's group"
+    if method == "m_grpo":
+        return "it normalises the main and the sub-agent rewards over the task's group"
+    if method == "reinforce_pp" and credit.baseline:
+        return "baseline: true subtracts the task group's mean reward"
+    normaliser = getattr(credit, "normaliser", None)
+    if normaliser in GROUP_NORMALISERS:
+        return f"normaliser {normaliser!r} takes its mean and std over each task's group of episodes"
+    return None
 
 
 def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
@@ -844,8 +907,10 @@ def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
         found = e.get("input")
         if e["type"] == "extra_forbidden":
             valid = _valid_keys_at(data, loc[:-1])
-            close = difflib.get_close_matches(str(loc[-1]), valid or [], n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            # a key of another section (trainer.lr) first: a near miss in this one would mislead
+            elsewhere = [p for p in _key_paths().get(str(loc[-1]), []) if p != _generic_path(data, loc)][:3]
+            close = elsewhere or difflib.get_close_matches(str(loc[-1]), valid or [], n=1)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
             msg = f"unknown key{'; ' + hint + 'valid: ' + str(valid) if valid else ''}"
         elif e["type"] == "value_error":  # our own validators' messages say everything already
             msg = msg.removeprefix("Value error, ")
@@ -914,6 +979,59 @@ def _annotation_at(data: dict, loc: tuple) -> Any:
             return None
         ann = fields[part].annotation
     return ann
+
+
+def _container(ann: Any) -> Any:
+    """dict, tuple or list where ``ann`` (through Optional and Annotated) is one of them, else None."""
+    origin = get_origin(ann)
+    if origin in (dict, tuple, list):
+        return origin
+    if origin is Annotated:
+        return _container(get_args(ann)[0])
+    if origin is Union or isinstance(ann, types.UnionType):
+        return next((c for a in get_args(ann) if a is not type(None) for c in [_container(a)] if c), None)
+    return None
+
+
+def _generic_path(data: dict, loc: tuple) -> str:
+    """``loc`` as ``_key_paths`` writes it: a policy's name as ``<name>``, a list index as ``[<i>]``."""
+    out = ""
+    for k, part in enumerate(loc):
+        kind = _container(_annotation_at(data, loc[:k])) if k else None
+        out += "[<i>]" if kind in (tuple, list) else (".<name>" if kind is dict else (f".{part}" if out else str(part)))
+    return out
+
+
+def _submodels(ann: Any, suffix: str = "") -> list[tuple[type[BaseModel], str]]:
+    """The models ``ann`` holds, each with the path part its container adds (``.<name>``, ``[<i>]``)."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return [(ann, suffix)]
+    origin = get_origin(ann)
+    args = [a for a in get_args(ann) if a is not Ellipsis and a is not type(None)]
+    if origin is dict and args:
+        return _submodels(args[-1], suffix + ".<name>")
+    if origin in (tuple, list):
+        return [m for a in args for m in _submodels(a, suffix + "[<i>]")]
+    return [m for a in args for m in _submodels(a, suffix)]  # unions, Annotated (its metadata holds no model)
+
+
+@functools.cache
+def _key_paths() -> dict[str, list[str]]:
+    """Every key of the schema -> where it is valid, in schema order: lr -> [policies.<name>.optim.lr,
+    trainer.warmup.lr].  An unknown key that is valid elsewhere is told where."""
+    paths: dict[str, list[str]] = {}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = field.alias or name
+            path = f"{prefix}.{key}" if prefix else key
+            if path not in paths.setdefault(key, []):
+                paths[key].append(path)
+            for sub, suffix in _submodels(field.annotation):
+                walk(sub, path + suffix)
+
+    walk(RunConfig, "")
+    return paths
 
 
 def _valid_keys_at(data: dict, loc: tuple) -> list[str]:
@@ -992,6 +1110,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         parts = key.split(".")
         if not all(parts):
             raise ConfigError("overrides", [f"{item!r}: empty key part; expected key.sub=value"])
+        _check_policy_name(data, parts, key, overrides)
         cur: Any = data
         for i, p in enumerate(parts[:-1]):
             if isinstance(cur, list):
@@ -1013,6 +1132,22 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
                 _switch_kind(cur, parts[-1], value, policy=parts[0] == "policies")
             cur[parts[-1]] = value
     return data
+
+
+def _check_policy_name(data: dict, parts: list[str], key: str, overrides: list[str]) -> None:
+    """``policies.<name>.x=...`` names a policy of the file, or one the overrides add with its
+    ``policies.<name>.model=...``: a misspelt name would otherwise start a new, incomplete policy
+    and be reported as its missing model."""
+    policies = data.get("policies")
+    if parts[0] != "policies" or len(parts) < 3 or not isinstance(policies, dict) or parts[1] in policies:
+        return
+    if any(it.split("=", 1)[0] in (f"policies.{parts[1]}", f"policies.{parts[1]}.model") for it in overrides):
+        return
+    names = sorted(str(n) for n in policies)
+    close = difflib.get_close_matches(parts[1], names, n=1)
+    hint = f" did you mean {close[0]!r}?" if close else ""
+    raise ConfigError("overrides", [f"{key}: no policy named {parts[1]!r};{hint} valid: {names} "
+                                    f"(to add one, also set policies.{parts[1]}.model=...)"])
 
 
 def _list_index(items: list, part: str, key: str) -> int:
