@@ -328,6 +328,87 @@ def test_an_episode_over_its_time_limit_is_marked_and_the_rest_finish(tiny_token
     assert engine.take_faults()[0]["episode_timeout"] == 1
 
 
+def rollout_in_thread(engine, tasks) -> list:
+    """``engine.rollout(tasks, 1)``'s episodes, in a thread joined with a guard: a hang fails the test."""
+    import threading
+
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.setdefault("groups", engine.rollout(tasks, 1, seed=0)), daemon=True)
+    worker.start()
+    worker.join(timeout=120)  # a guard against a hang, not a speed assertion
+    assert not worker.is_alive(), "the rollout waited forever for a stopped episode"
+    return [g.episodes[0] for g in out["groups"]]
+
+
+class _Stubborn:
+    """A topology that ignores its first cancellation (as a framework's clean-up may: AutoGen's
+    waits for its agents) and waits on; the second cancellation ends it."""
+
+    def __init__(self):
+        self.cancelled = 0
+
+    async def run(self, ctx):
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                if self.cancelled > 1:
+                    raise
+
+
+def test_a_timed_out_episode_that_ignores_its_cancellation_is_left_behind_not_waited_for(tiny_tokenizer):
+    async def deadline_passes(seconds):  # an injected clock: the limit, and the grace after it, are up at once
+        return None
+
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer, score=lambda ep: 1.0)
+    stubborn = engine.topology = _Stubborn()
+    engine.episode_timeout, engine.sleep = 20.0, deadline_passes
+    (ep,) = rollout_in_thread(engine, TASKS[:1])
+    assert ep.status == "error" and ep.error.startswith("timeout: episode exceeded 20.0s")
+    assert engine.take_faults()[0]["episode_timeout"] == 1
+    assert stubborn.cancelled == 2  # cancelled once by the timeout, once more by the run's clean-up, which ended it
+
+
+class _Persistent:
+    """A topology that goes on calling its model through its cancellation (as AutoGen's clean-up
+    does: it waits for agents that call their models), and answers once a call is refused."""
+
+    async def run(self, ctx):
+        from mas.rollout.engine import EpisodeStopped, Outcome
+
+        calls = 0
+        while True:
+            try:
+                await ctx.call("lead", [{"role": "user", "content": f"Task: {calls}"}])
+                calls += 1
+            except asyncio.CancelledError:
+                ctx.episode.info["cancelled"] = True
+            except EpisodeStopped as exc:
+                ctx.episode.info["refused"] = str(exc)
+                return Outcome(answer="1")
+
+
+def test_after_the_deadline_every_model_call_raises_and_the_episode_fails_even_if_the_team_answers(tiny_tokenizer):
+    clock = ManualClock()
+    served = []
+
+    def respond(req):
+        served.append(req)
+        if len(served) == 3:
+            clock.advance(1.0)
+        return "ANSWER: 1"
+
+    engine, backend = scripted_engine(team_config("m", "chain"), respond, tiny_tokenizer, score=lambda ep: 1.0)
+    engine.topology = _Persistent()
+    engine.episode_timeout, engine.sleep = 1.0, clock.sleep
+    (ep,) = rollout_in_thread(engine, TASKS[:1])
+    assert ep.info["cancelled"] and ep.info["refused"].startswith("timeout: episode exceeded 1.0s")  # ctx.call refused
+    assert ep.status == "error" and ep.reward == 0.0 and backend.requests == 3 and len(ep.turns) == 3
+    faults, _ = engine.take_faults()
+    assert faults["episode_timeout"] == 1 and faults["agent_error"] == faults["backend_error"] == 0
+
+
 def test_without_a_time_limit_no_timer_runs(tiny_tokenizer):
     clock = ManualClock()
     engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer, score=lambda ep: 1.0)

@@ -18,8 +18,18 @@ The rules, the same for both frameworks:
   with calls is a tool turn (label ``tool``); its calls and, once the framework ran them, their
   observations and validity are recorded on it (``tool_valid`` as for env tools).  Call ids
   are ``call_<turn>_<k>``, the same in a replay, so a replayed transcript renders the same.
-* Errors.  The first exception of ``ctx.call`` (a ``ReplayDivergence``, a backend failure) is
-  kept and re-raised by the topology, whatever the framework wraps it in.
+* The env's tools.  An agent's YAML ``tools`` (the env's, e.g. ``search``) that its framework
+  code does not give it run inside mas, as in the built-in topologies: ``ctx.call`` runs them
+  in the engine's sandbox, records each round as a turn and calls the agent again with the
+  results; the framework sees the final reply.  The agent is told about them (the role's tool
+  description is added to a system message of its own).  A generation that calls a tool of
+  the framework's goes to the framework as is (it runs only its own tools).
+* The cap.  ``max_calls`` (``topology.max_model_calls``) bounds the model calls of one episode:
+  the next one stops the episode (``EpisodeContext.stop``, fault ``model_call_limit``), so a team
+  that never terminates ends.  After a stop, by the cap or by the episode's timeout, every call
+  raises ``EpisodeStopped`` and the framework's loop unwinds.
+* Errors.  The first exception of ``ctx.call`` (a ``ReplayDivergence``, a backend failure, an
+  ``EpisodeStopped``) is kept and re-raised by the topology, whatever the framework wraps it in.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import concurrent.futures
 from dataclasses import dataclass
 from typing import Any
 
-from mas.agents.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls, tool_call_text
+from mas.agents.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls, tool_call_text, tools_prompt
 from mas.rollout.engine import TOOL_LABEL, EpisodeContext
 from mas.types import Turn
 
@@ -115,8 +125,10 @@ class Generation:
 class EpisodeCalls:
     """The model calls of one episode of a framework team (shared by all its clients)."""
 
-    def __init__(self, ctx: EpisodeContext):
+    def __init__(self, ctx: EpisodeContext, max_calls: int | None = None):
         self.ctx = ctx
+        self.max_calls = max_calls  # model calls allowed in the episode (topology.max_model_calls); None: no cap
+        self.made = 0  # model calls asked for so far
         self.loop = asyncio.get_running_loop()  # the engine's loop: calls from worker threads are run here
         self.pending: set[concurrent.futures.Future] = set()  # such calls not finished yet
         self.error: BaseException | None = None
@@ -136,23 +148,38 @@ class EpisodeCalls:
 
     async def generate(self, agent: str, messages: list[dict[str, str]], tools: list[dict[str, Any]],
                        parent: int | None) -> Generation:
-        """One generation of ``agent`` through ``ctx.call`` (tools run by the framework)."""
+        """One generation of ``agent`` through ``ctx.call``: the framework runs the calls of its own
+        ``tools``; env tools it does not have are run here, each round one more turn."""
         a = self.ctx.agents.get(agent)
         if a is None:
             raise KeyError(f"no agent {agent!r} in this team; valid: {sorted(self.ctx.agents)}")
+        if self.max_calls is not None and self.made >= self.max_calls:
+            self.ctx.stop(f"model call limit: the team made {self.max_calls} model calls in this episode "
+                          f"(topology.max_model_calls) and agent {agent!r} asked for one more; a team that never "
+                          "terminates needs a termination condition, else raise the cap", "model_call_limit")
+        self.made += 1
+        framework = frozenset(t["name"] for t in tools)
+        ours = [n for n in a.tools if n not in framework]  # env tools the framework does not run: run here
         undescribed = [t for t in tools if t["name"] not in a.tools]  # env tools are in the role already
         messages = finish_messages(messages, a.role)
-        if undescribed:
-            sys_at = next(i for i, m in enumerate(messages) if m["role"] == "system")
-            messages[sys_at] = {"role": "system", "content": messages[sys_at]["content"] + "\n\n" + describe_tools(undescribed)}
+        sys_at = next(i for i, m in enumerate(messages) if m["role"] == "system")
+        extra = [describe_tools(undescribed)] if undescribed else []
+        if a.tools:  # a system message of the team's own replaces the role: keep the role's tool description
+            told = tools_prompt([self.ctx.tools[n] for n in a.tools], a.max_tool_calls)
+            if told in a.role and told not in messages[sys_at]["content"]:
+                extra.insert(0, told)
+        if extra:
+            messages[sys_at] = {"role": "system", "content": "\n\n".join([messages[sys_at]["content"], *extra])}
         try:
-            turn = await self.ctx.call(agent, messages, parent=parent, run_tools=False)
+            turn = await self.ctx.call(agent, messages, parent=parent, run_tools=bool(ours), framework_tools=framework)
         except BaseException as exc:
             if self.error is None:
                 self.error = exc
             raise
         if not tools or turn.finish_reason in ("masked", "removed") or not has_tool_call(turn.text):
             return Generation(turn, [], turn.text)
+        if ours and not any(c.name in framework for c in parse_tool_calls(turn.text)):
+            return Generation(turn, [], turn.text)  # env calls only, past the agent's budget: the reply stands
         return Generation(turn, self._record_calls(turn, parse_tool_calls(turn.text)), outside_calls(turn.text))
 
     def _record_calls(self, turn: Turn, parsed: list[ToolCall]) -> list[tuple[str, str, dict[str, Any]]]:

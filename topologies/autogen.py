@@ -4,14 +4,22 @@ Two ways to define the team:
 
 * ``team: round_robin | selector | swarm`` builds ``RoundRobinGroupChat``, ``SelectorGroupChat``
   or ``Swarm`` from the YAML agents: each participant is an ``AssistantAgent`` named after the
-  agent, with its role as system message, its env tools as AutoGen tools (run by AutoGen,
-  ``max_tool_iterations = max_tool_calls``, reflecting on the results) and, in a swarm, its
-  ``handoffs``.  A selector team's speaker selection is the model call of the ``selector``
+  agent, with its role as system message, its env tools as AutoGen tools (run by AutoGen through
+  the engine's sandbox, ``max_tool_iterations = max_tool_calls``, reflecting on the results)
+  and, in a swarm, its ``handoffs``.  A selector team's speaker selection is the model call of the ``selector``
   agent, a YAML agent like any other (its policy decides whether it trains).  The team stops on
   ``termination`` (a text mention by a participant, a message count, or either).
 * ``factory: "pkg.mod:build"`` calls your function with one model client per agent name
   (``{"solver": MasModelClient, ...}``) and runs the team it returns: your team code, changed
-  only where it created its model clients.
+  only where it created its model clients.  An agent's YAML ``tools`` (the env's) need nothing
+  in that code: mas runs them inside the agent's model call (``topologies/adapters.py``).
+  Refused by name at validate (and, should a factory build them only later, when an episode
+  builds them): a ``UserProxyAgent`` (it waits for a person) and structured output
+  (``output_content_type``; ``unsupported_parts``).
+
+An episode ends, whatever the team's termination, at ``topology.max_model_calls`` model calls
+and at ``runtime.episode_timeout_s``: from then on every call of its clients raises the engine's
+``EpisodeStopped``, and AutoGen, which waits for its agents when it stops, unwinds.
 
 Per episode a fresh team is built around fresh clients (AgentChat teams are stateful), run on
 the engine's event loop with the task's prompt as its task, and read: the team's answer is
@@ -41,8 +49,12 @@ from mas.config.refs import RefError, import_ref
 # unconfigured Python's last-resort handler prints its warnings to stderr: a selector turn that
 # names no speaker printed "Model failed to select a speaker ..." once per episode, between the
 # progress lines.  That turn is already counted, as the selector's parse failure.  A NullHandler
-# ends the printing; a program that configures logging still receives the records.
+# ends the printing; a program that configures logging still receives the records.  The same
+# for AutoGen's runtime ("autogen_core"): an agent whose model call raised (an episode stopped at
+# its timeout or its cap on model calls, a replay that diverged) printed a traceback per agent,
+# though the error is the episode's, recorded and counted there.
 logging.getLogger("autogen_agentchat").addHandler(logging.NullHandler())
+logging.getLogger("autogen_core").addHandler(logging.NullHandler())
 
 YAML_ONLY = ("participants", "selector", "selector_prompt", "allow_repeated_speaker", "handoffs", "termination", "max_turns")
 
@@ -120,7 +132,39 @@ def _factory_errors(ref: str, names: list[str]) -> list[tuple[tuple, Any, str]]:
     if not hasattr(team, "run_stream"):
         return [(("topology", "factory"), ref, f"the factory returned a {type(team).__name__}, not an AgentChat team "
                  "(RoundRobinGroupChat, SelectorGroupChat, Swarm, an agent, ...: anything with run_stream)")]
-    return []
+    return [(("topology", "factory"), ref, problem) for problem in unsupported_parts(team)]
+
+
+def unsupported_parts(team: Any) -> list[str]:
+    """What mas cannot run in an AgentChat team, by agent name (the team, its nested teams and
+    wrapped agents are searched): a ``UserProxyAgent`` waits for a person to type, and nobody
+    answers during training; an agent with structured output (``output_content_type``) asks its
+    model client for a pydantic object, and a mas client returns the policy's text."""
+    from autogen_agentchat.agents import UserProxyAgent
+
+    problems: list[str] = []
+    seen: set[int] = set()
+
+    def walk(obj: Any) -> None:
+        if obj is None or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        name = getattr(obj, "name", type(obj).__name__)
+        if isinstance(obj, UserProxyAgent):
+            problems.append(f"agent {name!r} is a UserProxyAgent, which waits for human input; nobody answers during "
+                            "training (mas does not support human-in-the-loop agents): leave it out of the team")
+        structured = getattr(obj, "_output_content_type", None)
+        if structured is not None:
+            problems.append(f"agent {name!r} has structured output (output_content_type={getattr(structured, '__name__', structured)}), "
+                            "which mas's model client does not support: it returns the policy's text; drop "
+                            "output_content_type and parse the agent's text instead")
+        for child in getattr(obj, "_participants", None) or ():  # a team's agents
+            walk(child)
+        walk(getattr(obj, "_team", None))  # a SocietyOfMindAgent's inner team
+        walk(getattr(obj, "_wrapped_agent", None))  # a MessageFilterAgent's agent
+
+    walk(team)
+    return problems
 
 
 def make_team(factory: Any, clients: Mapping[str, Any]) -> Any:
@@ -138,9 +182,13 @@ def _client(calls: Any, agent: str) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def env_tool(spec: Any) -> Any:
+def env_tool(spec: Any, ctx: EpisodeContext) -> Any:
     """An env tool (``mas.agents.tools.ToolSpec``) as an AutoGen tool: same arguments, same checks,
-    same observation; an invalid call raises, so AutoGen reports it as an error result."""
+    same observation; an invalid call raises, so AutoGen reports it as an error result.  It runs
+    as the engine runs env tools: in the episode's tool runner (the sandbox), in a worker thread,
+    with the batcher told (a batch waits for it, so batches do not depend on the tool's speed)."""
+    import asyncio
+
     from autogen_core.tools import BaseTool
     from pydantic import BaseModel, create_model
 
@@ -158,7 +206,14 @@ def env_tool(spec: Any) -> Any:
             super().__init__(args_model, Result, spec.name, spec.description)
 
         async def run(self, args: BaseModel, cancellation_token: Any) -> Result:
-            record, observation = run_tool_call(ToolCall(spec.name, args.model_dump()), {spec.name: spec})
+            ctx.batcher.tool_started(ctx.key)
+            try:
+                record, observation = await asyncio.to_thread(
+                    run_tool_call, ToolCall(spec.name, args.model_dump()), {spec.name: spec}, ctx.tool_runner)
+            finally:
+                ctx.batcher.tool_finished(ctx.key)
+            if "fault" in record:
+                ctx.faults.add(record["fault"], f"tool {spec.name!r} (an AutoGen agent's): {record['error']}")
             if not record["valid"]:
                 raise ValueError(observation)
             return Result(observation=observation)
@@ -192,7 +247,7 @@ class AutogenTeam:
         agents = []
         for name in members:
             a = ctx.agents[name]
-            tools = [env_tool(ctx.tools[t]) for t in a.tools]
+            tools = [env_tool(ctx.tools[t], ctx) for t in a.tools]
             agents.append(AssistantAgent(
                 name, clients[name], tools=tools or None, handoffs=list(cfg.handoffs.get(name, ())) or None,
                 description=a.role, system_message=a.role, reflect_on_tool_use=bool(tools) or None,
@@ -215,8 +270,11 @@ class AutogenTeam:
 
         from mas.topologies.adapters import EpisodeCalls
 
-        calls = EpisodeCalls(ctx)
+        calls = EpisodeCalls(ctx, self.cfg.max_model_calls)
         team = self.build(ctx, calls)
+        problems = unsupported_parts(team)  # refused at validate; a factory may build differently per episode
+        if problems:
+            raise NotImplementedError("; ".join(problems))
         said: list[tuple[str, str]] = []  # (source, text) of the team's chat messages, in order
         try:
             async for item in team.run_stream(task=ctx.task.prompt):

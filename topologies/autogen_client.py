@@ -14,7 +14,8 @@ model wrote, tool calls included) when this client wrote it, else user prefixed 
 (a swarm hands an agent's context to the next); ``FunctionExecutionResultMessage`` -> user, each result in
 ``<tool_response>`` tags.  Images are not supported (the policies read text).
 
-Not supported (a clear error): structured output (``json_output`` set to a pydantic model).
+Not supported (a clear error): structured output (``json_output`` set to a pydantic model, an
+agent's ``output_content_type``), refused by ``mas validate`` already (``topologies/autogen.py``).
 ``extra_create_args`` are ignored: sampling is the agent's YAML ``sampling`` section.
 """
 

@@ -17,6 +17,10 @@ Messages: system -> system, human -> user, AI -> assistant (the text the model w
 calls included), tool -> user with the result in ``<tool_response>`` tags.  ``stop`` words are
 ignored (a completion ends at the policy's stop tokens or ``max_new_tokens``); sampling is the
 agent's YAML ``sampling`` section.
+
+Not supported (a clear ``NotImplementedError``): ``with_structured_output``.  Once its episode is
+stopped (past ``runtime.episode_timeout_s`` or ``topology.max_model_calls``) every call raises
+``EpisodeStopped``, so a graph that loops forever unwinds.
 """
 
 from __future__ import annotations
@@ -63,6 +67,15 @@ class MasChatModel(BaseChatModel):
 
     def bind_tools(self, tools: Any, *, tool_choice: str | None = None, **kwargs: Any) -> Any:
         return self.bind(tools=[convert_to_openai_tool(t) for t in tools], tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
+        """Not supported: a clear error instead of LangChain's default, which would route the
+        schema through a tool call the policy was never trained to make."""
+        name = getattr(schema, "__name__", None) or (schema.get("title") if isinstance(schema, dict) else None) or "a schema"
+        raise NotImplementedError(
+            f"MasChatModel(agent={self.agent!r}).with_structured_output({name}) is not supported: the policy writes text, "
+            "and mas trains on that text; call the model itself and parse its reply in your node (e.g. json.loads, or "
+            "the agent's YAML parser)")
 
     def _episode(self) -> EpisodeCalls:
         calls = EPISODE.get()

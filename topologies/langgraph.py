@@ -8,6 +8,11 @@ state starts as ``{input_key: <task prompt>}`` (``input_as: messages``: a list w
 message), and the team's answer is ``state[answer_key]`` at the end.  A run that exceeds
 ``recursion_limit`` super-steps is truncated (no answer).
 
+Not supported, refused by name: ``interrupt()`` and ``interrupt_before``/``interrupt_after``
+(human-in-the-loop: nobody answers during training) at validate where the graph shows them,
+and an episode the graph ends at an interrupt anyway is a failed episode (``GraphInterrupted``)
+rather than a silent one with no answer; ``with_structured_output`` on a ``MasChatModel``.
+
 Replays and interventions re-run the graph with the engine's script (recorded turns reused,
 agents masked or removed).  Routing that depends only on the state the nodes built from the
 messages replays faithfully; routing on anything else (a random number, the clock) gets the
@@ -24,7 +29,11 @@ from mas.config.refs import RefError, import_ref
 
 from .langchain_model import BUILDING, EPISODE, MasChatModel, NotInEpisodeError, record_tool_messages
 
-__all__ = ["MasChatModel", "NotInEpisodeError", "UserGraph", "build_langgraph", "langgraph_errors"]
+__all__ = ["GraphInterrupted", "MasChatModel", "NotInEpisodeError", "UserGraph", "build_langgraph", "langgraph_errors"]
+
+
+class GraphInterrupted(RuntimeError):
+    """The graph stopped at ``interrupt()``, waiting for human input that never comes in training."""
 
 
 def load_graph(ref: str) -> tuple[Any, list[str]]:
@@ -59,7 +68,59 @@ def langgraph_errors(cfg: Any, names: list[str]) -> list[tuple[tuple, Any, str]]
     for field in ("input_key", "answer_key"):
         if getattr(cfg, field) not in keys:
             errs.append((("topology", field), getattr(cfg, field), f"not a key of the graph's state; valid: {keys}"))
+    errs += [(("topology", "builder"), cfg.builder, problem) for problem in interrupt_errors(graph)]
     return errs
+
+
+HUMAN = ("waits for human input, and nobody answers during training (mas does not support human-in-the-loop "
+         "graphs): remove it, or route on the state instead")
+
+
+def interrupt_errors(graph: Any, where: str = "") -> list[str]:
+    """Interrupts a compiled graph shows (its subgraphs included): nodes compiled with
+    ``interrupt_before``/``interrupt_after``, and node functions that name ``langgraph.types.interrupt``.
+    A node that reaches it another way is caught when it runs (``GraphInterrupted``)."""
+    from langgraph.graph.state import CompiledStateGraph
+    from langgraph.types import interrupt
+
+    out = []
+    for when in ("before", "after"):
+        nodes = getattr(graph, f"interrupt_{when}_nodes", None)
+        if nodes:
+            out.append(f"{where}the graph is compiled with interrupt_{when}={nodes if nodes == '*' else list(nodes)}, which {HUMAN}")
+    for name, spec in graph.builder.nodes.items():
+        runnable = spec.runnable
+        if isinstance(runnable, CompiledStateGraph):
+            out += interrupt_errors(runnable, f"{where}subgraph {name!r}: ")
+            continue
+        if any(obj is interrupt for fn in _node_functions(runnable) for obj in _referenced(fn)):
+            out.append(f"{where}node {name!r} calls interrupt(), which {HUMAN}")
+    return out
+
+
+def _node_functions(runnable: Any) -> list[Any]:
+    """The Python functions behind a node's runnable (its sync and async versions)."""
+    fns = [inspect.unwrap(fn) for fn in (getattr(runnable, "func", None), getattr(runnable, "afunc", None)) if callable(fn)]
+    return [fn for fn in fns if getattr(fn, "__code__", None) is not None]
+
+
+def _referenced(fn: Any) -> list[Any]:
+    """The objects a function closes over or names as globals (its nested functions' names included)."""
+    names, codes = set(), [fn.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes += [c for c in code.co_consts if inspect.iscode(c)]
+    cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
+    return cells + [fn.__globals__[n] for n in sorted(names) if n in fn.__globals__]
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
 
 
 def state_keys(graph: Any) -> list[str]:
@@ -130,7 +191,7 @@ class UserGraph:
 
         from .adapters import EpisodeCalls
 
-        calls = EpisodeCalls(ctx)
+        calls = EpisodeCalls(ctx, self.cfg.max_model_calls)
         token = EPISODE.set(calls)  # the graph's tasks and worker threads inherit it
         config = {"recursion_limit": self.cfg.recursion_limit,
                   "configurable": {"ctx": ctx, "thread_id": f"mas-episode-{ctx.key}"}}
@@ -145,6 +206,10 @@ class UserGraph:
             EPISODE.reset(token)
             calls.cancel_pending()
         calls.rethrow()
+        if state.get("__interrupt__"):  # LangGraph returns the state at an interrupt() as if the graph had ended
+            said = "; ".join(repr(getattr(i, "value", i)) for i in state["__interrupt__"])
+            raise GraphInterrupted(f"the graph stopped at interrupt() ({said}) after {calls.made} model call(s); "
+                                   f"interrupt() {HUMAN}")
         for value in state.values():  # results of tool calls no model call read afterwards
             if isinstance(value, list):
                 record_tool_messages(calls, value)

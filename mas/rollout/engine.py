@@ -30,6 +30,17 @@ own (``mas.rollout.backends.base.policy_seed``), wherever that policy is served.
 Faults (DESIGN.md: a failed episode is kept, marked, scored 0 and counted; the step goes on)
 are counted by kind in ``Engine.faults`` (``FAULT_KINDS``); the trainer takes the counts of
 each step into its metrics (``take_faults``), with the first message of each kind.
+
+Stopping an episode.  A framework team (an AutoGen Swarm that stops only on a text, a LangGraph
+cycle) may never end by itself, and cancelling its task is not enough: AutoGen's clean-up
+waits for its agents, which go on calling their models.  So an episode is stopped through its
+context (``EpisodeContext.stop``): from then on every model call of the episode raises
+``EpisodeStopped`` instead of answering (its requests waiting for a batch included), the
+framework's loop unwinds on that error, and the episode is marked failed with the stop's fault
+kind.  The engine stops an episode at ``runtime.episode_timeout_s``; a framework adapter stops
+it at its cap on model calls.  After a timeout the engine waits for the episode to unwind at
+most as long again (the injected ``sleep``), then leaves it behind; the run's own clean-up
+gives tasks still running a short, bounded time (``LEFTOVER_GRACE_S``) and never waits for them.
 """
 
 from __future__ import annotations
@@ -74,7 +85,8 @@ TOOL_LABEL = "tool"  # parsed label of a turn whose tool calls ran (the agent is
 FAULT_KINDS: dict[str, str] = {
     "agent_error": "episodes stopped by an exception in agent or topology code",
     "backend_error": "failed generations of agent turns, and batches that failed as a whole (their requests are then retried one at a time)",
-    "episode_timeout": "episodes over runtime.episode_timeout_s",
+    "episode_timeout": "episodes over runtime.episode_timeout_s (their model calls refused from then on, so a team that never stops unwinds)",
+    "model_call_limit": "episodes of a framework team (kind: autogen or langgraph) stopped at topology.max_model_calls model calls",
     "score_error": "episodes whose reward function raised or returned NaN/inf (scored 0)",
     "tool_error": "tool calls that raised (a ToolError, the tool's answer to a bad argument, is not a fault)",
     "tool_timeout": "tool calls stopped at runtime.tool_timeout_s",
@@ -122,6 +134,21 @@ class ReplayDivergence(RuntimeError):
 
 
 REPLAY_HINT = "a replay needs routing that depends only on the messages so far (docs/bring_your_own_team.md)"
+
+LEFTOVER_GRACE_S = 1.0  # wall time a run's clean-up gives tasks still running (cancelled) before it leaves them
+
+
+class EpisodeStopped(RuntimeError):
+    """A model call refused because its episode is over: past ``runtime.episode_timeout_s``
+    (``fault`` "episode_timeout"), or past a framework team's cap on model calls
+    ("model_call_limit").  A framework team's loop unwinds on it; the engine marks the episode
+    failed with this message and counts the fault."""
+
+    def __init__(self, message: str, fault: str):
+        super().__init__(message)
+        if fault not in FAULT_KINDS:
+            raise KeyError(f"unknown fault kind {fault!r}; valid: {sorted(FAULT_KINDS)}")
+        self.fault = fault
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,6 +264,18 @@ class Batcher:
         self.active.discard(key)
         self._wake.set()
 
+    def drop(self, key: int, error: BaseException) -> None:
+        """Fail the requests of episode ``key`` still waiting for a batch with ``error`` (the
+        episode was stopped): they are not generated."""
+        keep = []
+        for item in self._pending:
+            if item[0][0] == key:
+                _settle(item[2], error=error)
+            else:
+                keep.append(item)
+        self._pending = keep
+        self._wake.set()
+
     def tool_started(self, key: int) -> None:
         self.busy[key] += 1
 
@@ -325,6 +364,11 @@ class Batcher:
 _TURN_FIELDS = tuple(f.name for f in dataclasses.fields(Turn))
 
 
+def _calls_any(text: str, names: frozenset[str]) -> bool:
+    """Does ``text`` call one of the tools ``names`` (tools a framework runs, not the engine)?"""
+    return bool(names) and has_tool_call(text) and any(c.name in names for c in parse_tool_calls(text))
+
+
 def _copy_turn(src: Turn, **changes: Any) -> Turn:
     """``dataclasses.replace(copy.deepcopy(src), **changes)`` without copying the fields that
     ``changes`` replace (a replayed turn gets its own messages and prompt ids, the longest
@@ -381,6 +425,20 @@ class EpisodeContext:
         self.greedy = greedy
         self.prompts = prompts if prompts is not None else PromptCache()
         self._next = 0
+        self.stopped: EpisodeStopped | None = None  # set by ``stop``: every later model call raises it
+
+    def stop(self, message: str, fault: str) -> None:
+        """End the episode from outside its code: every model call from now on raises
+        ``EpisodeStopped(message, fault)``, and so do the calls waiting for a batch.  The first
+        stop is the one that counts."""
+        if self.stopped is None:
+            self.stopped = EpisodeStopped(message, fault)
+        self.batcher.drop(self.key, self._refusal())
+
+    def _refusal(self) -> EpisodeStopped:
+        """A fresh copy of the stop's error for one refused call (each raise keeps its own traceback)."""
+        assert self.stopped is not None
+        return EpisodeStopped(str(self.stopped), self.stopped.fault)
 
     @property
     def task(self) -> Task:
@@ -406,13 +464,19 @@ class EpisodeContext:
         parent: int | None = None,
         index: int | None = None,
         run_tools: bool = True,
+        framework_tools: frozenset[str] = frozenset(),
     ) -> Turn:
         """One invocation of an agent: its reply, after any tool rounds (each one more Turn).
 
         ``run_tools=False`` is for a framework that runs the agent's tool calls itself (an
         AutoGen agent, a LangGraph ToolNode): the one generation comes back as is, with no
         tool round here; the caller records the calls and observations on the turn.
+        ``framework_tools``: with ``run_tools``, the tools a framework runs for this agent
+        besides its env tools; a generation that calls one of them comes back as is (the
+        framework runs its calls), one that calls only env tools gets its tool rounds here.
         """
+        if self.stopped is not None:
+            raise self._refusal()
         if agent_name not in self.agents:
             raise KeyError(f"no agent {agent_name!r} in this team; valid: {sorted(self.agents)}")
         agent = self.agents[agent_name]
@@ -425,22 +489,26 @@ class EpisodeContext:
                 index = self.reserve(1)[0]
         if not run_tools:
             return await self._turn(agent_name, messages, parent, index, d, 0, run_tools=False)
-        turn = await self._turn(agent_name, messages, parent, index, d, agent.max_tool_calls)
+        turn = await self._turn(agent_name, messages, parent, index, d, agent.max_tool_calls, framework_tools=framework_tools)
         used = 0
-        while turn.parsed.get("label") == TOOL_LABEL:
+        # (a replayed turn whose calls the framework ran carries the label too: it ends the invocation here)
+        while turn.parsed.get("label") == TOOL_LABEL and not _calls_any(turn.text, framework_tools):
             used += len(turn.tool_calls)
             left = agent.max_tool_calls - used
             messages = messages + [{"role": "assistant", "content": turn.text},
                                    {"role": "user", "content": tool_results_message(turn.observations, left)}]
             index = self.reserve(1)[0]
-            turn = await self._turn(agent_name, messages, turn.index, index, self._directive(index, agent_name), left)
+            turn = await self._turn(agent_name, messages, turn.index, index, self._directive(index, agent_name), left,
+                                    framework_tools=framework_tools)
         return turn
 
     async def _turn(
         self, agent_name: str, messages: list[dict[str, str]], parent: int | None, index: int, d: Directive, tool_budget: int,
-        run_tools: bool = True,
+        run_tools: bool = True, framework_tools: frozenset[str] = frozenset(),
     ) -> Turn:
         """One generation (sampled, replayed, masked or removed), recorded on the episode."""
+        if self.stopped is not None:  # stopped during this invocation (its tool rounds)
+            raise self._refusal()
         agent = self.agents[agent_name]
         prompt_ids = self.prompts.render(self.tokenizers[agent.policy], messages)
         base = dict(agent=agent_name, policy=agent.policy, index=index, parent=parent, messages=messages, prompt_ids=prompt_ids)
@@ -469,6 +537,8 @@ class EpisodeContext:
             )
             try:
                 res = await self.batcher.generate((self.key, index), req)
+            except EpisodeStopped:  # not the backend's failure: counted as the stop's fault
+                raise
             except Exception as exc:
                 self.backend_failed = True
                 self.faults.add("backend_error", f"generation for agent {agent_name!r} failed: {type(exc).__name__}: {exc}")
@@ -477,7 +547,7 @@ class EpisodeContext:
             turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
                         parsed=parsed, valid=valid, finish_reason=res.finish_reason,
                         trainable=self.trainable[agent.policy], weight_version=res.weight_version)
-            if run_tools and agent.tools and has_tool_call(res.text):
+            if run_tools and agent.tools and has_tool_call(res.text) and not _calls_any(res.text, framework_tools):
                 await self._run_tools(agent.name, turn, tool_budget)
         self.episode.turns.append(turn)
         return turn
@@ -659,7 +729,12 @@ class Engine:
         self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest] = (),
         abort: Callable[[], bool] | None = None,
     ) -> list[str]:
-        return asyncio.run(self._run_async(jobs, seed, greedy, list(critiques), abort))
+        # Sync framework code (a LangGraph node written with `def`) runs in the loop's default
+        # executor and blocks its thread while it waits for a model call; the batch it waits
+        # for is served only when every episode waits, so every episode must get a thread.
+        # Threads are started only when needed.
+        executor = ThreadPoolExecutor(max_workers=max(32, 4 * len(jobs)), thread_name_prefix="mas-episode")
+        return _run_loop(self._run_async(jobs, seed, greedy, list(critiques), abort), executor)
 
     async def _run_async(
         self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest],
@@ -668,12 +743,6 @@ class Engine:
         batcher = Batcher(self.backend, seed, faults=self.faults, count_tokens=self._generated_tokens, abort=abort)
         prompts = PromptCache()  # one memo per run: a run's episodes share many prompts (see PromptCache)
         batcher.active = set(range(len(jobs) + len(critiques)))
-        # Sync framework code (a LangGraph node written with `def`) runs in the loop's default
-        # executor and blocks its thread while it waits for a model call; the batch it waits
-        # for is served only when every episode waits, so every episode must get a thread.
-        # Threads are started only when needed.
-        asyncio.get_running_loop().set_default_executor(
-            ThreadPoolExecutor(max_workers=max(32, 4 * len(jobs)), thread_name_prefix="mas-episode"))
         server = asyncio.create_task(batcher.serve())
         server.add_done_callback(batcher.fail_pending)  # a server that dies must not leave episodes waiting
         try:
@@ -722,21 +791,30 @@ class Engine:
         runner = self.sandbox if self.tools else None
         ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy, self.tools,
                              tool_runner=runner, faults=self.faults, prompts=prompts)
+        limit = self.episode_timeout
+
+        def timed_out() -> None:  # from now on the episode's model calls raise: a team that never stops unwinds
+            ctx.stop(f"timeout: episode exceeded {limit}s (runtime.episode_timeout_s)", "episode_timeout")
+
         try:
-            outcome = await _within(self.topology.run(ctx), self.episode_timeout, self.sleep)
+            # after the limit, the episode gets as long again to unwind (<= 2x the limit in all), then is left behind
+            outcome = await _within(self.topology.run(ctx), limit, self.sleep, on_timeout=timed_out, grace=limit)
+            if ctx.stopped is not None:  # the team caught a refused call and ended anyway: still a stopped episode
+                raise ctx.stopped
             ep.answer = outcome.answer
             ep.status = "truncated" if outcome.truncated else "ok"
-        except TimeoutError:
-            ep.status, ep.error = "error", f"timeout: episode exceeded {self.episode_timeout}s"
-            self.faults.add("episode_timeout", f"task {ep.task.task_id!r}: {ep.error}")
         except Exception as exc:  # noqa: BLE001 - a failed episode is kept, marked and scored 0
             ep.status = "error"
-            ep.error = f"{type(exc).__name__}: {exc}"
-            ep.info["traceback"] = traceback.format_exc(limit=5)
-            # a backend failure was counted where it happened; a replay that diverged is counted by the
-            # credit method (credit_cost.replay_divergences) and warned about once per step
-            if not ctx.backend_failed and not isinstance(exc, ReplayDivergence):
-                self.faults.add("agent_error", f"task {ep.task.task_id!r}: {ep.error}")
+            if ctx.stopped is not None:  # whatever the team raised on the way out, the stop is the cause
+                ep.error = str(ctx.stopped)
+                self.faults.add(ctx.stopped.fault, f"task {ep.task.task_id!r}: {ep.error}")
+            else:
+                ep.error = f"{type(exc).__name__}: {exc}"
+                ep.info["traceback"] = traceback.format_exc(limit=5)
+                # a backend failure was counted where it happened; a replay that diverged is counted by the
+                # credit method (credit_cost.replay_divergences) and warned about once per step
+                if not ctx.backend_failed and not isinstance(exc, ReplayDivergence):
+                    self.faults.add("agent_error", f"task {ep.task.task_id!r}: {ep.error}")
         finally:
             batcher.finished(key)
         ep.turns.sort(key=lambda t: t.index)
@@ -796,8 +874,11 @@ def _in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
     return future
 
 
-async def _within(coro: Awaitable[Any], timeout: float | None, sleep: Callable[[float], Awaitable[Any]]) -> Any:
-    """``await coro``, or cancel it and raise TimeoutError once ``sleep(timeout)`` returns first."""
+async def _within(coro: Awaitable[Any], timeout: float | None, sleep: Callable[[float], Awaitable[Any]],
+                  on_timeout: Callable[[], None] | None = None, grace: float | None = None) -> Any:
+    """``await coro``; or, once ``sleep(timeout)`` returns first: ``on_timeout()``, cancel it, wait
+    for it to finish (at most ``sleep(grace)`` when ``grace`` is given, else until it does) and
+    raise TimeoutError.  A coroutine still running after its grace is left behind."""
     if timeout is None:
         return await coro
     work = asyncio.ensure_future(coro)
@@ -811,14 +892,51 @@ async def _within(coro: Awaitable[Any], timeout: float | None, sleep: Callable[[
     if work.done():
         timer.cancel()
         return work.result()
+    if on_timeout is not None:
+        on_timeout()
     work.cancel()
+    waits = {work}
+    if grace is not None:
+        waits.add(asyncio.ensure_future(sleep(grace)))
     try:
-        await work
-    except asyncio.CancelledError:
-        pass
-    except Exception:  # noqa: BLE001 - it failed while being stopped; the timeout is what counts
-        pass
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits - {work}:
+            w.cancel()
+    work.add_done_callback(_drop_outcome)  # it failed or was cancelled while being stopped: the timeout is what counts
     raise TimeoutError
+
+
+def _drop_outcome(task: asyncio.Future) -> None:
+    """Mark a stopped task's error as seen (asyncio would log it as never retrieved)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _run_loop(main: Awaitable[Any], executor: ThreadPoolExecutor) -> Any:
+    """``asyncio.run(main)`` with ``executor`` as the loop's default executor, and a clean-up that
+    cannot hang.  asyncio.run cancels the tasks still running at the end and waits for them, and
+    for the executor's threads, without a bound; an episode left behind after its timeout (one
+    that ignored its cancellation) would hang the run there.  Here they get ``LEFTOVER_GRACE_S``
+    seconds once cancelled, then stay with the closed loop; the threads are not waited for."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.set_default_executor(executor)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in left:
+                task.cancel()
+                task.add_done_callback(_drop_outcome)
+            if left:
+                loop.run_until_complete(asyncio.wait(left, timeout=LEFTOVER_GRACE_S))
+            loop.run_until_complete(asyncio.wait([loop.create_task(loop.shutdown_asyncgens())], timeout=LEFTOVER_GRACE_S))
+        finally:
+            asyncio.set_event_loop(None)
+            executor.shutdown(wait=False, cancel_futures=True)
+            loop.close()
 
 
 def _check_critique(req: CritiqueRequest, tokenizers: dict[str, Any]) -> None:
