@@ -44,7 +44,9 @@ def test_sigterm_while_the_engine_generates_stops_the_run_and_leaves_no_engine_p
     import psutil
 
     run = tmp_path / "run"
-    backends = [f"policies.{p}.backend=vllm" for p in ("planner", "adder", "subtractor")]
+    # float32: what is tested is the stop, not the dtype, and a CPU without bfloat16 kernels runs a
+    # bfloat16 LoRA step ~12x slower (docs/benchmarks.md, "Test suite")
+    backends = [f"policies.{p}.{k}" for p in ("planner", "adder", "subtractor") for k in ("backend=vllm", "dtype=float32")]
     cmd = [sys.executable, "-m", "mas.cli", "train", str(REPO / "configs" / "smol_orchestrator.yaml"), *backends,
            "trainer.steps=50", "trainer.batch_size=2", "trainer.group_size=2", "trainer.eval_size=0",
            "trainer.warmup.steps=0", "trainer.save_every=0", "logging.progress=false", "--run-dir", str(run)]
