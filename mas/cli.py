@@ -36,6 +36,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Each config: every error (exit 1), or the resolved config; warnings go to stderr."""
     from mas.config.checks import config_warnings, data_issues, machine_issues, meaning_errors
     from mas.config.defaults import resolve_default_lrs
+    from mas.training.context_plan import context_issues
 
     status = 0
     files, overrides = split_overrides(args.configs)
@@ -54,6 +55,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             status = 1
             continue
         warnings = issue_lines(config_warnings(cfg)) + [f"{line} [on this machine]" for line in issue_lines(machine_issues(cfg))]
+        warnings += context_issues(cfg)  # conversations longer than a model's positions (research teams on small models)
         for line in warnings:
             print(f"{path}: warning: {line}", file=sys.stderr)
         if args.strict and warnings:

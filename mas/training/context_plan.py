@@ -1,0 +1,137 @@
+"""Whether a team's conversations fit its models' positions: ``mas validate``'s context check.
+
+A model trained for P positions (the embedded model: 512) reads nothing sensible past them: a
+research agent whose searches and reads pile up in its prompt runs past them after a few calls,
+and transformers only warns at run time.  ``context_issues`` bounds, per agent, the longest
+prompt plus reply an episode can give it, in its own tokenizer's tokens, and names each agent
+whose bound exceeds its model's ``max_position_embeddings``:
+
+    bound = chat overhead + role + the longest of a sample of the env's tasks
+            + what the agents before it in a chain said (their replies and tool rounds with results)
+            + max_tool_calls x (max_new_tokens + the longest tool response measured)
+            + its own reply (max_new_tokens)
+
+Tool responses are measured, not guessed: the env's own ``search`` is run on the sampled tasks'
+questions at the largest k the env allows, and its own ``read`` on every title those searches
+return; any other tool runs once with its prompt example.  The bound is an upper estimate of
+what the topology renders (an agent need not use all its calls); it is a warning, and says so.
+Models whose config or tokenizer cannot be read offline are skipped, and so are GGUF files (reading
+their metadata takes tens of seconds; SmolLM2's 8,192 positions hold any shipped team).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+TASK_SAMPLE = 16  # training tasks whose questions are measured (and searched)
+CHAT_OVERHEAD = 32  # tokens of chat template around the messages (role markers, separators)
+
+
+def longest_tool_response(env: Any, env_cfg: Any, tasks: list) -> str:
+    """The longest response that the env's tools gave on ``tasks`` ("" without tools)."""
+    tools = getattr(env, "tools", None) or {}
+    longest = ""
+
+    def run(name: str, **args: Any) -> str:
+        try:
+            return str(tools[name].fn(**args))
+        except Exception as e:  # a refused call is answered with its error text, which is short
+            return str(e)
+
+    titles: set[str] = set()
+    for name, spec in tools.items():
+        if name == "search":
+            k = getattr(env_cfg, "max_k", None) or getattr(env_cfg, "search_k", None)
+            for task in tasks:
+                out = run("search", query=task.prompt, **({"k": k} if k else {}))
+                longest = max(longest, out, key=len)
+                titles |= {m.group(1) for m in re.finditer(r"^\d+\. (.+?): ", out, re.M)}
+        elif name != "read":
+            longest = max(longest, run(name, **{p.name: p.example for p in spec.params if p.example is not None}), key=len)
+    if "read" in tools:
+        for title in sorted(titles):
+            longest = max(longest, run("read", title=title), key=len)
+    return longest
+
+
+def _order(cfg: Any) -> list[str]:
+    """The agents in the order a chain runs them; other topologies: the config's order, and no
+    agent is counted as hearing another's reply."""
+    seq = getattr(cfg.topology, "sequence", None)
+    return list(seq) if seq else [a.name for a in cfg.agents]
+
+
+def context_bounds(cfg: Any, tokenizer_of: Callable[[str], Any], positions_of: Callable[[str], int | None],
+                   env: Any) -> list[dict[str, Any]]:
+    """Per agent whose model's positions are known: its bound (module docstring) and the
+    positions.  ``tokenizer_of(policy)`` / ``positions_of(policy)`` read the policy's model;
+    either may give None to skip it."""
+    tasks = env.sample_tasks(TASK_SAMPLE)
+    response_text = longest_tool_response(env, cfg.env, tasks) if any(a.tools for a in cfg.agents) else ""
+    block = f"<tool_response>\n{response_text}\n</tool_response>"
+    chain = getattr(cfg.topology, "kind", None) == "chain"
+    heard_tokens, heard_results = 0, 0  # in a chain: what the agents before this one wrote, and their tool results
+    rows = []
+    for name in _order(cfg):
+        agent = cfg.agent(name)
+        tok, positions = tokenizer_of(agent.policy), positions_of(agent.policy)
+        reply = agent.sampling.max_new_tokens
+        rounds = agent.max_tool_calls if agent.tools else 0
+        if tok is not None and positions:
+            count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
+            task = max(count(t.prompt) for t in tasks) if tasks else 0
+            response = count(block) if response_text else 0
+            heard = heard_tokens + heard_results * response
+            bound = CHAT_OVERHEAD + count(agent.role) + task + heard + rounds * (reply + response) + reply
+            rows.append({"agent": name, "policy": agent.policy, "bound": bound, "positions": positions,
+                         "tool_calls": rounds, "tool_response_tokens": response if rounds else 0})
+        if chain:  # a chain's transcript shows each earlier reply and tool turn, with its results
+            heard_tokens += reply + rounds * reply
+            heard_results += rounds
+    return rows
+
+
+def context_issues(cfg: Any) -> list[str]:
+    """Warnings for agents whose conversations can outgrow their models' positions (module docstring)."""
+    from transformers import AutoTokenizer
+
+    from mas.embedded.artifact import embedded_path
+    from mas.envs import build_env
+    from mas.models.sources import is_gguf_model
+    from mas.training.memory_plan import model_config
+
+    cache: dict[str, tuple[Any, int | None]] = {}
+
+    def model_of(policy: str) -> tuple[Any, int | None]:
+        if policy not in cache:
+            model = cfg.policies[policy].model
+            if is_gguf_model(model):
+                cache[policy] = (None, None)
+                return cache[policy]
+            try:
+                positions = getattr(model_config(model), "max_position_embeddings", None)
+                tok = AutoTokenizer.from_pretrained(str(embedded_path())) if model == "embedded" else None
+                if tok is None and positions is not None and positions <= 4096:  # only a short context needs the count
+                    tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+            except Exception:  # not readable offline: nothing to check
+                positions, tok = None, None
+            cache[policy] = (tok, positions)
+        return cache[policy]
+
+    try:
+        env = build_env(cfg.env)
+    except Exception:  # the env's data are not here: `mas validate` reports that on its own (data_issues)
+        return []
+    rows = context_bounds(cfg, lambda p: model_of(p)[0], lambda p: model_of(p)[1], env)
+    out = []
+    for r in rows:
+        if r["bound"] > r["positions"]:
+            calls = (f", {r['tool_calls']} tool calls of up to {r['tool_response_tokens']} tokens of results each"
+                     if r["tool_calls"] else "")
+            out.append(f"agents.{r['agent']}: its conversation can reach about {r['bound']} tokens{calls}, past the "
+                       f"{r['positions']} positions of policy {r['policy']!r}'s model: what lies beyond is read badly or "
+                       f"not at all. Lower max_tool_calls, the env's snippet_chars/read_chars/max_k or max_new_tokens, "
+                       f"or use a model with a longer context")
+    return out
