@@ -45,6 +45,8 @@ from mas.embedded.teachers import (ChainTeacher, DebateTeacher, OrchestratorTeac
 from mas.rollout.engine import Engine
 from mas.envs import build_env
 from mas.envs.math.verify import gsm8k_final_answer, numbers_match, read_number
+from mas.training.framework_teacher import framework_teacher
+from mas.training.memory import release_freed_memory
 from mas.training.sft import Demonstration
 from mas.topologies import build_topology
 
@@ -67,7 +69,10 @@ def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
     * GSM8K solver/verifier chains: the training problem's own worked solution (``SolutionChainTeacher``);
     * HotpotQA researcher (search, read) -> answerer chains (``ResearchTeacher``);
     * researcher (search, read) -> answerer chains on the generated two-hop facts (``FactsTeacher``);
-    * the team tasks of ``envs/team`` (conjunctive and relay as parts chains, saboteur).
+    * the team tasks of ``envs/team`` (conjunctive and relay as parts chains, saboteur);
+    * any other AutoGen or LangGraph team, on any env: the generic ``FrameworkTeacher``
+      (``mas/training/framework_teacher.py``), which reads each request from the messages the
+      framework built (who routes, who hands off, who answers); weakness ``p_skip``/``p_slip``.
     """
     top, env = cfg.topology, getattr(cfg.env, "name", None)
     p_direct = float(knobs.get("p_direct", 0.6))
@@ -113,19 +118,31 @@ def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
         return FactsTeacher(chains=chains, cities=cities, researcher=researcher.name, p_direct=p_direct,
                             p_detour=float(knobs.get("p_detour", 0.3)))
     if isinstance(top, AutogenTopology) and top.team == "selector" and env == "synthetic_math":
-        return SelectorTeacher(selector=top.selector or "", specialist_for=routes(top.participants or tuple(
-            a.name for a in cfg.agents if a.name != top.selector)), p_misroute=float(knobs.get("p_misroute", 0.4)))
-    if isinstance(top, LangGraphTopology) and env in ("synthetic_math", "custom"):
-        by_parser = {p: [a.name for a in cfg.agents if a.parser == p] for p in ("answer", "verdict")}
-        if len(cfg.agents) != 2 or any(len(names) != 1 for names in by_parser.values()):
-            raise unsupported("a LangGraph team needs exactly two agents: one with the answer parser, one with the verdict parser")
-        if env == "custom":
-            _check_arithmetic(build_env(cfg.env), unsupported)
+        specialists = top.participants or tuple(a.name for a in cfg.agents if a.name != top.selector)
+        if _fits(lambda: routes(specialists)):  # else the generic teacher below
+            return SelectorTeacher(selector=top.selector or "", specialist_for=routes(specialists),
+                                   p_misroute=float(knobs.get("p_misroute", 0.4)))
+    by_parser = {p: [a.name for a in cfg.agents if a.parser == p] for p in ("answer", "verdict")}
+    # a solver/checker graph on arithmetic; any other framework team gets the generic teacher below
+    if (isinstance(top, LangGraphTopology) and env in ("synthetic_math", "custom") and len(cfg.agents) == 2
+            and all(len(names) == 1 for names in by_parser.values())
+            and (env != "custom" or _fits(lambda: _check_arithmetic(build_env(cfg.env), unsupported)))):
         solver, checker = by_parser["answer"][0], by_parser["verdict"][0]
         chain = ChainTeacher(p_direct=p_direct, p_slip=float(knobs.get("p_slip", 0.3)), p_lazy=float(knobs.get("p_lazy", 0.8)),
                              solver=solver)
         return FrameworkChainTeacher(chain, solver=solver, checker=checker)
+    if isinstance(top, (AutogenTopology, LangGraphTopology)):  # any other framework team: the generic teacher
+        return framework_teacher(cfg, build_env(demo_env_config(cfg)), knobs)
     raise unsupported(f"topology {top.kind!r} on env {env!r}")
+
+
+def _fits(check: Callable[[], Any]) -> bool:
+    """Whether a specific teacher's requirement holds (``check`` raises ``ConfigError`` when it does not)."""
+    try:
+        check()
+    except ConfigError:
+        return False
+    return True
 
 
 def _renamed(teacher: Teacher, names: dict[str, str]) -> Teacher:
@@ -475,13 +492,17 @@ def _check_arithmetic(env: Any, unsupported: Callable[[str], ConfigError]) -> No
             raise unsupported(f"the teacher plays arithmetic expressions such as 8-5; task {task.task_id!r} is {task.prompt[:60]!r}")
 
 
+def demo_env_config(cfg: RunConfig) -> Any:
+    """The env config of the teacher's task stream: the run's env, seeded apart (training split only)."""
+    return cfg.env.model_copy(update={"seed": cfg.env.seed + DEMO_STREAM}) if hasattr(cfg.env, "seed") else cfg.env
+
+
 def teacher_demonstrations(team: Any, episodes: int, teacher: Teacher, seed: int) -> tuple[list[tuple[str, Demonstration]], float]:
     """``(agent, (prompt_ids, completion_ids))`` of every turn of ``episodes`` teacher episodes
     played through the team's own topology, agents and tokenizers on training tasks of a task
     stream of its own; and the teacher's mean reward."""
     cfg = team.cfg
-    env_cfg = cfg.env.model_copy(update={"seed": cfg.env.seed + DEMO_STREAM}) if hasattr(cfg.env, "seed") else cfg.env
-    env = build_env(env_cfg)
+    env = build_env(demo_env_config(cfg))
     rng = random.Random(f"warmup/{seed}")
     tokenizers = team.runtime.tokenizers
     backend = ScriptedBackend(lambda req: teacher(req, rng), tokenizers)
@@ -555,5 +576,6 @@ def warm_up(team: Any, log: Callable[[str], None], abort: Callable[[], bool] | N
         got = team.runtime.warm_up(name, items, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
                                    seed=cfg.trainer.seed, abort=abort)
         team.backend.sync_weights(name)
+        release_freed_memory()  # this policy's activations and its dropped optimizer: back to the system before the next phase
         record["policies"][name] = {**got, "loss_first": got["losses"][0], "loss_last": got["losses"][-1]}
     return record
