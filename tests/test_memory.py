@@ -1,12 +1,25 @@
-"""Handing the allocator's freed memory back to the system between steps (mas.training.memory)."""
+"""Handing the allocator's freed memory back to the system between steps and after the phases
+before RL, and what those phases leave alive (mas.training.memory)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
+import yaml
+
+import mas.training.evaluation
+import mas.training.warmup
+from mas.config.schema import apply_overrides, validate_config
+from mas.training.evaluation import evaluate
+from mas.training.memory import live_tensors
+from mas.training.team import build_team
+from mas.training.warmup import warm_up
 
 
 FRAGMENT_AND_RELEASE = """
@@ -50,3 +63,48 @@ def test_every_training_step_starts_by_releasing_freed_memory(tiny_model_dir, tm
     team = mas.load_team(team_config(tiny_model_dir, "chain"))
     mas.train(team, tmp_path / "run", callbacks=[Steps()])
     assert steps == [0, 1, 2] and calls == [0, 1, 2]  # once before each step, after the one before it
+
+
+ROOT = Path(__file__).parents[1]
+
+
+def smol_orchestrator(model_dir, *extra: str):
+    """configs/smol_orchestrator.yaml (three LoRA adapters on one base) on the tiny test model."""
+    data = yaml.safe_load((ROOT / "configs/smol_orchestrator.yaml").read_text())
+    overrides = [f"policies.{name}.{key}={value}" for name in data["policies"]
+                 for key, value in (("model", model_dir), ("device", "cpu"), ("dtype", "float32"))]
+    return build_team(validate_config(apply_overrides(data, overrides + list(extra)), "smol_orchestrator.yaml"))
+
+
+WARMUP = ("trainer.warmup.steps=2", "trainer.warmup.episodes=16", "trainer.warmup.batch_size=2")
+
+
+def test_the_warm_up_leaves_no_optimizer_state_gradients_or_tensors_behind(tiny_model_dir):
+    with smol_orchestrator(tiny_model_dir, *WARMUP) as team:
+        params = {name: list(h.trainable_parameters()) for name, h in team.runtime.policies.items() if name in team.learners}
+        before = {name: [p.detach().clone() for p in ps] for name, ps in params.items()}
+        count, nbytes = live_tensors()  # the copies above included
+        record = warm_up(team, lambda _: None)
+        assert live_tensors() == (count, nbytes)  # its AdamW moments, gradients and batches are all gone
+        assert set(record["policies"]) == set(params) == {"planner", "adder", "subtractor"}
+        for name, ps in params.items():
+            assert any(not torch.equal(p, q) for p, q in zip(ps, before[name])), name  # it trained every adapter
+            assert all(p.grad is None for p in ps), name
+            assert not team.learners[name].optimizer.state, name  # RL starts with fresh optimizer state
+        held = [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]
+        assert all(any(o is lrn.optimizer for lrn in team.learners.values()) for o in held)  # no optimizer but the learners'
+
+
+def test_the_warm_up_and_each_evaluation_end_by_releasing_freed_memory(tiny_model_dir, monkeypatch):
+    log = []
+    monkeypatch.setattr(mas.training.warmup, "release_freed_memory", lambda: log.append("release") or True)
+    monkeypatch.setattr(mas.training.evaluation, "release_freed_memory", lambda: log.append("release") or True)
+    with smol_orchestrator(tiny_model_dir, *WARMUP, "trainer.eval_sampled_k=2") as team:
+        train, generate = team.runtime.warm_up, team.backend.generate_batch
+        monkeypatch.setattr(team.runtime, "warm_up", lambda *a, **k: log.append("warm-up") or train(*a, **k))
+        monkeypatch.setattr(team.backend, "generate_batch", lambda *a, **k: log.append("generate") or generate(*a, **k))
+        warm_up(team, lambda _: None)
+        assert log == ["warm-up", "release"] * 3  # after each policy's supervised steps, before the next phase
+        log.clear()
+        evaluate(team, 2, seed=0)
+        assert "generate" in log and log.count("release") == 1 and log[-1] == "release"  # once, after its last generation

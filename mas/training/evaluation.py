@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mas.envs import build_env
+from mas.training.memory import release_freed_memory
 from mas.training.metrics import eval_metrics
 
 PAIRED_Z = 2.0  # standard errors of the paired difference that make a drop more than noise
@@ -66,6 +67,10 @@ def evaluate(team, size: int, seed: int, abort: Callable[[], bool] | None = None
         train = measure(team, training_probe(team, size), seed, 0, tool_agents, abort)
         out["train"] = {"accuracy": train["accuracy"]}
     faults, _ = team.engine.take_faults()
+    # the evaluation's generate calls (KV caches and logits of up to hundreds of rows) leave a
+    # fragmented heap that glibc keeps; without this, the warm-up or evaluation that follows
+    # grows on top of it (docs/benchmarks.md, "Soak")
+    release_freed_memory()
     return {**out, "faults": faults}
 
 

@@ -7,12 +7,15 @@ started (``getrusage``'s ``ru_maxrss``): what a machine must hold for the run so
 ``release_freed_memory`` asks glibc's allocator to return the free pages it keeps
 (``malloc_trim``): a step's tensors of every size leave a fragmented heap behind them, which
 glibc keeps for reuse, so a long run's resident set grew by tens of MB a step
-(docs/benchmarks.md).
+(docs/benchmarks.md).  The warm-up and every held-out evaluation end with it too, so a phase
+does not start on the heap the one before left.  ``live_tensors`` counts what is really held:
+the torch tensors Python objects keep alive, and the bytes of their distinct storages.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import resource
 import sys
@@ -54,3 +57,27 @@ def release_freed_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def live_tensors() -> tuple[int, int]:
+    """(count, bytes) of the torch tensors alive in this process that the garbage collector
+    tracks (every tensor a Python object holds: parameters, gradients, optimizer state, caches),
+    the bytes summed over distinct storages (views share theirs).  Takes a full collection
+    first, so unreachable cycles are not counted; a second or so on a large heap."""
+    import torch
+
+    gc.collect()
+    storages: dict[tuple[str, int], int] = {}
+    count = 0
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.Tensor):  # type(): no __class__ lookups on lazy modules and proxies
+            continue
+        try:
+            if obj.is_meta:
+                continue
+            storage = obj.untyped_storage()
+            storages[(str(obj.device), storage.data_ptr())] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # sparse and other layouts without one storage
+            continue
+        count += 1
+    return count, sum(storages.values())
