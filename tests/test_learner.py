@@ -554,7 +554,7 @@ def test_reported_grad_norm_is_the_pre_clip_norm_and_clipping_applies(tiny_model
     learner(TinyPolicy(twin), micro_batch_size=2).compute_gradients(samples)
     g = grads(twin)
     norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in g])))
-    max_norm, lr, eps = 1e-4, 1.0, 1.0
+    max_norm, lr, eps = 1e-4, 0.5, 1.0  # (a learning rate must be < 1)
     assert norm > 10 * max_norm  # clipping is active
     before = params(tiny_model)
     lrn = learner(TinyPolicy(tiny_model), lr=lr, eps=eps, max_grad_norm=max_norm, micro_batch_size=2)
