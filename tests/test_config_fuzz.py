@@ -239,8 +239,17 @@ def test_a_billion_laughs_file_is_refused_before_anything_walks_it(levels):
         (b"[" * 5000 + b"]" * 5000, "nested deeper"),
         (b"x: " + b"{a: " * 100 + b"1" + b"}" * 100, "nested deeper"),
         (b"# " + b"x" * 2_000_000, "bytes"),
+        (b"trainer:\n  steps: 20\n  lr: 0.1\n  steps: 200\n", "line 4, column 3: the key 'steps' is given twice"),
+        (b"team: {name: a}\nteam: {name: b}\n", "(first at line 1, column 1)"),
     ],
 )
 def test_hostile_files_get_one_clear_error(raw, message):
     error = check(raw)
     assert isinstance(error, ConfigError) and message in str(error)
+
+
+def test_a_merge_key_may_still_be_overridden_and_equal_keys_in_different_mappings_are_fine():
+    from mas.config.safe_yaml import load_yaml_bytes
+
+    doc = load_yaml_bytes(b"base: &b {steps: 1, lr: 0.1}\nrun:\n  <<: *b\n  steps: 5\nother: {steps: 1}\n")
+    assert doc["run"] == {"steps": 5, "lr": 0.1} and doc["other"] == {"steps": 1}

@@ -10,7 +10,10 @@ before anything walks it, with a message that says why:
 * the file is at most ``MAX_BYTES`` and UTF-8 (the position of the first bad byte is named);
 * the document, with every alias expanded, has at most ``MAX_NODES`` nodes and no alias
   that contains itself;
-* nothing is nested deeper than ``MAX_DEPTH``.
+* nothing is nested deeper than ``MAX_DEPTH``;
+* no mapping has the same key twice (YAML forbids it, and PyYAML would keep the last value
+  silently: ``steps: 20`` then ``steps: 200`` further down trains 200 steps).  A key a merge
+  (``<<: *base``) brings in may still be overridden, as YAML means it to be.
 
 The depth is counted on the parser's events and the size on the composed node graph (each
 distinct node once, with the expanded size of its subtree), so the checks are linear in the
@@ -42,6 +45,22 @@ class _Loader(yaml.SafeLoader):
             raise
         except (ValueError, OverflowError, TypeError) as e:
             raise YAMLBoundsError(f"{_where(node)}: a value cannot be read ({type(e).__name__}: {e})") from None
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    earlier = first.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: SafeLoader's own error names it
+                    continue
+                if earlier is not key_node:
+                    raise YAMLBoundsError(f"{_where(key_node)}: the key {key!r} is given twice in this mapping "
+                                          f"(first at {_where(earlier)}); YAML keeps only one of them, so remove the other")
+        return super().construct_mapping(node, deep)
 
 
 def _expanded_size(root: yaml.Node) -> int:
