@@ -34,7 +34,7 @@ def split_overrides(items: list[str]) -> tuple[list[str], list[str]]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Each config: every error (exit 1), or the resolved config; warnings go to stderr."""
-    from mas.config.checks import config_warnings, data_issues, machine_issues, meaning_errors
+    from mas.config.checks import config_warnings, data_issues, machine_issues, machine_warnings, meaning_errors
     from mas.config.defaults import resolve_default_lrs
     from mas.training.context_plan import context_issues
 
@@ -54,7 +54,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(e, file=sys.stderr)
             status = 1
             continue
-        warnings = issue_lines(config_warnings(cfg)) + [f"{line} [on this machine]" for line in issue_lines(machine_issues(cfg))]
+        warnings = issue_lines(config_warnings(cfg)) + [f"{line} [on this machine]"
+                                                         for line in issue_lines(machine_issues(cfg) + machine_warnings(cfg))]
         warnings += context_issues(cfg)  # conversations longer than a model's positions (research teams on small models)
         for line in warnings:
             print(f"{path}: warning: {line}", file=sys.stderr)

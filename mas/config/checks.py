@@ -20,6 +20,8 @@ Three kinds, each a list of ``(yaml path, value found, message)`` like ``CrossFi
   packages).  ``mas validate`` runs the same checks: data problems are errors there too,
   machine-dependent ones are warnings (a config written for a GPU machine may well be
   validated on a laptop).
+- ``machine_warnings``: what runs here, but much slower than it should: half-precision weights
+  on a CPU without the instructions for them.  ``mas validate`` and ``mas train`` say it.
 """
 
 from __future__ import annotations
@@ -337,3 +339,40 @@ def machine_issues(cfg: Any) -> list[Issue]:
     if cfg.logging.wandb is not None and not _installed("wandb"):
         issues.append((("logging", "wandb"), cfg.logging.wandb.project, "the wandb package is not installed: pip install wandb"))
     return issues
+
+
+def _cpu_has_native(dtype: str) -> bool:
+    """Whether this CPU has instructions for ``dtype`` matrix products (bfloat16: AVX512_BF16 or
+    AMX; float16: AMX-FP16).  Without them torch runs those products in a generic loop."""
+    import torch
+
+    probes = {"bfloat16": ("_is_avx512_bf16_supported", "_is_amx_tile_supported"), "float16": ("_is_amx_fp16_supported",)}
+    try:
+        return any(getattr(torch.cpu, name)() for name in probes[dtype])
+    except (AttributeError, RuntimeError):  # a torch without these probes: read the flags Linux reports
+        flags = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("amx_fp16",)}[dtype]
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True  # cannot tell: say nothing
+        return any(f in text.split() for f in flags)
+
+
+def machine_warnings(cfg: Any) -> list[Issue]:
+    """Policies that run on this machine, but slowly: bfloat16 or float16 weights on a CPU that has
+    no instructions for them (measured on a 2-core AVX2 CPU: a bfloat16 SmolLM2 run 12x slower
+    than float32, docs/benchmarks.md)."""
+    warns: list[Issue] = []
+    for name, p in cfg.policies.items():
+        if p.backend == "openai" or p.dtype not in ("bfloat16", "float16"):
+            continue
+        try:
+            on_cpu = resolve_device(p.device).type == "cpu"
+        except ModelLoadError:
+            continue  # machine_issues names the device
+        if on_cpu and not _cpu_has_native(p.dtype):
+            warns.append((("policies", name, "dtype"), p.dtype,
+                          f"this CPU has no {p.dtype} instructions, so torch multiplies {p.dtype} matrices in a generic loop "
+                          "(a SmolLM2 run measured 12x slower than float32 on such a CPU); dtype: float32 runs at full speed "
+                          "and doubles the weights' memory"))
+    return warns

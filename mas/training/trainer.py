@@ -30,7 +30,7 @@ import torch
 from mas.rollout.backends.base import policy_seed, take_backend_metrics
 from mas.training.callbacks import Callback, CallbackList, RunControl
 from mas.training.checkpoint import BEST, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
-from mas.config.checks import config_warnings
+from mas.config.checks import config_warnings, machine_warnings
 from mas.config.schema import _path
 from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.filters import drop_constant_groups
@@ -347,6 +347,8 @@ def train(
     if not resume:
         for path, value, message in config_warnings(cfg):
             logger.warn(f"{_path(path)}: {message} (found {value!r})", kind="config")
+        for path, value, message in machine_warnings(cfg):
+            logger.warn(f"{_path(path)}: {message} (found {value!r})", kind="machine")
     start = 0
     summary: dict = {}
     method = get_credit(cfg.credit.method)
