@@ -110,6 +110,32 @@ def unknown_agent_graph() -> StateGraph:
     return two_nodes()
 
 
+class Shared(TypedDict, total=False):
+    messages: Annotated[list[AnyMessage], add_messages]
+    answer: str
+
+
+def shared_messages() -> StateGraph:
+    """A lead and a checker on one message list (as LangGraph's supervisor and network graphs):
+    the checker's context holds the lead's AI message, and the lead's second call holds both."""
+    lead, checker = MasChatModel(agent="lead"), MasChatModel(agent="checker")
+
+    async def solve(state: Shared) -> dict:
+        reply = await lead.ainvoke(state["messages"])
+        return {"messages": [reply], "answer": reply.content}
+
+    async def check(state: Shared) -> dict:
+        return {"messages": [await checker.ainvoke(state["messages"])]}
+
+    g = StateGraph(Shared)
+    g.add_node("solve", solve)
+    g.add_node("check", check)
+    g.add_edge(START, "solve")
+    g.add_edge("solve", "check")
+    g.add_conditional_edges("check", lambda s: "solve" if "REJECT" in s["messages"][-1].content else END, ["solve", END])
+    return g
+
+
 def graph_config(builder: str, model: str = "m", **topology) -> dict:
     cfg = team_config(model, "chain")
     cfg["topology"] = {"kind": "langgraph", "builder": f"test_langgraph:{builder}", **topology}
@@ -130,6 +156,18 @@ def test_the_graph_runs_with_its_models_as_agents_and_its_state_answer(tiny_toke
     assert ep.turns[0].messages == [{"role": "system", "content": "You are the lead."}, {"role": "user", "content": "2+3"}]
     assert ep.turns[1].messages[-1]["content"] == "2+3\nlead: ANSWER: 5"
     assert ep.answer == "ANSWER: 5"
+
+
+def test_another_agents_ai_message_is_read_as_its_words_not_written_as_the_models_own(tiny_tokenizer):
+    cfg = graph_config("shared_messages")
+    cfg["topology"].update(input_key="messages", input_as="messages")
+    engine, _ = scripted_engine(cfg, verdicts("REJECT", "ACCEPT"), tiny_tokenizer)
+    ep = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    assert ep.status == "ok", ep.error
+    assert [t.agent for t in ep.turns] == ["lead", "checker", "lead", "checker"]
+    assert ep.turns[1].messages[1:] == [{"role": "user", "content": "2+3\nlead: ANSWER: 5"}]  # consecutive user messages join
+    assert ep.turns[2].messages[1:] == [{"role": "user", "content": "2+3"}, {"role": "assistant", "content": "ANSWER: 5"},
+                                        {"role": "user", "content": "checker: REJECT"}]
 
 
 def test_sync_and_async_nodes_of_many_episodes_batch_the_same_in_every_run(tiny_model_dir):
