@@ -141,3 +141,28 @@ def test_resume_after_a_crash_leaves_no_duplicate_steps_in_the_logs(tmp_path, ti
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward/team")] == [0, 1, 2, 3]
+
+
+def test_a_run_stopped_after_its_warm_up_resumes_without_warming_up_again(tmp_path, tiny_model_dir, monkeypatch):
+    import mas.training.trainer as trainer
+
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps({"agent": "lead", "messages": [{"role": "user", "content": f"{a}+1"}],
+                                         "completion": f"ANSWER: {a + 1}"}) + "\n" for a in range(4)))
+    cfg = write_config(tmp_path, tiny_model_dir)
+    run = tmp_path / "run"
+    warm = ["trainer.warmup.steps=2", "trainer.warmup.batch_size=2", f"trainer.warmup.demonstrations={demos}"]
+    assert main(["train", str(cfg), "trainer.steps=2", *warm, "--run-dir", str(run), "--stop-after", "0"]) == 0
+    assert (run / "checkpoints" / "latest").read_text() == "step_-00001"  # the warm-up's weights, before step 0
+    warmed = json.loads((run / "checkpoints" / "step_-00001" / "trainer_state.json").read_text())["summary"]["warmup"]
+
+    def again(*a, **k):
+        raise AssertionError("the resumed run warmed up again")
+
+    monkeypatch.setattr(trainer, "warm_up", again)
+    assert main(["train", "--resume", str(run)]) == 0
+    assert json.loads((run / "summary.json").read_text())["warmup"] == warmed
+    assert (run / "checkpoints" / "latest").read_text() == "step_000001"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("kind") == "step"] == [0, 1]
+    assert sum(r.get("kind") == "warmup" for r in rows) == 1

@@ -388,6 +388,10 @@ def train(
             _start_evals(team, run_dir, summary, logger, abort)
         except StepAbandoned:
             return _stopped(summary, logger, control, None, "during the evaluations at the start")
+    if not resume and "warmup" in summary and start < cfg.trainer.steps:
+        # the warm-up's weights (cpu_facts: 40 minutes): a run stopped or killed before its first
+        # step checkpoint resumes from here instead of warming up again
+        hooks.on_checkpoint(-1, save_checkpoint(run_dir, -1, team, summary))
     due = summary.pop("eval_due", None)  # a periodic evaluation a stop dropped: it comes first
     if due is not None and not _periodic_eval(team, summary, logger, hooks, due, abort):
         summary["eval_due"] = due
