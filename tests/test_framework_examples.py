@@ -200,3 +200,30 @@ def test_the_last_agent_to_speak_answers_with_the_stop_words_and_a_verdict_agent
                ("user", "3+2\ncalculator: ANSWER: 5\nchecker: ANSWER: 5 ACCEPT")) == "FINAL ANSWER\nANSWER: 5\nTERMINATE"
     assert ask(t, "checker", ("user", "3+2\nplanner: ANSWER: 5\ncalculator: ANSWER: 5")) == "ANSWER: 5\nACCEPT\nTERMINATE"
     assert ask(t, "checker", ("user", "3+2\nplanner: ANSWER: 5\ncalculator: ANSWER: 6")) == "ANSWER: 5\nREJECT\nTERMINATE"
+
+
+def renamed_termination_team(clients):
+    """The swarm example, on an AutoGen whose TextMentionTermination no longer has ``_termination_text``."""
+    from examples.autogen_swarm import build
+
+    team = build(clients)
+
+    def strip(cond):
+        if hasattr(cond, "_termination_text"):
+            del cond._termination_text
+        for child in getattr(cond, "_conditions", None) or ():
+            strip(child)
+
+    strip(team._termination_condition)
+    return team
+
+
+def test_an_autogen_without_the_private_termination_text_leaves_the_teacher_the_prompts_words_not_a_crash():
+    from types import SimpleNamespace
+
+    from mas.training.framework_teacher import autogen_shape
+
+    agents = ["planner", "calculator", "checker"]
+    as_shipped = autogen_shape(SimpleNamespace(factory="examples.autogen_swarm:build"), agents)
+    renamed = autogen_shape(SimpleNamespace(factory="test_framework_examples:renamed_termination_team"), agents)
+    assert as_shipped[1] and renamed == (as_shipped[0], [])  # the selector still read; the words from the prompts

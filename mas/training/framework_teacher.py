@@ -211,9 +211,15 @@ def autogen_shape(topology: Any, agents: list[str]) -> tuple[str | None, list[tu
     words: list[tuple[str, tuple[str, ...] | None]] = []
 
     def walk(cond: Any) -> None:
-        if isinstance(cond, TextMentionTermination):
+        text = getattr(cond, "_termination_text", None) if isinstance(cond, TextMentionTermination) else None
+        if text is None and isinstance(cond, TextMentionTermination):  # an AutoGen that renamed it: its public config
+            try:
+                text = (cond.dump_component().config or {}).get("text")
+            except Exception:  # noqa: BLE001 - unreadable: go by the prompts' words, as documented
+                text = None
+        if text:
             sources = getattr(cond, "_sources", None)
-            words.append((cond._termination_text, tuple(sources) if sources else None))
+            words.append((text, tuple(sources) if sources else None))
         for child in getattr(cond, "_conditions", None) or ():
             walk(child)
 
