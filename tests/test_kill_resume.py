@@ -13,6 +13,11 @@ kill lands exactly there, including inside a checkpoint that is half written.  A
 The run that was killed ten times then equals a straight run of the same config bit for bit
 on CPU: every metrics row (timings aside), every episode record, every policy's weights and
 every optimizer state.  Torch runs one thread in both (``runtime.num_threads=1``).
+
+The straight run is a fresh ``python -m mas.cli train``; the killed and resumed runs are forked
+from one pre-imported interpreter (tests/forked_cli.py): each is still its own process, killed
+for real, that starts with no run in memory, but none pays for the imports again.  A
+forked run equals the fresh straight one, so nothing here depends on which start-up it had.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked_cli import Zygote
 
 from mas.training.checkpoint import latest_checkpoint
 from mas.embedded.build import ensure_embedded
@@ -52,16 +58,28 @@ KILLS = [
 WAIT_S = 600  # for a subprocess to reach its pause point: an event we wait for, not a timing we assert
 
 
-def mas_train(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mas.cli", "train", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def plain_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("MAS_PAUSE_AT", "MAS_PAUSE_FILE")}
 
 
-def kill_at(args: list[str], point: str, step: int, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def zygote():
+    """Forks the killed and resumed ``mas train`` processes (see the module docstring)."""
+    z = Zygote(plain_env())
+    yield z
+    z.close()
+
+
+def mas_train(args: list[str], env: dict, zygote: Zygote, tmp_path: Path):
+    """``mas train args``, a process forked by ``zygote`` (its stdout and stderr in files under ``tmp_path``)."""
+    return zygote.mas(["train", *args], tmp_path, env)
+
+
+def kill_at(args: list[str], point: str, step: int, tmp_path: Path, zygote: Zygote) -> None:
     """Run ``mas train args`` until it pauses at ``point`` of ``step``, then SIGKILL it."""
     flag = tmp_path / f"paused-{point}-{step}"
-    env = {**os.environ, "MAS_PAUSE_AT": f"{point}:{step}", "MAS_PAUSE_FILE": str(flag)}
-    proc = mas_train(args, env)
+    env = {**plain_env(), "MAS_PAUSE_AT": f"{point}:{step}", "MAS_PAUSE_FILE": str(flag)}
+    proc = mas_train(args, env, zygote, tmp_path)
     deadline = time.monotonic() + WAIT_S
     while not flag.exists():
         if proc.poll() is not None:
@@ -77,8 +95,8 @@ def kill_at(args: list[str], point: str, step: int, tmp_path: Path) -> None:
     assert proc.returncode == -signal.SIGKILL
 
 
-def finish(args: list[str]) -> None:
-    proc = mas_train(args, {k: v for k, v in os.environ.items() if k not in ("MAS_PAUSE_AT", "MAS_PAUSE_FILE")})
+def finish(args: list[str], zygote: Zygote, tmp_path: Path) -> None:
+    proc = mas_train(args, plain_env(), zygote, tmp_path)
     _, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 0, err[-3000:]
 
@@ -110,7 +128,10 @@ def straight(tmp_path_factory) -> Path:
     """The run every interrupted one must equal: the same config, never stopped."""
     ensure_embedded(log=lambda *_: None)  # build the embedded model once (cached), before any timing-free waits
     run = tmp_path_factory.mktemp("straight") / "run"
-    finish([CONFIG, *OVERRIDES, "--run-dir", str(run)])
+    # a fresh interpreter (not forked): the forked runs must equal a plain `mas train`
+    proc = subprocess.run([sys.executable, "-m", "mas.cli", "train", CONFIG, *OVERRIDES, "--run-dir", str(run)],
+                          cwd=ROOT, env=plain_env(), capture_output=True, text=True, timeout=WAIT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 
 
@@ -137,16 +158,16 @@ def assert_same_run(a: Path, b: Path) -> float:
     return max_diff
 
 
-def test_ten_sigkills_lose_at_most_the_current_step_and_resume_bit_for_bit(tmp_path, straight):
+def test_ten_sigkills_lose_at_most_the_current_step_and_resume_bit_for_bit(tmp_path, straight, zygote):
     killed = tmp_path / "killed"
     config = CONFIG
 
     resumed_from = []
     for i, (point, step) in enumerate(KILLS):
         args = [config, *OVERRIDES, "--run-dir", str(killed)] if i == 0 else ["--resume", str(killed)]
-        kill_at(args, point, step, tmp_path)
+        kill_at(args, point, step, tmp_path, zygote)
         resumed_from.append(check_latest(killed, step))
-    finish(["--resume", str(killed)])
+    finish(["--resume", str(killed)], zygote, tmp_path)
     # where each resume started: a kill before `latest` moves loses the step in progress, no more
     assert resumed_from == [0, 0, 0, 0, 0, 1, 1, 1, 2, 2]
 
@@ -157,14 +178,14 @@ def test_ten_sigkills_lose_at_most_the_current_step_and_resume_bit_for_bit(tmp_p
 @pytest.mark.parametrize("point, step, kept", [("mid_update", 2, 1), ("mid_rollout", 0, -1)],
                          ids=["mid-update-of-step-2", "mid-rollout-of-step-0"])
 def test_a_sigterm_inside_a_step_drops_it_checkpoints_the_state_before_it_and_resumes_bit_for_bit(
-        tmp_path, straight, point, step, kept):
+        tmp_path, straight, zygote, point, step, kept):
     """A real SIGTERM to a real ``mas train`` paused inside a step's work (between two
     micro-batches of an update's gradients, or two generation batches of a rollout): the run
     stops at that safe point without finishing the step, its checkpoint is the state before
     the step, and ``--resume`` then gives the straight run bit for bit."""
     run, flag = tmp_path / "run", tmp_path / "paused"
-    env = {**os.environ, "MAS_PAUSE_AT": f"{point}:{step}", "MAS_PAUSE_FILE": str(flag)}
-    proc = mas_train([CONFIG, *OVERRIDES, "--run-dir", str(run)], env)
+    env = {**plain_env(), "MAS_PAUSE_AT": f"{point}:{step}", "MAS_PAUSE_FILE": str(flag)}
+    proc = mas_train([CONFIG, *OVERRIDES, "--run-dir", str(run)], env, zygote, tmp_path)
     deadline = time.monotonic() + WAIT_S
     while not flag.exists():  # the event: the run is inside the step's work
         if proc.poll() is not None:
@@ -183,7 +204,7 @@ def test_a_sigterm_inside_a_step_drops_it_checkpoints_the_state_before_it_and_re
     assert logged == list(range(kept + 1))  # the dropped step left no record
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stopped"] == {"reason": "SIGTERM", "after_step": kept}
-    finish(["--resume", str(run)])
+    finish(["--resume", str(run)], zygote, tmp_path)
     assert_same_run(run, straight)
 
 

@@ -1,6 +1,11 @@
-"""sharding: fsdp (mas/runtime/sharding.py): a policy sharded over two workers (Ray actors, gloo)
-takes the one-worker update of the same batch, serves the rollout from rank 0's full copy, and its
-checkpoints resume with any number of workers, sharded or not."""
+"""Policies over two workers (Ray actors, gloo) take the one-worker update of the same batch.
+
+``workers: 2`` (mas/runtime/data_parallel.py): two data-parallel replicas take the same step as
+one worker.  ``sharding: fsdp`` (mas/runtime/sharding.py): a policy sharded over two workers
+takes the one-worker update too, serves the rollout from rank 0's full copy, and its checkpoints
+resume with any number of workers, sharded or not.  One module (one Ray instance, one
+one-worker reference update) for both: every team here is compared with the same update.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from team_helpers import team_config
-from test_data_parallel import samples
 
 from mas.config.schema import validate_config
+from mas.training.learner import TrainSample
 from mas.training.team import build_team
+
+
+def samples() -> list[TrainSample]:
+    """11 turns of different lengths (an odd count: the two shards differ in size)."""
+    g = torch.Generator().manual_seed(0)
+    return [TrainSample(torch.randint(5, 200, (7,), generator=g).tolist(), torch.randint(5, 200, (k,), generator=g).tolist(),
+                        (-3 * torch.rand(k, generator=g)).tolist(), float(torch.randn(1, generator=g)), 1.0)
+            for k in range(1, 12)]
 
 
 def team(model_dir, workers: int, sharding: str = "none", kind: str = "ray", lora: bool = False) -> dict:
@@ -46,11 +59,39 @@ def update_and_save(cfg: dict, out) -> tuple[dict, dict[str, torch.Tensor], list
 
 
 @pytest.fixture(scope="module")
-def full_runs(tiny_model_dir, tmp_path_factory, ray_instance):
+def one_worker(tiny_model_dir, tmp_path_factory):
+    """The reference: the update of a full policy by one worker (local), checkpointed."""
+    out = tmp_path_factory.mktemp("one-worker") / "run"
+    return (out, *update_and_save(team(tiny_model_dir, 1, kind="local"), out))
+
+
+@pytest.fixture(scope="module")
+def full_runs(one_worker, tiny_model_dir, tmp_path_factory, ray_instance):
     """The same update of a full policy by one worker (local) and by two sharded workers, checkpointed."""
     root = tmp_path_factory.mktemp("sharding")
-    return {"one": (root / "one", *update_and_save(team(tiny_model_dir, 1, kind="local"), root / "one")),
-            "two": (root / "two", *update_and_save(team(tiny_model_dir, 2, "fsdp"), root / "two"))}
+    return {"one": one_worker, "two": (root / "two", *update_and_save(team(tiny_model_dir, 2, "fsdp"), root / "two"))}
+
+
+def rng_files(ckpt) -> list[str]:
+    return sorted(p.name for p in (ckpt / "learners" / "main").glob("random_states_*.pkl"))
+
+
+def test_two_workers_take_the_one_worker_step(one_worker, tiny_model_dir, tmp_path, ray_instance):
+    """``workers: 2``, unsharded: each replica takes half the batch, the gradients are summed."""
+    one, m1, w1, _ = one_worker
+    m2, w2, _ = update_and_save(team(tiny_model_dir, 2), tmp_path / "two")
+    assert rng_files(one) == ["random_states_0.pkl"]
+    assert rng_files(tmp_path / "two") == ["random_states_0.pkl", "random_states_1.pkl"]  # RNG per worker
+    assert m2["samples"] == m1["samples"] == 11 and m2["tokens"] == m1["tokens"]
+    # the shards' gradients are summed in another order than one batch's: equal up to float
+    # rounding (1e-6 on the loss and the gradient norm)
+    for key in ("loss", "pg_loss", "grad_norm", "clip_frac", "entropy"):
+        assert m2[key] == pytest.approx(m1[key], abs=1e-6), key
+    # one AdamW step at lr 1e-2 moves a weight by up to ~1e-2 (about lr * sign(g) on a first step), so a
+    # gradient entry near 0 turns rounding into up to ~1e-5 of weight; 1e-4 is 1% of the step
+    w0 = load_file(tiny_model_dir / "model.safetensors")
+    assert max((w1[k] - w0[k]).abs().max().item() for k in w1) > 5e-3  # the step really moved the weights
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4
 
 
 def assert_same_update(one, two):
@@ -79,8 +120,7 @@ def test_checkpoints_move_between_worker_counts(full_runs, tiny_model_dir, tmp_p
     moments; and an unsharded run's checkpoint resumes sharded."""
     sharded, plain = full_runs["two"][0], full_runs["one"][0]
     assert (sharded / "learners" / "main" / "optimizer_full.pt").is_file()
-    assert sorted(p.name for p in (sharded / "learners" / "main").glob("random_states_*.pkl")) == [
-        "random_states_0.pkl", "random_states_1.pkl"]
+    assert rng_files(sharded) == ["random_states_0.pkl", "random_states_1.pkl"]
     full = optimizer_of(sharded)
     names = list(full["state"])
 
