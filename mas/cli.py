@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 
 # MKL's default code paths may depend on memory alignment, so two identical CPU runs can differ
@@ -508,5 +509,33 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def exit_watchdog(code: int, grace_s: float = 30.0) -> None:
+    """Make sure the process ends with ``code`` once the command is done.  A framework node that
+    never returned (a LangGraph ``def`` node, an AutoGen tool) keeps its worker thread, and
+    Python's exit waits for every such thread, forever, after the run has finished and saved
+    everything.  A daemon thread (it lives on while the interpreter shuts down) gives the normal
+    exit ``grace_s`` seconds, then names the threads still running and ends the process."""
+    import threading
+
+    def watch() -> None:
+        time.sleep(grace_s)
+        hung = [t.name for t in threading.enumerate()
+                if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+        os.write(2, (f"mas: the command finished, but {len(hung)} worker thread(s) did not end within {grace_s:g}s "
+                     f"({', '.join(hung[:5]) or 'the interpreter shutdown'}): a framework node or tool that never "
+                     "returned; exiting without waiting for them\n").encode())
+        os._exit(code)
+
+    threading.Thread(target=watch, name="mas-exit-watchdog", daemon=True).start()
+
+
+def entry() -> None:
+    """The ``mas`` console command: ``main``, and an exit that a hung worker thread cannot block."""
+    code = main()
+    sys.stdout.flush()
+    exit_watchdog(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
