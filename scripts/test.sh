@@ -39,8 +39,10 @@ if [ "$MAS_TEST_VLLM" = 1 ] && [ "$#" -eq 0 ]; then
   # Only the test_vllm* files: .venv-vllm lacks the main env's extras (autogen, ray), so collecting
   # the whole tree there fails (tests/test_vllm_tier_files.py keeps every `vllm`-marked test in those files)
   echo "vLLM tier (.venv-vllm):" >&2
-  VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} MAS_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q -m vllm \
-    $(find tests -name 'test_vllm*.py' | sort)
+  # In MAS_TEST_WORKERS processes as well, a module each: most of a module's time is its engine's
+  # start-up, and two modules side by side took 455 s against about 650 s one after another.
+  VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} MAS_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q \
+    ${XDIST[@]+"${XDIST[@]}"} -m vllm $(find tests -name 'test_vllm*.py' | sort)
   vstatus=$?
   if [ "$vstatus" -eq 5 ]; then
     echo "pytest collected no vllm tests: treating as a failure" >&2
