@@ -16,7 +16,8 @@ supporting paragraph (one of them, and all of them).
     python bench/cpu_learning.py --recipe formats.graph=1600   # a variant of the warm start, built once into the cache
 
 With ``--recipe`` every policy on ``model: embedded`` trains from that variant's folder instead
-(``mas build-embedded --recipe``; built here first when the cache lacks it).
+(``mas build-embedded --recipe``; built here first when the cache lacks it); with ``--embedded
+FOLDER``, from that folder (a build kept elsewhere).
 
 Run it on an otherwise idle machine: the gains do not depend on load, the wall times do.
 """
@@ -74,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
                     help="train from this variant of the embedded model's recipe (mas build-embedded --recipe)")
+    ap.add_argument("--embedded", type=Path, help="train from this embedded build's folder instead")
     args = ap.parse_args(argv)
 
     import torch
 
     torch.set_num_threads(args.threads)
-    variant = None
+    variant = args.embedded
     if args.recipe:
         from mas.embedded import Recipe
         from mas.embedded.build import ensure_embedded

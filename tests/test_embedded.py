@@ -22,7 +22,7 @@ from mas.models.tiny import train_tokenizer
 
 ROOT = Path(__file__).parents[1]
 SMALL = Recipe(formats=(("orchestrator", 12), ("chain", 6)), steps=3, hidden_size=32, num_layers=1, num_heads=2, vocab_size=300,
-               extend=())
+               extend=(), research=())
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +260,119 @@ def test_a_second_stage_starts_from_its_base_model_and_keeps_its_tokenizer(tmp_p
     assert second and int(second.group(1)) == first + 6  # the base pool again, plus one solver turn per episode
 
 
+def test_a_research_stage_has_its_own_key_and_the_two_stage_recipe_keeps_its_old_one():
+    three = Recipe().varied(["research.facts=19200"])
+    assert three.research and three.base() == dataclasses.replace(three, research=())
+    # the two-stage build's key, which the shipped figures before the research stage name (docs/benchmarks.md)
+    assert three.base().key() == "851c280c22da" and three.base().base().key() == "49feff5a05f4"
+    for change in ("research_steps=10", "research_lr=0.001", "research_batch_size=4", "positions=1024", "research.facts=100"):
+        assert three.varied([change]).key() != three.key(), change
+    assert three.varied(["research.facts=0"]) == three.base()
+    two = three.base()  # the research stage's knobs are not in a recipe without one
+    assert dataclasses.replace(two, research_steps=1, research_lr=0.1, positions=64).key() == two.key()
+    assert "facts" not in dict(three.formats) and "facts" not in dict(three.extend)
+    with pytest.raises(ValueError, match="unknown warm-start formats"):
+        Recipe(research=(("nope", 1),))
+
+
+def test_turns_of_one_invocation_become_one_sequence_with_a_loss_on_each_turn():
+    from mas.embedded.build import _sequences
+
+    examples = [([1, 2], [3, 9]),                 # a first call: prompt 1 2, completion 3 <eos=9>
+                ([1, 2, 3, 9, 4], [5, 9]),        # its result (4) appended: the same invocation
+                ([7], [8, 9]),                    # another agent's turn: a new row
+                ([1, 2, 3, 9, 6], [5, 9])]        # extends an earlier row, not the last one: a new row
+    assert _sequences(examples) == [
+        ([1, 2, 3, 9, 4, 5, 9], [-100, -100, 3, 9, -100, 5, 9]),
+        ([7, 8, 9], [-100, 8, 9]),
+        ([1, 2, 3, 9, 6, 5, 9], [-100, -100, -100, -100, -100, 5, 9])]
+
+
+def test_the_research_worlds_name_no_person_of_cpu_facts_world():
+    from mas.embedded.formats import FACTS
+    from mas.envs.research.facts import generate_world
+
+    cfg = validate_config(yaml.safe_load((ROOT / "configs" / "cpu_facts.yaml").read_text()))
+    home = generate_world(cfg.env.corpus_seed, cfg.env.num_train, cfg.env.num_eval, cfg.env.num_cities)
+    names = {c.person for c in home.chains}  # training and held-out people alike
+    seen = set()
+    # (organisations are a syllable, an ending and a kind, 6,000 names: worlds share some, each
+    # based in a city of its own world's choosing, so a remembered one would mislead, not help)
+    for w in FACTS.worlds:
+        world = generate_world(w.corpus_seed, w.num_train, w.num_eval, w.num_cities)
+        people = {c.person for c in world.train}
+        assert not people & names, (w.corpus_seed, sorted(people & names)[:5])
+        seen |= people
+    assert len(FACTS.worlds) == 40 and len(seen) > 15_000  # fresh names: far more than one world's 400
+
+
+def test_research_teacher_copies_every_name_from_what_it_has_read(tok):
+    from mas.agents.tools import parse_tool_calls
+    from mas.embedded.formats import FACTS
+    from mas.envs.research.facts import generate_world
+
+    turns, reward = turns_of(tok, "facts", 80)
+    chains = {c.person: c for w in FACTS.worlds for c in generate_world(w.corpus_seed, w.num_train, w.num_eval,
+                                                                         w.num_cities).train}
+    researcher, answerer = by_role(turns, "facts", "researcher"), by_role(turns, "facts", "answerer")
+    assert len(answerer) == 80 and len(researcher) >= 2 * 80
+    direct = full = detours = 0
+    for m, c in researcher:
+        person = re.search(r"organisation that (.+) founded\?", m[1]["content"]).group(1)
+        chain = chains[person]
+        calls = [(k.name, k.arguments) for x in m if x["role"] == "assistant" for k in parse_tool_calls(x["content"])]
+        if not calls:
+            assert c == tool_call(("search", {"query": person}))
+        elif c == f"{person} was born in {chain.birthplace}.":
+            direct += 1
+            assert calls == [("search", {"query": person})]  # only after the first search
+        elif c == f"The {chain.org} is based in {chain.city}.":
+            full += 1
+            assert calls[-1] == ("search", {"query": chain.org}) and ("read", {"title": person}) in calls
+        else:
+            assert c in (tool_call(("read", {"title": person})), tool_call(("search", {"query": chain.org})),
+                         tool_call(("search", {"query": chain.birthplace})))
+            detours += c == tool_call(("search", {"query": chain.birthplace}))
+    assert direct + full == 80 and 0.45 <= direct / 80 <= 0.75  # p_direct = 0.6
+    assert 0 < detours < full  # p_detour = 0.3 of the full episodes
+    assert reward == pytest.approx(full / 80)
+    for m, c in answerer:
+        reply = [line for line in m[-1]["content"].splitlines() if line.startswith("researcher: ") and "<tool_call>" not in line]
+        assert c == f"ANSWER: {reply[-1].rsplit(' in ', 1)[1].rstrip('.')}"
+
+
+def tool_call(call):
+    from mas.agents.tools import tool_call_text
+
+    return tool_call_text(*call)
+
+
+def test_a_research_stage_starts_from_its_base_at_raised_positions(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from mas.embedded.artifact import cache_folder, problem
+
+    torch.set_num_threads(1)
+    monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
+    three = dataclasses.replace(SMALL, research=(("facts", 40),), research_steps=2, research_batch_size=4, positions=1536)
+    said = []
+    build_embedded(three, tmp_path / "three", log=said.append)
+    base = cache_folder(SMALL)
+    assert problem(base, SMALL.key()) is None and problem(tmp_path / "three", three.key()) is None
+    assert AutoConfig.from_pretrained(tmp_path / "three").max_position_embeddings == 1536
+    assert AutoConfig.from_pretrained(base).max_position_embeddings == 512
+    assert (tmp_path / "three" / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    w1, w2 = load_file(base / "model.safetensors"), load_file(tmp_path / "three" / "model.safetensors")
+    assert not all(torch.equal(w1[k], w2[k]) for k in w1)
+    line = re.search(r"research stage from \w+, (\d+) invocations of (\d+) turns \(longest (\d+) tokens\) beside (\d+) pool",
+                     " ".join(said))
+    assert line and int(line.group(1)) == 2 * 40  # the researcher's turns of an episode are one row, the answerer's another
+    assert int(line.group(2)) > int(line.group(1)) and 300 < int(line.group(3)) <= 1536
+    first = int(re.search(r"embedded model: (\d+) teacher turns", " ".join(said)).group(1))
+    assert int(line.group(4)) == first  # the base's pool, replayed
+
+
 def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     build_embedded(SMALL, tmp_path / "a", log=lambda *_: None)
@@ -335,6 +448,8 @@ def test_config_uses_exactly_the_warm_started_prompts(path):
         spec = fmt.agents[agent.name]
         assert (agent.role, agent.parser) == (spec.role, spec.parser), agent.name
         assert agent.sampling.max_new_tokens >= spec.max_new_tokens, agent.name  # room for the longest taught reply
+        assert (tuple(agent.tools), agent.max_tool_calls if agent.tools else 0) == (spec.tools, spec.max_tool_calls), agent.name
+        assert not (agent.tools and agent.tools_prompt), agent.name  # the taught role says how to call them, as written
     taught = [t.model_dump() for t in fmt.topologies]
     free = {"seed", "heldout_fraction"}
     if fmt.any_size:  # a parts team of any size: the first k agents of the taught sequence, env.size = k

@@ -10,15 +10,14 @@ import random
 import pytest
 
 from mas.agents.parsers import parse_answer, parse_verdict
-from mas.agents.tools import parse_tool_calls
+from mas.agents.tools import parse_tool_calls, tool_results_message
 from mas.rollout.backends.base import GenRequest
-from mas.embedded.teachers import ChainTeacher
+from mas.embedded.teachers import ChainTeacher, FactsTeacher
 from mas.envs.math.gsm8k import SAMPLE_DIR, GSM8KConfig
 from mas.envs.research import FactsConfig, FactsEnv
 from mas.envs.research.hotpotqa import HotpotQAConfig, HotpotQAEnv
 from mas.training.warmup import (
     Facts,
-    FactsTeacher,
     FrameworkChainTeacher,
     ResearchTeacher,
     SelectorTeacher,
@@ -26,7 +25,6 @@ from mas.training.warmup import (
     arithmetic_task,
     chain_transcript,
     claimed_answer,
-    facts_chains,
     gsm8k_solutions,
     hotpotqa_facts,
 )
@@ -258,7 +256,7 @@ CITIES = tuple(p.title for p in FACTS_ENV.world.cities)
 
 
 def facts_teacher(**knobs) -> FactsTeacher:
-    return FactsTeacher(chains={CHAIN.question: CHAIN}, cities=CITIES, researcher="researcher", **knobs)
+    return FactsTeacher(researcher="researcher", **knobs)
 
 
 def tool(name: str, **arguments) -> str:
@@ -266,11 +264,11 @@ def tool(name: str, **arguments) -> str:
 
 
 def facts_researcher(rounds: list[str], seed: int = 0, left: int = 1, **knobs) -> str:
-    """The researcher's next turn after the calls ``rounds`` (each answered with a tool response)."""
+    """The researcher's next turn after the calls ``rounds``, each answered by the env's own tool."""
     messages = [("system", "You find facts."), ("user", f"Task: {CHAIN.question}")]
     for call in rounds:
-        more = f"(tool calls left: {left})" if left else "You have used all your tool calls. Reply now, without a tool call."
-        messages += [("assistant", call), ("user", f"<tool_response>\nsome result\n</tool_response>\n{more}")]
+        (c,) = parse_tool_calls(call)
+        messages += [("assistant", call), ("user", tool_results_message([FACTS_ENV.tools[c.name].fn(**c.arguments)], left))]
     return facts_teacher(**knobs)(req("researcher", *messages), random.Random(seed))
 
 
@@ -307,6 +305,22 @@ def test_facts_researcher_replies_when_its_budget_is_spent():
     assert facts_researcher([first, read], left=0, p_direct=0.0) == "Bedro Truviin was born in Lorwick."
 
 
+def test_facts_teacher_copies_from_what_it_read_so_it_plays_any_question_of_any_world():
+    """It knows no world: a held-out question and another corpus seed's world are played alike
+    (which questions a warm-up poses is its task stream's business: training ones only)."""
+    for env in (FACTS_ENV, FactsEnv(FactsConfig(name="facts", corpus_seed=7))):
+        chain = env.world.held_out[0]
+        messages = [("system", "r"), ("user", f"Task: {chain.question}")]
+        teacher, rng, turn = facts_teacher(p_direct=0.0, p_detour=0.0), random.Random(0), ""
+        for _ in range(4):
+            turn = teacher(req("researcher", *messages), rng)
+            if "<tool_call>" not in turn:
+                break
+            (c,) = parse_tool_calls(turn)
+            messages += [("assistant", turn), ("user", tool_results_message([env.tools[c.name].fn(**c.arguments)], 3))]
+        assert turn == f"The {chain.org} is based in {chain.city}."
+
+
 def test_facts_answerer_answers_the_city_of_the_researchers_reply():
     evidence = (f"Task: {CHAIN.question}\nresearcher: {tool('search', query=CHAIN.person)}\n<tool_response>\n"
                 f"1. Bedro Truviin: Bedro Truviin was born in Lorwick and ...\n</tool_response>\nresearcher: ")
@@ -315,11 +329,3 @@ def test_facts_answerer_answers_the_city_of_the_researchers_reply():
     assert teacher(req("answerer", ("user", evidence + "Bedro Truviin was born in Lorwick.")), RNG) == "ANSWER: Lorwick"
 
 
-def test_facts_teacher_knows_the_training_questions_only():
-    chains, cities = facts_chains(FactsConfig(name="facts"))
-    assert len(chains) == 400 and set(cities) == set(CITIES)
-    held_out = {" ".join(t.prompt.split()) for t in FACTS_ENV.eval_tasks(FACTS_ENV.num_eval)}
-    assert not held_out & set(chains)
-    teacher = FactsTeacher(chains=chains, cities=cities)
-    with pytest.raises(KeyError, match="training questions only"):
-        teacher(req("researcher", ("user", f"Task: {FACTS_ENV.eval_tasks(1)[0].prompt}")), RNG)

@@ -10,7 +10,9 @@
    length-sorted pools, so little of each batch is padding).
    A recipe with a second stage (``Recipe.extend``) starts instead from its base recipe's
    finished model and tokenizer (shipped, cached or built first), and trains it further on
-   the base pool plus the added formats' turns.
+   the base pool plus the added formats' turns.  A research stage (``Recipe.research``) starts
+   from the two-stage model the same way and trains on long episodes, each agent's invocation
+   one sequence, with the pool replayed beside them, at raised positions.
 4. Model and tokenizer are saved in Hugging Face format with a manifest (the recipe key and
    every file's sha256; ``artifact.py``): into the cache (``$MAS_CACHE_DIR`` or
    ``~/.cache/mas``) when a run needs a model that was not shipped (``ensure_embedded``), or
@@ -52,24 +54,31 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def format_transcripts(fmt: Format, episodes: int, seed: int, tokenizer) -> tuple[Transcript, float]:
-    """Every turn of ``episodes`` teacher episodes of ``fmt`` (split over its topology
-    variants), and the teacher's mean reward; raises if the teacher does worse than it should."""
+    """Every turn of ``episodes`` teacher episodes of ``fmt`` (split over its topology variants
+    and its worlds), and the teacher's mean reward; raises if the teacher does worse than it should."""
     from mas.rollout.engine import Engine
     from mas.envs import build_env
     from mas.topologies import build_topology
 
     stream = int(hashlib.sha256(f"{seed}/{fmt.name}".encode()).hexdigest()[:8], 16)  # own tasks per format
-    env = build_env(fmt.env.model_copy(update={"seed": stream}))
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=64)
-    agents = {n: Agent(n, "teacher", a.role, sampling, PARSERS[a.parser]) for n, a in fmt.agents.items()}
+    agents = {n: Agent(n, "teacher", a.role, sampling, PARSERS[a.parser], tools=a.tools, max_tool_calls=a.max_tool_calls)
+              for n, a in fmt.agents.items()}
     turns: Transcript = []
     rewards: list[float] = []
-    for v, topology in enumerate(fmt.topologies):
-        n = episodes // len(fmt.topologies) + (1 if v < episodes % len(fmt.topologies) else 0)
-        rng = random.Random(f"{seed}/{fmt.name}/{v}")
+    plays = [(v, topology, w, env_cfg) for v, topology in enumerate(fmt.topologies) for w, env_cfg in enumerate(fmt.envs)]
+    for i, (v, topology, w, env_cfg) in enumerate(plays):
+        n = episodes // len(plays) + (1 if i < episodes % len(plays) else 0)
+        env = build_env(env_cfg.model_copy(update={"seed": stream + w}))
+        rng = random.Random(f"{seed}/{fmt.name}/{v}" + (f"/{w}" if fmt.worlds else ""))
         backend = ScriptedBackend(lambda req, rng=rng: fmt.teacher(req, rng), {"teacher": tokenizer})
-        engine = Engine(build_topology(topology), agents, {"teacher": tokenizer}, {"teacher": False}, backend, env.score)
-        for group in engine.rollout(env.sample_tasks(n), group_size=1, seed=seed):
+        engine = Engine(build_topology(topology), agents, {"teacher": tokenizer}, {"teacher": False}, backend, env.score,
+                        tools=getattr(env, "tools", None))
+        try:
+            groups = engine.rollout(env.sample_tasks(n), group_size=1, seed=seed)
+        finally:
+            engine.close()
+        for group in groups:
             ep = group.episodes[0]
             if ep.status != "ok":
                 raise RuntimeError(f"format {fmt.name!r}: the teacher's episode on {ep.task.prompt!r} ended "
@@ -82,10 +91,10 @@ def format_transcripts(fmt: Format, episodes: int, seed: int, tokenizer) -> tupl
     return turns, mean
 
 
-def teacher_transcripts(recipe: Recipe, tokenizer, log=print) -> Transcript:
-    """The pooled turns of every format of ``recipe``."""
+def teacher_transcripts(recipe: Recipe, tokenizer, log=print, mix: tuple[tuple[str, int], ...] | None = None) -> Transcript:
+    """The pooled turns of every format of ``recipe`` (or of ``mix``)."""
     turns: Transcript = []
-    for name, episodes in recipe.formats:
+    for name, episodes in recipe.formats if mix is None else mix:
         got, reward = format_transcripts(FORMATS[name], episodes, recipe.seed, tokenizer)
         log(f"  {name}: {episodes} teacher episodes, {len(got)} turns, teacher reward {reward:.2f}")
         turns += got
@@ -100,7 +109,9 @@ def teacher_transcripts(recipe: Recipe, tokenizer, log=print) -> Transcript:
 def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
     """The warm start (and, where the recipe has one, its second stage) saved to ``out``."""
     t0 = time.perf_counter()
-    if recipe.extend:
+    if recipe.research:
+        model, base = _research_stage(recipe, log)
+    elif recipe.extend:
         model, base = _second_stage(recipe, log)
     else:
         model, tok = _first_stage(recipe, log)
@@ -108,7 +119,7 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))  # unique: concurrent first runs
     model.save_pretrained(tmp)
-    if recipe.extend:  # the base's tokenizer files byte for byte (saving a loaded one adds loader settings)
+    if recipe.research or recipe.extend:  # the base's tokenizer files byte for byte (saving a loaded one adds loader settings)
         for name in TOKENIZER_FILES:
             shutil.copyfile(base / name, tmp / name)
     else:
@@ -123,15 +134,17 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
     log(f"embedded model ready in {time.perf_counter() - t0:.0f}s: {out}")
 
 
-def _provisional_turns(recipe: Recipe, log=print) -> tuple[Transcript, Any]:
-    """Every format's teacher turns, rendered with a tokenizer of the role prompts alone (the
-    model's own tokenizer is trained on these turns, so it cannot exist yet)."""
+def _provisional_turns(recipe: Recipe, log=print, mix: tuple[tuple[str, int], ...] | None = None) -> tuple[Transcript, Any]:
+    """Every format's teacher turns (``recipe.formats``, or ``mix``), rendered with a tokenizer of
+    the role prompts alone (the model's own tokenizer is trained on these turns, so it cannot
+    exist yet)."""
     from mas.models.tiny import train_tokenizer
 
-    roles = [a.role for name, _ in recipe.formats for a in FORMATS[name].agents.values()]
+    mix = recipe.formats if mix is None else mix
+    roles = [a.role for name, _ in recipe.formats for a in FORMATS[name].agents.values()]  # the warm start's, whatever the mix
     provisional = train_tokenizer([" ".join(roles)], vocab_size=300)
-    log(f"embedded model: teacher transcripts of {len(recipe.formats)} formats...")
-    return teacher_transcripts(recipe, provisional, log=log), provisional
+    log(f"embedded model: teacher transcripts of {len(mix)} formats...")
+    return teacher_transcripts(recipe, provisional, log=log, mix=mix), provisional
 
 
 def _examples(tok, turns: Transcript) -> list[tuple[list[int], list[int]]]:
@@ -152,14 +165,14 @@ def _first_stage(recipe: Recipe, log=print):
     examples = _examples(tok, turns)
     log(f"embedded model: {len(examples)} teacher turns, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params; "
         f"warm start ({recipe.steps} steps)...")
-    _warm_start(model, examples, recipe.steps, recipe.lr, recipe, pad_id=tok.pad_token_id, log=log)
+    _fit(model, [(_rows(examples), recipe.batch_size, None)], recipe.steps, recipe.lr, recipe.seed, pad_id=tok.pad_token_id,
+         log=log)
     return model, tok
 
 
-def _second_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
-    """The base recipe's finished model (shipped, cached or built now), trained ``extend_steps``
-    more on the base pool plus the ``extend`` formats' turns with the base's tokenizer; and the
-    base's folder."""
+def _base_model(recipe: Recipe, log=print) -> tuple[Any, Any, Path]:
+    """The finished model of the recipe this one's last stage starts from (shipped, cached or
+    built now), its tokenizer and its folder; torch seeded for the stage."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -168,10 +181,19 @@ def _second_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
     tok = load_tokenizer(base)
     model = AutoModelForCausalLM.from_pretrained(base)
     torch.manual_seed(recipe.seed)
+    return model, tok, base
+
+
+def _second_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
+    """The base recipe's finished model (shipped, cached or built now), trained ``extend_steps``
+    more on the base pool plus the ``extend`` formats' turns with the base's tokenizer; and the
+    base's folder."""
+    model, tok, base = _base_model(recipe, log)
     turns, _ = _provisional_turns(replace(recipe, formats=(*recipe.formats, *recipe.extend), extend=()), log)
     examples = _examples(tok, turns)
     log(f"embedded model: second stage from {base.name}, {len(examples)} teacher turns ({recipe.extend_steps} steps)...")
-    _warm_start(model, examples, recipe.extend_steps, recipe.extend_lr, recipe, pad_id=tok.pad_token_id, log=log)
+    _fit(model, [(_rows(examples), recipe.batch_size, None)], recipe.extend_steps, recipe.extend_lr, recipe.seed,
+         pad_id=tok.pad_token_id, log=log)
     return model, base
 
 
@@ -188,27 +210,116 @@ def _batches(lengths: list[int], batch_size: int, gen: torch.Generator, pool: in
             yield batches[b]
 
 
-def _warm_start(model, examples: list[tuple[list[int], list[int]]], steps: int, lr: float, recipe: Recipe, pad_id: int,
-                log=print, log_every: int = 500) -> None:
-    from mas.models.tiny import sft_batch
+def _research_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
+    """The two-stage model (``recipe.base()``: shipped, cached or built now), trained
+    ``research_steps`` more on the research formats' episodes, each agent invocation one
+    sequence (``_sequences``) at its own length, and on their first turns alone; its positions
+    raised to ``recipe.positions``.  And the base's folder.
 
-    gen = torch.Generator().manual_seed(recipe.seed)
+    The earlier stages' pool is replayed beside them by distillation from the base model itself
+    (learning without forgetting, arXiv:1606.09282): the model is held to the base's own
+    next-token distributions on those turns.  Replaying the turns' labels instead trained the
+    pool further, which raised every arithmetic config's start (the quickstart's 0.290 -> 0.405,
+    greedy) and cut what RL had left to gain (docs/benchmarks.md)."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok, base = _base_model(recipe, log)
+    model.config.max_position_embeddings = recipe.positions
+    pool, _ = _provisional_turns(replace(recipe, formats=(*recipe.formats, *recipe.extend), extend=(), research=()), log)
+    research, _ = _provisional_turns(recipe, log, mix=recipe.research)
+    examples = _examples(tok, research)
+    rows = _sequences(examples)
+    follows = _continues(examples)
+    firsts = [ex for ex, f in zip(examples, follows) if not f]  # each invocation's first turn
+    laters = [ex for ex, f in zip(examples, follows) if f]  # the turns after a tool round
+    longest = max(len(ids) for ids, _ in rows)
+    if longest > recipe.positions:
+        raise RuntimeError(f"a research sequence of {longest} tokens is longer than the recipe's {recipe.positions} positions")
+    log(f"embedded model: research stage from {base.name}, {len(rows)} invocations of {len(research)} turns (longest "
+        f"{longest} tokens) beside {len(pool)} pool turns ({recipe.research_steps} steps)...")
+    frozen = AutoModelForCausalLM.from_pretrained(base).eval().requires_grad_(False)  # the base, to distil the pool from
+    streams = [(rows, recipe.research_batch_size, None), (_rows(firsts), recipe.research_first_turns, None),
+               (_rows(laters), recipe.research_later_turns, None), (_rows(_examples(tok, pool)), recipe.batch_size, frozen)]
+    _fit(model, [s for s in streams if s[1] > 0], recipe.research_steps, recipe.research_lr, recipe.seed,
+         pad_id=tok.pad_token_id, log=log)
+    return model, base
+
+
+def _rows(examples: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """(prompt, completion) examples as (ids, labels) rows, the loss on the completion."""
+    return [(p + c, [-100] * len(p) + c) for p, c in examples]
+
+
+def _continues(examples: list[tuple[list[int], list[int]]]) -> list[bool]:
+    """Per example: whether it continues the invocation of the example before it, i.e. its prompt
+    starts with all of that invocation so far (a tool round: the call, then its results)."""
+    out, so_far = [], []
+    for p, c in examples:
+        follows = bool(so_far) and len(p) > len(so_far) and p[: len(so_far)] == so_far
+        so_far = p + c
+        out.append(follows)
+    return out
+
+
+def _sequences(examples: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[int]]]:
+    """Consecutive turns of one invocation as one (ids, labels) row, the loss on each completion:
+    a turn that continues the one before it (``_continues``) extends that row; any other turn
+    starts a new one.  Each turn's tokens are then scored once, with exactly the context its own
+    example gives it."""
+    rows: list[tuple[list[int], list[int]]] = []
+    for (p, c), follows in zip(examples, _continues(examples)):
+        if follows:
+            ids, labels = rows[-1]
+            new = p[len(ids):]
+            rows[-1] = (ids + new + c, labels + [-100] * len(new) + c)
+        else:
+            rows.append((p + c, [-100] * len(p) + c))
+    return rows
+
+
+Stream = tuple[list[tuple[list[int], list[int]]], int, Any]  # (rows, batch size, None or a frozen model to distil)
+
+
+def _fit(model, streams: list[Stream], steps: int, lr: float, seed: int, pad_id: int, log=print, log_every: int = 500) -> None:
+    """AdamW for ``steps`` steps (50 of warm-up, then linear decay to 5%); each step draws one
+    batch from each stream (``(rows, batch size, teacher)``: batches of rows of similar length)
+    and takes the sum of their mean losses, one forward pass each: the cross-entropy of the
+    rows' labels, or, where the stream has a frozen ``teacher`` model, the KL divergence from the
+    teacher's next-token distributions at the labelled positions (``_distillation``)."""
+    from mas.models.tiny import sequence_batch
+
+    gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps))
-    batches = _batches([len(p) + len(c) for p, c in examples], recipe.batch_size, gen)
+    draws = [(rows, _batches([len(ids) for ids, _ in rows], size, gen), teacher) for rows, size, teacher in streams]
     model.train()
-    t0, running = time.perf_counter(), 0.0
+    t0, running = time.perf_counter(), [0.0] * len(streams)
     for step in range(steps):
-        loss = model(**sft_batch([examples[i] for i in next(batches)], pad_id)).loss
         opt.zero_grad()
-        loss.backward()
+        for k, (rows, batches, teacher) in enumerate(draws):
+            batch = sequence_batch([rows[i] for i in next(batches)], pad_id)
+            loss = model(**batch).loss if teacher is None else _distillation(model, teacher, batch)
+            loss.backward()
+            running[k] += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        running += loss.item()
         if (step + 1) % log_every == 0:
-            log(f"  warm start step {step + 1}/{steps}: loss {running / log_every:.3f} ({time.perf_counter() - t0:.0f}s)")
-            running = 0.0
+            losses = " + ".join(f"{r / log_every:.3f}" for r in running)
+            log(f"  warm start step {step + 1}/{steps}: loss {losses} ({time.perf_counter() - t0:.0f}s)")
+            running = [0.0] * len(streams)
+
+
+def _distillation(model, teacher, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean KL(teacher || model) of the next-token distributions at the positions whose next
+    token is labelled (the completions): the model is held to what the teacher says there, all
+    of it, not only to the token the transcript holds."""
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    at = batch["labels"][:, 1:] != -100  # [b, S-1]: position t predicts token t+1
+    logp = torch.log_softmax(model(**inputs).logits[:, :-1][at].float(), dim=-1)  # [n, V]
+    with torch.no_grad():
+        target = torch.log_softmax(teacher(**inputs).logits[:, :-1][at].float(), dim=-1)  # [n, V]
+    return torch.nn.functional.kl_div(logp, target, log_target=True, reduction="batchmean")
 
 
 def ensure_embedded(recipe: Recipe | None = None, log=print) -> Path:

@@ -21,9 +21,11 @@ from typing import Any, Callable, Mapping
 
 from mas.config.schema import ChainTopology, DebateTopology, GraphTopology, OrchestratorTopology
 from mas.envs.math.synthetic import SyntheticMathConfig
+from mas.envs.research.facts import FactsConfig
 from mas.envs.team import TeamConjunctiveConfig, TeamRelayConfig, TeamSaboteurConfig
 
-from .teachers import ChainTeacher, DebateTeacher, GraphTeacher, OrchestratorTeacher, RelayTeacher, SaboteurTeacher
+from .teachers import (ChainTeacher, DebateTeacher, GraphTeacher, OrchestratorTeacher, RelayTeacher, FactsTeacher,
+                       SaboteurTeacher)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,14 @@ class AgentSpec:
     role: str
     parser: str
     max_new_tokens: int
+    tools: tuple[str, ...] = ()  # the env tools it calls (the role says how: a config gives it tools_prompt: false)
+    max_tool_calls: int = 0  # its tool calls per invocation
+
+    def spec(self) -> dict[str, Any]:
+        """As JSON for the recipe hash; the tool fields only where it has tools (the older formats keep their keys)."""
+        from dataclasses import asdict
+
+        return {k: v for k, v in asdict(self).items() if v or k not in ("tools", "max_tool_calls")}
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,7 @@ class Format:
     configs: tuple[str, ...]  # shipped configs (repository paths) that use exactly these prompts
     agents: Mapping[str, AgentSpec]
     topologies: tuple[Any, ...]  # topology config objects; the teacher's episodes are split among them
-    env: Any  # env config the teacher draws training tasks from (its seed is the recipe's)
+    env: Any  # env config the teacher draws training tasks from (its seed is the recipe's); configs use exactly it
     teacher: Callable  # (GenRequest, random.Random) -> str
     episodes: int  # teacher episodes in the default recipe's warm start (0: none; see Recipe.extend)
     min_teacher_reward: float = 1.0  # the teacher's own mean reward; below 1 only where its flaw costs reward
@@ -54,6 +64,10 @@ class Format:
     # The agents whose turns the warm start trains on (None: every agent).  The other agents
     # still play their teacher's part, so the trained turns see the transcripts they will see.
     train_agents: tuple[str, ...] | None = None
+    # Env configs the teacher plays instead of ``env``, its episodes split evenly among them: many
+    # generated worlds, so that a name it writes is one it has just read, never one it could
+    # remember (the research format).  Empty: ``env`` itself.
+    worlds: tuple[Any, ...] = ()
 
     def one_agent(self, agent: str, name: str, description: str, teacher: Callable, episodes: int) -> "Format":
         """This team played by ``teacher``, training on ``agent``'s turns alone: the other agents
@@ -70,7 +84,7 @@ class Format:
         from dataclasses import asdict
 
         spec = {
-            "agents": {n: asdict(a) for n, a in self.agents.items()},
+            "agents": {n: a.spec() for n, a in self.agents.items()},
             "topologies": [t.model_dump(mode="json", by_alias=True) for t in self.topologies],
             "env": self.env.model_dump(mode="json"),
             "teacher": {type(self.teacher).__name__: asdict(self.teacher)},
@@ -78,10 +92,17 @@ class Format:
         }
         if self.train_agents is not None:  # absent otherwise, so the older formats keep their keys
             spec["train_agents"] = list(self.train_agents)
+        if self.worlds:  # likewise
+            spec["worlds"] = [w.model_dump(mode="json") for w in self.worlds]
         return spec
 
+    @property
+    def envs(self) -> tuple[Any, ...]:
+        """The env configs the teacher plays (``worlds``, else ``env``)."""
+        return self.worlds or (self.env,)
 
-def _agents(**specs: tuple[str, str, int]) -> Mapping[str, AgentSpec]:
+
+def _agents(**specs: tuple) -> Mapping[str, AgentSpec]:
     return MappingProxyType({name: AgentSpec(*s) for name, s in specs.items()})
 
 
@@ -222,5 +243,39 @@ SABOTEUR = Format(
 SABOTEUR_SOLVER = SABOTEUR.one_agent("solver", "saboteur_solver", "the saboteur team's solver works every answer out (its turns only)",
                                      SaboteurTeacher(p_direct=0.0, p_overrule=0.6), episodes=0)
 
+# cpu_facts's team: a researcher with BM25 search and read over a generated world, then an
+# answerer (envs/research/facts.py).  The 0.22M model does not copy a name it has not seen into a
+# tool call unless it is taught on thousands of fresh names (docs/benchmarks.md: copying appears
+# after about 2,500 steps of first calls with a new name each, never on one world's 400 names),
+# so the teacher plays FACTS_WORLDS, 40 worlds of other corpus seeds with 499 training chains
+# each: every person and organisation it copies is one of about 20,000.  None of them is a
+# person or an organisation of cpu_facts's own world (corpus seed 0), training or held out (a
+# test checks).  The teacher keeps the config warm-up's flaws (p_direct, p_detour), so the
+# greedy researcher replies after the first search and RL has the second hop to find.  Taught
+# in the recipe's research stage (``Recipe.research``), at the episodes' own lengths (up to
+# about 1,160 tokens: the researcher's invocation is one sequence), not in the pooled warm start.
+_FACTS_ENV = FactsConfig(name="facts", corpus_seed=0, num_train=400, num_eval=100, num_cities=16, seed=0, reward="em",
+                         search_k=1, max_k=3, snippet_chars=60, read_chars=200)
+FACTS_WORLD_SEEDS = tuple(range(1000, 1040))
+FACTS_WORLDS = tuple(_FACTS_ENV.model_copy(update={"corpus_seed": s, "num_train": 499, "num_eval": 1})
+                     for s in FACTS_WORLD_SEEDS)
+
+FACTS = Format(
+    name="facts",
+    description="a researcher searches and reads generated paragraphs in two hops; an answerer gives the city",
+    configs=(),  # configs/cpu_facts.yaml once the recipe's research stage teaches this format
+    agents=_agents(
+        researcher=('You are the researcher. Call <tool_call>{"name": "search", "arguments": {"query": q}}</tool_call> '
+                    'or read with {"title": t}.', "raw", 96, ("search", "read"), 4),
+        answerer=("You are the answerer. Reply ANSWER: city.", "answer", 16),
+    ),
+    topologies=(ChainTopology(kind="chain", sequence=("researcher", "answerer")),),
+    env=_FACTS_ENV,
+    worlds=FACTS_WORLDS,
+    teacher=FactsTeacher(p_direct=0.6, p_detour=0.3),
+    episodes=0,
+    min_teacher_reward=0.3,  # the replies after one search (p_direct) give the birthplace, always wrong
+)
+
 FORMATS: Mapping[str, Format] = MappingProxyType({f.name: f for f in (ORCHESTRATOR, DEBATE, CHAIN, GRAPH, CONJUNCTIVE, SABOTEUR,
-                                                                       RELAY, GRAPH_WORKER, SABOTEUR_SOLVER)})
+                                                                       RELAY, GRAPH_WORKER, SABOTEUR_SOLVER, FACTS)})

@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from .formats import FORMATS
 
+MIXES = ("formats", "extend", "research")  # the stages' format mixes: (format name, teacher episodes)
+RESEARCH_FIELDS = ("research", "research_steps", "research_lr", "research_batch_size", "research_first_turns",
+                   "research_later_turns", "positions")
 DEFAULT_MIX: tuple[tuple[str, int], ...] = tuple((f.name, f.episodes) for f in FORMATS.values() if f.episodes > 0)
 
 
@@ -37,27 +40,43 @@ class Recipe:
     extend: tuple[tuple[str, int], ...] = (("saboteur_solver", 400),)
     extend_steps: int = 600
     extend_lr: float = 5e-4
+    # A third stage from the finished two-stage model (``base()``), for teams whose episodes are
+    # long: ``research_steps`` steps at ``research_lr``, each on ``research_batch_size`` of these
+    # formats' agent invocations (one sequence each, the loss on every one of its turns, at the
+    # episodes' own lengths), ``research_first_turns`` of their first turns on their own (short:
+    # where a name is first copied from the task), ``research_later_turns`` of their other turns
+    # on their own (each with its whole prompt: where a name is copied from a tool's result), and
+    # ``batch_size`` turns of the earlier stages' pool, held to what the base model says there.  The model's positions become
+    # ``positions``.  Empty: no third stage, and the key is the one the recipe had before it existed.
+    research: tuple[tuple[str, int], ...] = ()
+    research_steps: int = 4000
+    research_lr: float = 2e-3
+    research_batch_size: int = 16
+    research_first_turns: int = 32
+    research_later_turns: int = 0
+    positions: int = 2048
 
     def __post_init__(self) -> None:
-        unknown = [name for name, _ in (*self.formats, *self.extend) if name not in FORMATS]
+        unknown = [name for name, _ in (*self.formats, *self.extend, *self.research) if name not in FORMATS]
         if unknown:
             raise ValueError(f"unknown warm-start formats {unknown}; valid: {sorted(FORMATS)}")
 
     def format_specs(self) -> dict:
-        return {name: FORMATS[name].spec() for name, _ in (*self.formats, *self.extend)}
+        return {name: FORMATS[name].spec() for name, _ in (*self.formats, *self.extend, *self.research)}
 
     def base(self) -> Recipe:
-        """The one-stage warm start this recipe's second stage starts from."""
-        return replace(self, extend=())
+        """The recipe this one's last stage starts from: without its research stage, else
+        without its second stage (the one-stage warm start)."""
+        return replace(self, research=()) if self.research else replace(self, extend=())
 
     def varied(self, changes: list[str]) -> Recipe:
         """This recipe with ``KEY=VALUE`` changes (``mas build-embedded --recipe``): a number
         (``steps=8000``, ``seed=1``, ``lr=0.002``, ``extend_steps=900``), one format's teacher
         episodes in the warm start (``formats.graph=1600``) or in its second stage
-        (``extend.saboteur_solver=400``); 0 drops the format.  A variant has its own key, so it is
+        (``extend.saboteur_solver=400``) or its research stage (``research.facts=9600``); 0 drops the format.  A variant has its own key, so it is
         built into its own cache folder and never taken for the project's model."""
-        numbers = {f.name: f.type for f in fields(self) if f.name not in ("formats", "extend")}
-        mixes = {"formats": dict(self.formats), "extend": dict(self.extend)}
+        numbers = {f.name: f.type for f in fields(self) if f.name not in MIXES}
+        mixes = {mix: dict(getattr(self, mix)) for mix in MIXES}
         values: dict = {}
         for change in changes:
             key, sep, value = change.partition("=")
@@ -72,7 +91,7 @@ class Recipe:
                 elif key in numbers:
                     values[key] = float(value) if numbers[key] == "float" else int(value)  # annotations are strings here (__future__)
                 else:
-                    raise ValueError(f"unknown key; valid: {sorted(numbers)}, formats.<name> or extend.<name>")
+                    raise ValueError(f"unknown key; valid: {sorted(numbers)}, formats.<name>, extend.<name> or research.<name>")
             except ValueError as e:
                 raise ValueError(f"recipe change {change!r}: {e}") from None
         for mix, counts in mixes.items():
@@ -83,6 +102,9 @@ class Recipe:
         recipe = asdict(self)
         if not self.extend:  # a one-stage recipe keeps the key it had before stages existed
             for name in ("extend", "extend_steps", "extend_lr"):
+                del recipe[name]
+        if not self.research:  # and a recipe without a research stage the key it had before that stage existed
+            for name in RESEARCH_FIELDS:
                 del recipe[name]
         blob = json.dumps({"recipe": recipe, "formats": self.format_specs()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]

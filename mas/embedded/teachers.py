@@ -28,6 +28,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from mas.agents.tools import OPEN, parse_tool_calls, tool_call_text
 from mas.rollout.backends.base import GenRequest
 
 Step = tuple[int, str, int, int]  # (a, op, b, a op b)
@@ -260,3 +261,78 @@ class SaboteurTeacher:
         if rng.random() < self.p_overrule:
             return f"REJECT ANSWER: {slipped(value(task), rng)}"
         return "ACCEPT"
+
+
+# ---------------------------------------------------------------------------------------------
+# research: a researcher with search and read, then an answerer (envs/research/facts.py)
+# ---------------------------------------------------------------------------------------------
+
+
+_PERSON = re.compile(r"organisation that (.+?) founded\?")
+_REPLY_CITY = re.compile(r" in ([A-Z][a-z]+)\.\s*$")
+
+
+def _tool_calls_so_far(messages: list[dict[str, str]]) -> list[tuple[str | None, str | None]]:
+    """(name, query or title) of every tool call in this invocation's assistant messages."""
+    return [(c.name, (c.arguments or {}).get("query") or (c.arguments or {}).get("title"))
+            for m in messages if m.get("role") == "assistant" for c in parse_tool_calls(m["content"])]
+
+
+def _seen(messages: list[dict[str, str]], pattern: str) -> str | None:
+    """The first group of ``pattern`` in the user messages so far (the task and the tool responses)."""
+    for m in messages:
+        if m.get("role") == "user":
+            found = re.search(pattern, m["content"])
+            if found:
+                return found.group(1)
+    return None
+
+
+@dataclass(frozen=True)
+class FactsTeacher:
+    """A researcher with ``search`` and ``read``, then an answerer, on the generated two-hop facts
+    ("In which city is the organisation that <person> founded?"): search the person, read the
+    person's paragraph, search the organisation it names, reply ``The <org> is based in <city>.``;
+    the answerer gives the city that reply names.
+
+    It knows nothing of the world: every name it writes it copies from what it has read (the
+    person from the question, the birthplace from the first search's snippet, the organisation
+    from the paragraph, the city from the second search), so it plays any generated world, and
+    the turns it leaves teach exactly that copying.  Flaws, as ``cpu_facts``'s warm-up teacher:
+    with probability ``p_direct`` the researcher replies after the first search with what it
+    shows (``<person> was born in <birthplace>.``, so the answer is the birthplace, always wrong);
+    with probability ``p_detour`` it first makes an unneeded search (the birthplace)."""
+
+    p_direct: float = 0.6
+    p_detour: float = 0.3
+    researcher: str = "researcher"
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        messages = req.messages or []
+        if req.agent != self.researcher:
+            replies = [line for line in user_text(req).splitlines() if line.startswith(f"{self.researcher}: ")
+                       and OPEN not in line]
+            city = _REPLY_CITY.search(replies[-1]) if replies else None
+            return f"ANSWER: {city.group(1) if city else 'unknown'}"
+        task = next(m["content"] for m in messages if m.get("role") == "user")
+        person = _PERSON.search(task)
+        if person is None:
+            raise ValueError(f"not a facts question: {task[:80]!r}")
+        person = person.group(1)
+        done = _tool_calls_so_far(messages)
+        if not done:
+            return tool_call_text("search", {"query": person})
+        birthplace = _seen(messages, rf"{re.escape(person)} was born in ([A-Z][a-z]+)")
+        org = _seen(messages, rf"{re.escape(person)} founded the (.+?) in \d")
+        city = _seen(messages, rf"The {re.escape(org)} is based in ([A-Z][a-z]+)") if org else None
+        direct = f"{person} was born in {birthplace}."
+        if ("search", org) in done and city:
+            return f"The {org} is based in {city}."
+        spent = "tool calls left" not in messages[-1]["content"]  # the budget is spent: reply now
+        if spent:
+            return direct
+        if ("read", person) not in done:
+            return direct if rng.random() < self.p_direct else tool_call_text("read", {"title": person})
+        if ("search", birthplace) not in done and rng.random() < self.p_detour:
+            return tool_call_text("search", {"query": birthplace})
+        return tool_call_text("search", {"query": org})

@@ -86,12 +86,18 @@ def tiny_causal_lm(
 def sft_batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded causal-LM inputs for (prompt ids, completion ids) pairs, with the loss on the
     completion only (prompt and padding labelled -100)."""
-    width = max(len(p) + len(c) for p, c in pairs)
-    ids = torch.full((len(pairs), width), pad_id)  # [b, S]
-    labels = torch.full((len(pairs), width), -100)  # [b, S]
-    mask = torch.zeros((len(pairs), width), dtype=torch.long)  # [b, S]
-    for r, (p, c) in enumerate(pairs):
-        ids[r, : len(p) + len(c)] = torch.tensor(p + c)
-        labels[r, len(p) : len(p) + len(c)] = torch.tensor(c)
-        mask[r, : len(p) + len(c)] = 1
+    return sequence_batch([(p + c, [-100] * len(p) + c) for p, c in pairs], pad_id)
+
+
+def sequence_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded causal-LM inputs for (ids, labels) rows of equal lengths, labels -100 where
+    there is no loss (a multi-turn row has a loss on each of its completions); padding -100."""
+    width = max(len(i) for i, _ in rows)
+    ids = torch.full((len(rows), width), pad_id)  # [b, S]
+    labels = torch.full((len(rows), width), -100)  # [b, S]
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [b, S]
+    for r, (i, lab) in enumerate(rows):
+        ids[r, : len(i)] = torch.tensor(i)
+        labels[r, : len(lab)] = torch.tensor(lab)
+        mask[r, : len(i)] = 1
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}

@@ -35,13 +35,13 @@ from typing import Any
 
 from mas.agents.parsers import parse_answer
 from mas.agents.prompts import render_prompt
-from mas.agents.tools import OPEN, parse_tool_calls, tool_call_text
+from mas.agents.tools import tool_call_text
 from mas.rollout.backends.base import GenRequest
 from mas.rollout.backends.scripted import ScriptedBackend
 from mas.config.schema import (AutogenTopology, ChainTopology, ConfigError, DebateTopology, LangGraphTopology, OrchestratorTopology,
                         RunConfig)
-from mas.embedded.teachers import (ChainTeacher, DebateTeacher, OrchestratorTeacher, RelayTeacher, SaboteurTeacher,
-                                   chain_steps, slipped)
+from mas.embedded.teachers import (ChainTeacher, DebateTeacher, FactsTeacher, OrchestratorTeacher, RelayTeacher,
+                                   SaboteurTeacher, chain_steps, slipped)
 from mas.rollout.engine import Engine
 from mas.envs import build_env
 from mas.envs.math.verify import gsm8k_final_answer, numbers_match, read_number
@@ -68,7 +68,8 @@ def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
       (``ChainTeacher`` on the task read from the framework's messages, ``FrameworkChainTeacher``);
     * GSM8K solver/verifier chains: the training problem's own worked solution (``SolutionChainTeacher``);
     * HotpotQA researcher (search, read) -> answerer chains (``ResearchTeacher``);
-    * researcher (search, read) -> answerer chains on the generated two-hop facts (``FactsTeacher``);
+    * researcher (search, read) -> answerer chains on the generated two-hop facts (``FactsTeacher``, the embedded
+      model's research teacher, which copies every name from what it has read);
     * the team tasks of ``envs/team`` (conjunctive and relay as parts chains, saboteur);
     * any other AutoGen or LangGraph team, on any env: the generic ``FrameworkTeacher``
       (``mas/training/framework_teacher.py``), which reads each request from the messages the
@@ -114,9 +115,7 @@ def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
         researcher = cfg.agent(top.sequence[0])
         if not {"search", "read"} <= set(researcher.tools):
             raise unsupported(f"the first agent of the chain, {researcher.name!r}, needs the tools search and read")
-        chains, cities = facts_chains(cfg.env)
-        return FactsTeacher(chains=chains, cities=cities, researcher=researcher.name, p_direct=p_direct,
-                            p_detour=float(knobs.get("p_detour", 0.3)))
+        return FactsTeacher(researcher=researcher.name, p_direct=p_direct, p_detour=float(knobs.get("p_detour", 0.3)))
     if isinstance(top, AutogenTopology) and top.team == "selector" and env == "synthetic_math":
         specialists = top.participants or tuple(a.name for a in cfg.agents if a.name != top.selector)
         if _fits(lambda: routes(specialists)):  # else the generic teacher below
@@ -409,74 +408,6 @@ class ResearchTeacher:
             return f"{facts.read}: {_sentence_with(found[len(facts.read) + 2:], facts.answers)}"
         top = next((line.split(". ", 1)[1] for line in found.splitlines()[1:2] if ". " in line), found)
         return top.replace(" ...", "").strip() or "I found nothing."
-
-
-def facts_chains(env_cfg: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """question -> ``Chain`` of every *training* question of a facts env, and the world's cities."""
-    env = build_env(env_cfg)
-    return {_key(c.question): c for c in env.world.train}, tuple(p.title for p in env.world.cities)
-
-
-def _calls(messages: list[dict[str, str]]) -> list[tuple[str | None, dict[str, Any]]]:
-    """(name, arguments) of every tool call in the assistant messages so far (this invocation's rounds)."""
-    return [(c.name, c.arguments or {}) for m in messages if m.get("role") == "assistant"
-            for c in parse_tool_calls(m["content"])]
-
-
-@dataclass(frozen=True)
-class FactsTeacher:
-    """A researcher with ``search`` and ``read``, then an answerer, on the generated two-hop facts
-    (``envs/research/facts.py``): search, read, search again, answer.
-
-    The researcher searches the person the question names, reads the person's paragraph (the
-    search result shows the birthplace, not the organisation), searches the organisation it
-    founded, and replies ``The <organisation> is based in <city>.``; the answerer answers the
-    city that the researcher's reply names.  Weaknesses for RL to find, as the other teachers'
-    ``p_direct``: with probability ``p_direct`` the researcher replies after the first search
-    with what it shows (``<person> was born in <birthplace>.``), so the answer is the birthplace
-    and wrong; with probability ``p_detour`` it makes an unneeded search (the birthplace) before
-    the second hop, one more tool call.  It knows the training questions only (``chains``).
-    """
-
-    chains: Mapping[str, Any]  # question -> envs.research.facts.Chain, training questions only
-    cities: tuple[str, ...]
-    researcher: str = "researcher"
-    p_direct: float = 0.6
-    p_detour: float = 0.3
-
-    def chain(self, question: str) -> Any:
-        if _key(question) not in self.chains:
-            raise KeyError(f"the teacher knows the training questions only; not {question[:80]!r}")
-        return self.chains[_key(question)]
-
-    def __call__(self, req: GenRequest, rng: random.Random) -> str:
-        messages = req.messages or []
-        first = next(m["content"] for m in messages if m.get("role") == "user")
-        question, turns = chain_transcript(first, (self.researcher,))
-        c = self.chain(question)
-        if req.agent != self.researcher:
-            replies = [t for a, t in turns if a == self.researcher and OPEN not in t]
-            return f"ANSWER: {self._city(replies[-1] if replies else '') or self._city(first) or 'unknown'}"
-        done = [(name, args.get("query") or args.get("title")) for name, args in _calls(messages)]
-        spent = bool(done) and "tool calls left" not in messages[-1]["content"]  # the budget is spent: reply now
-        direct = f"{c.person} was born in {c.birthplace}."
-        if ("search", c.org) in done:
-            return f"The {c.org} is based in {c.city}."
-        if not done:
-            return tool_call_text("search", {"query": c.person})
-        if spent:
-            return direct
-        if ("read", c.person) not in done:
-            return direct if rng.random() < self.p_direct else tool_call_text("read", {"title": c.person})
-        if ("search", c.birthplace) not in done and rng.random() < self.p_detour:
-            return tool_call_text("search", {"query": c.birthplace})
-        return tool_call_text("search", {"query": c.org})
-
-    def _city(self, text: str) -> str | None:
-        """The city ``text`` names last, or None."""
-        at = {city: text.rfind(city) for city in self.cities}
-        best = max(at, key=at.get, default=None)
-        return best if best is not None and at[best] >= 0 else None
 
 
 def _top_title(evidence: str) -> str | None:
