@@ -39,6 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SLOTS = ("search person", "read person", "search org", "reply", "answer")
+CITY = " is based in "
 
 
 def teacher_episodes(team, cfg, world_cfg, n: int, seed: int = 0):
@@ -94,19 +95,24 @@ def slot_prefixes(tok, ep):
 
 
 def copy_accuracy(model, tok, held_out) -> dict[str, float]:
-    """Share of each slot whose greedy continuation starts with exactly the expected text."""
+    """Share of each slot whose greedy continuation starts with exactly the expected text; and
+    ``reply city``: replies that name the right city, whatever they call the organisation (the
+    answerer copies the city, so that is what the reward needs)."""
     import torch
 
     model.eval()
-    hits = dict.fromkeys(SLOTS, 0)
+    hits = dict.fromkeys((*SLOTS, "reply city"), 0)
     with torch.no_grad():
         for ep in held_out:
             for name, (ids, rest) in zip(SLOTS, slot_prefixes(tok, ep)):
-                want = len(tok.encode(rest, add_special_tokens=False)) + 2
+                want = len(tok.encode(rest, add_special_tokens=False)) + 8
                 out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                      max_new_tokens=want, do_sample=False, pad_token_id=tok.pad_token_id,
                                      eos_token_id=tok.eos_token_id)
-                hits[name] += tok.decode(out[0, len(ids):], skip_special_tokens=True).startswith(rest)
+                text = tok.decode(out[0, len(ids):], skip_special_tokens=True)
+                hits[name] += text.startswith(rest)
+                if name == "reply":
+                    hits["reply city"] += CITY in text and text.split(CITY, 1)[1].startswith(rest.split(CITY, 1)[1])
     model.train()
     return {k: round(v / max(len(held_out), 1), 3) for k, v in hits.items()}
 
