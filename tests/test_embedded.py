@@ -478,3 +478,30 @@ def test_embedded_agents_beside_real_models_use_warm_started_prompts(path):
         spec = specs.get((agent.role, agent.parser))
         assert spec is not None, f"{agent.name}: {agent.role!r} ({agent.parser}) is no warm-started prompt"
         assert agent.sampling.max_new_tokens >= spec.max_new_tokens, agent.name
+
+
+def test_the_research_stage_holds_the_pool_to_the_base_by_kl_at_the_labelled_positions():
+    """KL(teacher || model) of the next-token distributions, averaged over the positions whose
+    next token is labelled, by hand on a 2-token vocabulary, against a loop over positions."""
+    import math
+    from types import SimpleNamespace
+
+    from mas.embedded.build import _distillation
+
+    def fixed(logits):  # a "model" whose logits are given, [b, S, V]
+        return lambda **_: SimpleNamespace(logits=torch.tensor(logits, requires_grad=True))
+
+    teacher = fixed([[[0.0, math.log(3)], [0.0, 0.0], [math.log(3), 0.0]]])  # p = (1/4, 3/4), (1/2, 1/2), (3/4, 1/4)
+    model = fixed([[[0.0, 0.0], [0.0, math.log(3)], [0.0, 0.0]]])           # q = (1/2, 1/2), (1/4, 3/4), (1/2, 1/2)
+    batch = {"input_ids": torch.zeros(1, 3, dtype=torch.long), "attention_mask": torch.ones(1, 3, dtype=torch.long),
+             "labels": torch.tensor([[-100, 5, 5]])}  # tokens 1 and 2 labelled: positions 0 and 1 predict them
+    kl0 = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    kl1 = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    got = _distillation(model, teacher, batch)
+    assert got.item() == pytest.approx((kl0 + kl1) / 2)  # position 2 predicts nothing labelled: left out
+    p = torch.softmax(teacher().logits[0].detach(), -1)
+    q = torch.softmax(model().logits[0].detach(), -1)
+    loop = [sum(float(p[t, v]) * math.log(float(p[t, v]) / float(q[t, v])) for v in range(2)) for t in (0, 1)]
+    assert got.item() == pytest.approx(sum(loop) / 2)
+    same = _distillation(teacher, teacher, batch)
+    assert same.item() == pytest.approx(0.0, abs=1e-7)
