@@ -58,8 +58,11 @@ def test_the_bound_adds_role_task_heard_replies_tool_rounds_and_the_own_reply():
     rows = context_bounds(cfg, lambda p: CharTokenizer(), lambda p: {"p": 100, "q": 512}[p], env)
     response = len("<tool_response>\n" + "Beta: " + "b" * 50 + "\n</tool_response>")  # 89
     task = len("Which city?")
+    calls = {"search": len('<tool_call>{"name": "search", "arguments": {}}</tool_call>'),  # the params have no example
+             "read": len('<tool_call>{"name": "read", "arguments": {}}</tool_call>')}
     assert rows[0] == {"agent": "researcher", "policy": "p", "positions": 100, "tool_calls": 3, "tool_response_tokens": response,
-                       "bound": CHAT_OVERHEAD + 7 + task + 0 + 3 * (20 + response) + 20}
+                       "bound": CHAT_OVERHEAD + 7 + task + 0 + 3 * (20 + response) + 20,
+                       "max_new_tokens": 20, "call_tokens": calls}
     # the answerer calls no tools, but the chain's transcript shows it the researcher's three tool
     # rounds with their results and its final reply
     heard = 3 * (20 + response) + 20
@@ -74,9 +77,21 @@ def test_mas_validate_warns_that_the_embedded_research_team_outgrows_512_positio
     assert main(["validate", "-q", "--strict", FACTS]) == 1
 
 
+def test_mas_validate_warns_when_a_reply_cannot_hold_one_tool_call(capsys):
+    """cpu_facts shipped max_new_tokens 64 while its calls take 72 to 82 of the embedded model's
+    tokens: every call was cut before its closing tag, and the team could never read a paragraph."""
+    assert main(["validate", "-q", FACTS]) == 0
+    assert "cannot hold one tool call" not in capsys.readouterr().err  # as shipped: 96
+    assert main(["validate", "-q", FACTS, "agents.researcher.sampling.max_new_tokens=64"]) == 0
+    err = capsys.readouterr().err
+    assert ("agents.researcher.sampling.max_new_tokens=64 cannot hold one tool call (the tools' example calls take "
+            "'search' 82, 'read' 72 tokens of policy 'scout')") in err
+    assert "agents.answerer.sampling" not in err  # no tools, nothing to cut
+
+
 def test_a_team_that_fits_gets_no_context_warning(capsys):
     cfg = load_config(FACTS, ["agents.researcher.max_tool_calls=1", "env.read_chars=50",
-                                                 "env.snippet_chars=20", "env.max_k=1", "agents.researcher.sampling.max_new_tokens=32"])
+                              "env.snippet_chars=20", "env.max_k=1"])
     from mas.training.context_plan import context_issues
 
     assert context_issues(cfg) == []

@@ -11,6 +11,10 @@ whose bound exceeds its model's ``max_position_embeddings``:
             + max_tool_calls x (max_new_tokens + the longest tool response measured)
             + its own reply (max_new_tokens)
 
+It also names each tool-using agent whose ``max_new_tokens`` cannot hold one call of its tools
+(the tool's own example call, in the agent's tokens): such a reply is cut before
+``</tool_call>``, and every call fails to parse.
+
 Tool responses are measured, not guessed: the env's own ``search`` is run on the sampled tasks'
 questions at the largest k the env allows, and its own ``read`` on every title those searches
 return; any other tool runs once with its prompt example.  The bound is an upper estimate of
@@ -81,12 +85,15 @@ def context_bounds(cfg: Any, tokenizer_of: Callable[[str], Any], positions_of: C
         rounds = agent.max_tool_calls if agent.tools else 0
         if tok is not None and positions:
             count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
+            tools = getattr(env, "tools", None) or {}
+            calls = {t: count(tools[t].example()) for t in (agent.tools or []) if t in tools}
             task = max(count(t.prompt) for t in tasks) if tasks else 0
             response = count(block) if response_text else 0
             heard = heard_tokens + heard_results * response
             bound = CHAT_OVERHEAD + count(agent.role) + task + heard + rounds * (reply + response) + reply
             rows.append({"agent": name, "policy": agent.policy, "bound": bound, "positions": positions,
-                         "tool_calls": rounds, "tool_response_tokens": response if rounds else 0})
+                         "tool_calls": rounds, "tool_response_tokens": response if rounds else 0,
+                         "max_new_tokens": reply, "call_tokens": calls})
         if chain:  # a chain's transcript shows each earlier reply and tool turn, with its results
             heard_tokens += reply + rounds * reply
             heard_results += rounds
@@ -127,6 +134,12 @@ def context_issues(cfg: Any) -> list[str]:
     rows = context_bounds(cfg, lambda p: model_of(p)[0], lambda p: model_of(p)[1], env)
     out = []
     for r in rows:
+        cut = {t: n for t, n in r["call_tokens"].items() if n > r["max_new_tokens"]}
+        if cut:
+            sizes = ", ".join(f"{t!r} {n}" for t, n in cut.items())
+            out.append(f"agents.{r['agent']}.sampling.max_new_tokens={r['max_new_tokens']} cannot hold one tool call "
+                       f"(the tools' example calls take {sizes} tokens of policy {r['policy']!r}): every "
+                       f"such reply is cut before </tool_call> and its call fails. Raise max_new_tokens")
         if r["bound"] > r["positions"]:
             calls = (f", {r['tool_calls']} tool calls of up to {r['tool_response_tokens']} tokens of results each"
                      if r["tool_calls"] else "")
