@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -152,6 +153,25 @@ def summarise(rows: dict, fit_from: int) -> dict:
             "peak_rss_mb": peak, "mean_step_s": sum(r["step_s"] for r in steps) / max(len(steps), 1)}
 
 
+def run_child(cmd: list[str], env: dict[str, str]) -> int:
+    """The child's exit code; a SIGTERM to this process (or a Ctrl-C) stops the child too, so
+    stopping the soak never leaves a run training on its own."""
+    proc = subprocess.Popen(cmd, env=env)
+
+    def stop(signum, _frame):  # raise out of the wait below: waiting again inside it would deadlock
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return proc.wait()
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/quickstart.yaml")
@@ -176,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, __file__, "--child", "--out", tmp, "--config", args.config, "--steps", str(args.steps),
                "--every", str(args.every), *[f"--set={s}" for s in args.set]] + ["--minutes", str(args.minutes)] * (args.minutes is not None)
         cmd += ["--census"] * args.census + ["--trim-phases"] * args.trim_phases + ["--keep-phase-heap"] * args.keep_phase_heap
-        if subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode != 0:
+        if run_child(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}) != 0:
             print("the run failed", file=sys.stderr)
             return 1
         rows = json.loads((Path(tmp) / "rows.json").read_text())
