@@ -265,7 +265,10 @@ def test_a_research_stage_has_its_own_key_and_the_two_stage_recipe_keeps_its_old
     assert three.research and three.base() == dataclasses.replace(three, research=())
     # the two-stage build's key, which the shipped figures before the research stage name (docs/benchmarks.md)
     assert three.base().key() == "851c280c22da" and three.base().base().key() == "49feff5a05f4"
-    for change in ("research_steps=10", "research_lr=0.001", "research_batch_size=4", "positions=1024", "research.facts=100"):
+    # the research build measured in docs/benchmarks.md, from before research_later_turns existed
+    assert three.key() == "7275deab8cc7"
+    for change in ("research_steps=10", "research_lr=0.001", "research_batch_size=4", "positions=1024", "research.facts=100",
+                   "research_first_turns=8", "research_later_turns=32"):
         assert three.varied([change]).key() != three.key(), change
     assert three.varied(["research.facts=0"]) == three.base()
     two = three.base()  # the research stage's knobs are not in a recipe without one

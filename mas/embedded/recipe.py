@@ -106,5 +106,7 @@ class Recipe:
         if not self.research:  # and a recipe without a research stage the key it had before that stage existed
             for name in RESEARCH_FIELDS:
                 del recipe[name]
+        elif not self.research_later_turns:  # the research stage's key from before later turns could be added
+            del recipe["research_later_turns"]
         blob = json.dumps({"recipe": recipe, "formats": self.format_specs()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
