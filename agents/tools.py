@@ -246,12 +246,21 @@ def _any_example(tools: Mapping[str, ToolSpec]) -> str:
     return next(iter(tools.values())).example() if tools else f'{OPEN}{{"name": ..., "arguments": {{...}}}}{CLOSE}'
 
 
+CALLS_LEFT = "tool calls left"
+
+
 def tool_results_message(observations: list[str], calls_left: int) -> str:
     """The user message that hands a tool round's observations back to the agent."""
     blocks = "\n".join(f"<tool_response>\n{obs}\n</tool_response>" for obs in observations)
     if calls_left > 0:
-        return f"{blocks}\n(tool calls left: {calls_left})"
+        return f"{blocks}\n({CALLS_LEFT}: {calls_left})"
     return f"{blocks}\nYou have used all your tool calls. Reply now, without a tool call."
+
+
+def calls_spent(results_message: str) -> bool:
+    """Whether a ``tool_results_message`` says the agent's tool calls are spent (a scripted
+    teacher reads this to reply instead of calling again)."""
+    return CALLS_LEFT not in results_message
 
 
 def tools_prompt(specs: list[ToolSpec], max_calls: int) -> str:

@@ -291,6 +291,22 @@ def test_turns_of_one_invocation_become_one_sequence_with_a_loss_on_each_turn():
         ([1, 2, 3, 9, 6, 5, 9], [-100, -100, -100, -100, -100, 5, 9])]
 
 
+def test_the_research_format_plays_cpu_facts_team_as_the_config_writes_it():
+    """FACTS lists no config (its stage is not shipped), so the usual configs check does not
+    cover it: the prompts, limits, tools and env besides the corpus are cpu_facts's own."""
+    from mas.embedded.formats import FACTS
+
+    cfg = validate_config(yaml.safe_load((ROOT / "configs" / "cpu_facts.yaml").read_text()))
+    for name, spec in FACTS.agents.items():
+        agent = cfg.agent(name)
+        assert (spec.role, spec.parser, spec.max_new_tokens) == (agent.role, agent.parser, agent.sampling.max_new_tokens), name
+        assert (tuple(spec.tools), spec.max_tool_calls) == (tuple(agent.tools), agent.max_tool_calls if agent.tools else 0), name
+    assert FACTS.env.model_dump() == cfg.env.model_dump()
+    ignore = {"corpus_seed", "num_train", "num_eval"}
+    assert all({k: v for k, v in w.model_dump().items() if k not in ignore} ==
+               {k: v for k, v in cfg.env.model_dump().items() if k not in ignore} for w in FACTS.worlds)
+
+
 def test_the_research_worlds_name_no_person_of_cpu_facts_world():
     from mas.embedded.formats import FACTS
     from mas.envs.research.facts import generate_world

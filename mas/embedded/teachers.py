@@ -28,7 +28,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from mas.agents.tools import OPEN, parse_tool_calls, tool_call_text
+from mas.agents.tools import OPEN, calls_spent, parse_tool_calls, tool_call_text
 from mas.rollout.backends.base import GenRequest
 
 Step = tuple[int, str, int, int]  # (a, op, b, a op b)
@@ -328,8 +328,7 @@ class FactsTeacher:
         direct = f"{person} was born in {birthplace}."
         if ("search", org) in done and city:
             return f"The {org} is based in {city}."
-        spent = "tool calls left" not in messages[-1]["content"]  # the budget is spent: reply now
-        if spent:
+        if calls_spent(messages[-1]["content"]):  # the budget is spent: reply now
             return direct
         if ("read", person) not in done:
             return direct if rng.random() < self.p_direct else tool_call_text("read", {"title": person})

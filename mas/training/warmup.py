@@ -35,7 +35,7 @@ from typing import Any
 
 from mas.agents.parsers import parse_answer
 from mas.agents.prompts import render_prompt
-from mas.agents.tools import tool_call_text
+from mas.agents.tools import calls_spent, tool_call_text
 from mas.rollout.backends.base import GenRequest
 from mas.rollout.backends.scripted import ScriptedBackend
 from mas.config.schema import (AutogenTopology, ChainTopology, ConfigError, DebateTopology, LangGraphTopology, OrchestratorTopology,
@@ -398,7 +398,7 @@ class ResearchTeacher:
         facts = self.facts(question)
         rounds = sum(m.get("role") == "assistant" for m in messages)
         last = messages[-1]["content"]
-        spent = rounds > 0 and "tool calls left" not in last  # the budget is spent: reply now
+        spent = rounds > 0 and calls_spent(last)  # the budget is spent: reply now
         if rounds == 0:
             return tool_call_text("search", {"query": question})
         if rounds == 1 and not spent and rng.random() >= self.p_direct:
