@@ -33,6 +33,7 @@ def alive(pid: int) -> bool:
 def test_a_sigterm_to_the_soak_stops_its_child(tmp_path):
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(BENCH), str(pid_file)])
+    child = None
     try:
         while not pid_file.exists():  # the child has started (no timing involved)
             assert parent.poll() is None, "the parent ended before its child started"
@@ -42,5 +43,7 @@ def test_a_sigterm_to_the_soak_stops_its_child(tmp_path):
         assert parent.wait(timeout=120) == 128 + signal.SIGTERM
         # the parent reaped its child before exiting: the pid is gone (not a zombie of ours)
         assert not alive(child)
-    finally:
+    finally:  # nothing left running, whatever failed
         parent.kill()
+        if child is not None and alive(child):
+            os.kill(child, signal.SIGKILL)
