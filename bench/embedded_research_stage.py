@@ -2,8 +2,8 @@
 
 ``cpu_facts``'s researcher must write into its tool calls names it has just read: the person from
 the question into ``search`` and ``read``, the organisation from the paragraph read into the
-second ``search``; its reply names the organisation and the city the second search showed, and
-the answerer copies that city.  For a held-out question every one of those names is new, so only
+second ``search``; its reply is the city the second search showed, and the answerer copies that
+city.  For a held-out question every one of those names is new, so only
 a model that copies can do it.  This measures, on ``--eval`` of ``cpu_facts``'s held-out people
 (corpus seed 0, never trained on), greedy and teacher-forced along the flawless teacher's path
 (``mas.embedded.teachers.FactsTeacher`` with no flaw, played through the real engine, tools and
@@ -12,7 +12,7 @@ chat template), how often a model writes each name exactly once it is given the 
     search person   <tool_call>{"name": "search", "arguments": {"query": "   -> the person
     read person     <tool_call>{"name": "read", "arguments": {"title": "     -> the person
     search org      <tool_call>{"name": "search", "arguments": {"query": "   -> the organisation
-    reply           The                                                       -> "<org> is based in <city>."
+    reply           (the reply's start)                                       -> "<city>."
     answer          ANSWER:                                                   -> the city
 
 Forcing the text before the name leaves the researcher's decisions out (the shipped build replies
@@ -39,7 +39,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SLOTS = ("search person", "read person", "search org", "reply", "answer")
-CITY = " is based in "
 
 
 def teacher_episodes(team, cfg, world_cfg, n: int, seed: int = 0):
@@ -82,7 +81,7 @@ def held_out_episodes(team, cfg, n: int):
 def slot_prefixes(tok, ep):
     """Per slot: (prompt ids plus the completion's own tokens before the name, the expected rest)."""
     out = []
-    cuts = ('"query": "', '"title": "', '"query": "', "The ", "ANSWER: ")
+    cuts = ('"query": "', '"title": "', '"query": "', "", "ANSWER: ")
     for (p, c), cut in zip(ep, cuts):
         text = tok.decode(c, skip_special_tokens=True)
         head = text[: text.index(cut) + len(cut)]
@@ -95,13 +94,11 @@ def slot_prefixes(tok, ep):
 
 
 def copy_accuracy(model, tok, held_out) -> dict[str, float]:
-    """Share of each slot whose greedy continuation starts with exactly the expected text; and
-    ``reply city``: replies that name the right city, whatever they call the organisation (the
-    answerer copies the city, so that is what the reward needs)."""
+    """Share of each slot whose greedy continuation starts with exactly the expected text."""
     import torch
 
     model.eval()
-    hits = dict.fromkeys((*SLOTS, "reply city"), 0)
+    hits = dict.fromkeys(SLOTS, 0)
     with torch.no_grad():
         for ep in held_out:
             for name, (ids, rest) in zip(SLOTS, slot_prefixes(tok, ep)):
@@ -111,8 +108,6 @@ def copy_accuracy(model, tok, held_out) -> dict[str, float]:
                                      eos_token_id=tok.eos_token_id)
                 text = tok.decode(out[0, len(ids):], skip_special_tokens=True)
                 hits[name] += text.startswith(rest)
-                if name == "reply":
-                    hits["reply city"] += CITY in text and text.split(CITY, 1)[1].startswith(rest.split(CITY, 1)[1])
     model.train()
     return {k: round(v / max(len(held_out), 1), 3) for k, v in hits.items()}
 
@@ -126,6 +121,8 @@ def main() -> None:
     ap.add_argument("--worlds", type=int, default=40, help="corpus seeds --first-seed.. (480 episodes each)")
     ap.add_argument("--first-seed", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32, help="agent invocations a step")
+    ap.add_argument("--reply-batch", type=int, default=0,
+                    help="also this many reply-only rows a step: the researcher's last turn, the loss on it alone")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--positions", type=int, default=2048)
     ap.add_argument("--eval", type=int, default=40, help="held-out people of cpu_facts (corpus seed 0)")
@@ -170,6 +167,7 @@ def main() -> None:
             raise SystemExit(f"world {s} names people of cpu_facts's world: {sorted(shared)[:5]}")
         train_eps += teacher_episodes(team, cfg, world, 480, seed=s)
     rows_train = _sequences([turn for ep in train_eps for turn in ep])
+    rows_reply = [(p + c, [-100] * len(p) + c) for p, c in (ep[3] for ep in train_eps)]
     print(f"{len(train_eps)} teacher episodes from {args.worlds} worlds in {time.perf_counter() - t0:.0f}s; "
           f"{len(held_out)} held-out episodes; longest sequence {max(len(i) for i, _ in rows_train)} tokens", flush=True)
     model.config.max_position_embeddings = args.positions
@@ -183,6 +181,9 @@ def main() -> None:
         pick = torch.randint(len(rows_train), (args.batch_size,), generator=gen).tolist()
         opt.zero_grad()
         loss = model(**sequence_batch([rows_train[i] for i in pick], tok.pad_token_id)).loss
+        if args.reply_batch:
+            pick = torch.randint(len(rows_reply), (args.reply_batch,), generator=gen).tolist()
+            loss = loss + model(**sequence_batch([rows_reply[i] for i in pick], tok.pad_token_id)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -265,8 +265,9 @@ def test_a_research_stage_has_its_own_key_and_the_two_stage_recipe_keeps_its_old
     assert three.research and three.base() == dataclasses.replace(three, research=())
     # the two-stage build's key, which the shipped figures before the research stage name (docs/benchmarks.md)
     assert three.base().key() == "851c280c22da" and three.base().base().key() == "49feff5a05f4"
-    # the research build measured in docs/benchmarks.md, from before research_later_turns existed
-    assert three.key() == "7275deab8cc7"
+    # pinned: a change to the facts format or its teacher is a new research build (the builds in
+    # docs/benchmarks.md, 7275deab8cc7 and b5b378912523, had the teacher reply with a sentence)
+    assert three.key() == "c29fdeb610b3"
     for change in ("research_steps=10", "research_lr=0.001", "research_batch_size=4", "positions=1024", "research.facts=100",
                    "research_first_turns=8", "research_later_turns=32"):
         assert three.varied([change]).key() != three.key(), change
@@ -342,10 +343,10 @@ def test_research_teacher_copies_every_name_from_what_it_has_read(tok):
         calls = [(k.name, k.arguments) for x in m if x["role"] == "assistant" for k in parse_tool_calls(x["content"])]
         if not calls:
             assert c == tool_call(("search", {"query": person}))
-        elif c == f"{person} was born in {chain.birthplace}.":
+        elif c == f"{chain.birthplace}.":
             direct += 1
             assert calls == [("search", {"query": person})]  # only after the first search
-        elif c == f"The {chain.org} is based in {chain.city}.":
+        elif c == f"{chain.city}.":
             full += 1
             assert calls[-1] == ("search", {"query": chain.org}) and ("read", {"title": person}) in calls
         else:
@@ -357,7 +358,7 @@ def test_research_teacher_copies_every_name_from_what_it_has_read(tok):
     assert reward == pytest.approx(full / 80)
     for m, c in answerer:
         reply = [line for line in m[-1]["content"].splitlines() if line.startswith("researcher: ") and "<tool_call>" not in line]
-        assert c == f"ANSWER: {reply[-1].rsplit(' in ', 1)[1].rstrip('.')}"
+        assert c == f"ANSWER: {reply[-1].removeprefix('researcher: ').rstrip('.')}"
 
 
 def tool_call(call):

@@ -286,12 +286,12 @@ def test_facts_researcher_searches_reads_searches_again_and_names_the_city():
         path.append(turn)
     assert [calls_of(t)[0] for t in path] == [("search", {"query": "Bedro Truviin"}), ("read", {"title": "Bedro Truviin"}),
                                               ("search", {"query": "Driora Company"})]
-    assert turn == "The Driora Company is based in Pelford."
+    assert turn == "Pelford."  # the city alone: the embedded model copies the last name it read
 
 
 def test_facts_researcher_replies_after_one_search_with_p_direct_and_detours_with_p_detour():
     first = tool("search", query=CHAIN.person)
-    assert facts_researcher([first], p_direct=1.0) == "Bedro Truviin was born in Lorwick."  # the birthplace: a wrong answer
+    assert facts_researcher([first], p_direct=1.0) == "Lorwick."  # the birthplace: a wrong answer
     read = tool("read", title=CHAIN.person)
     assert calls_of(facts_researcher([first, read], p_direct=0.0, p_detour=1.0)) == [("search", {"query": "Lorwick"})]
     detour = tool("search", query=CHAIN.birthplace)
@@ -302,7 +302,7 @@ def test_facts_researcher_replies_after_one_search_with_p_direct_and_detours_wit
 
 def test_facts_researcher_replies_when_its_budget_is_spent():
     first, read = tool("search", query=CHAIN.person), tool("read", title=CHAIN.person)
-    assert facts_researcher([first, read], left=0, p_direct=0.0) == "Bedro Truviin was born in Lorwick."
+    assert facts_researcher([first, read], left=0, p_direct=0.0) == "Lorwick."
 
 
 def test_facts_teacher_copies_from_what_it_read_so_it_plays_any_question_of_any_world():
@@ -318,14 +318,23 @@ def test_facts_teacher_copies_from_what_it_read_so_it_plays_any_question_of_any_
                 break
             (c,) = parse_tool_calls(turn)
             messages += [("assistant", turn), ("user", tool_results_message([env.tools[c.name].fn(**c.arguments)], 3))]
-        assert turn == f"The {chain.org} is based in {chain.city}."
+        assert turn == f"{chain.city}."
 
 
 def test_facts_answerer_answers_the_city_of_the_researchers_reply():
     evidence = (f"Task: {CHAIN.question}\nresearcher: {tool('search', query=CHAIN.person)}\n<tool_response>\n"
                 f"1. Bedro Truviin: Bedro Truviin was born in Lorwick and ...\n</tool_response>\nresearcher: ")
     teacher = facts_teacher()
+    assert teacher(req("answerer", ("user", evidence + "Pelford.")), RNG) == "ANSWER: Pelford"
+    assert teacher(req("answerer", ("user", evidence + "Lorwick.")), RNG) == "ANSWER: Lorwick"
+    # a sentence ending in the city (a reply template of another team) is read the same way
     assert teacher(req("answerer", ("user", evidence + "The Driora Company is based in Pelford.")), RNG) == "ANSWER: Pelford"
-    assert teacher(req("answerer", ("user", evidence + "Bedro Truviin was born in Lorwick.")), RNG) == "ANSWER: Lorwick"
+
+
+def test_facts_reply_template_is_the_teachers_knob():
+    first, read, second = tool("search", query=CHAIN.person), tool("read", title=CHAIN.person), tool("search", query=CHAIN.org)
+    sentence = "The city is {city}."
+    assert facts_researcher([first, read, second], p_direct=0.0, p_detour=0.0, reply=sentence) == "The city is Pelford."
+    assert facts_researcher([first], p_direct=1.0, reply=sentence) == "The city is Lorwick."
 
 

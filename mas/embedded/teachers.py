@@ -269,7 +269,7 @@ class SaboteurTeacher:
 
 
 _PERSON = re.compile(r"organisation that (.+?) founded\?")
-_REPLY_CITY = re.compile(r" in ([A-Z][a-z]+)\.\s*$")
+_REPLY_CITY = re.compile(r"\b([A-Z][a-z]+)\.\s*$")  # the last name of a reply
 
 
 def _tool_calls_so_far(messages: list[dict[str, str]]) -> list[tuple[str | None, str | None]]:
@@ -292,20 +292,28 @@ def _seen(messages: list[dict[str, str]], pattern: str) -> str | None:
 class FactsTeacher:
     """A researcher with ``search`` and ``read``, then an answerer, on the generated two-hop facts
     ("In which city is the organisation that <person> founded?"): search the person, read the
-    person's paragraph, search the organisation it names, reply ``The <org> is based in <city>.``;
-    the answerer gives the city that reply names.
+    person's paragraph, search the organisation it names, reply with the city alone
+    (``reply``: ``Harhaven.``); the answerer gives the city that reply ends with.
 
     It knows nothing of the world: every name it writes it copies from what it has read (the
     person from the question, the birthplace from the first search's snippet, the organisation
     from the paragraph, the city from the second search), so it plays any generated world, and
     the turns it leaves teach exactly that copying.  Flaws, as ``cpu_facts``'s warm-up teacher:
-    with probability ``p_direct`` the researcher replies after the first search with what it
-    shows (``<person> was born in <birthplace>.``, so the answer is the birthplace, always wrong);
-    with probability ``p_detour`` it first makes an unneeded search (the birthplace)."""
+    with probability ``p_direct`` the researcher replies after the first search with the city it
+    shows (the birthplace, always wrong); with probability ``p_detour`` it first makes an unneeded
+    search (the birthplace).
+
+    Why the city alone: a sentence that names the organisation before the city (``The <org> is
+    based in <city>.``) hides the city from the embedded 2-layer model, which copies the last name
+    its context shows (the organisation, in its own reply).  On that sentence it copied the
+    organisation and then wrote a city from its prior, 1 time in 40 after 4,500 steps of
+    demonstrations; replying with the city alone, it copied 38 in 40 after 250
+    (docs/benchmarks.md, "The research stage")."""
 
     p_direct: float = 0.6
     p_detour: float = 0.3
     researcher: str = "researcher"
+    reply: str = "{city}."  # the researcher's last turn; {city} is the one it found (or the birthplace)
 
     def __call__(self, req: GenRequest, rng: random.Random) -> str:
         messages = req.messages or []
@@ -325,9 +333,9 @@ class FactsTeacher:
         birthplace = _seen(messages, rf"{re.escape(person)} was born in ([A-Z][a-z]+)")
         org = _seen(messages, rf"{re.escape(person)} founded the (.+?) in \d")
         city = _seen(messages, rf"The {re.escape(org)} is based in ([A-Z][a-z]+)") if org else None
-        direct = f"{person} was born in {birthplace}."
+        direct = self.reply.format(city=birthplace)
         if ("search", org) in done and city:
-            return f"The {org} is based in {city}."
+            return self.reply.format(city=city)
         if calls_spent(messages[-1]["content"]):  # the budget is spent: reply now
             return direct
         if ("read", person) not in done:
