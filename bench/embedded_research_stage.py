@@ -136,7 +136,7 @@ def main() -> None:
 
     from mas.config.schema import load_config
     from mas.embedded.artifact import embedded_path, load_tokenizer
-    from mas.embedded.build import _sequences
+    from mas.embedded.build import _rows, _sequences
     from mas.envs.research.facts import generate_world
     from mas.models.tiny import sequence_batch
     from mas.training.team import build_team
@@ -167,7 +167,7 @@ def main() -> None:
             raise SystemExit(f"world {s} names people of cpu_facts's world: {sorted(shared)[:5]}")
         train_eps += teacher_episodes(team, cfg, world, 480, seed=s)
     rows_train = _sequences([turn for ep in train_eps for turn in ep])
-    rows_reply = [(p + c, [-100] * len(p) + c) for p, c in (ep[3] for ep in train_eps)]
+    rows_reply = _rows([ep[3] for ep in train_eps])  # the researcher's reply alone, the loss on it
     print(f"{len(train_eps)} teacher episodes from {args.worlds} worlds in {time.perf_counter() - t0:.0f}s; "
           f"{len(held_out)} held-out episodes; longest sequence {max(len(i) for i, _ in rows_train)} tokens", flush=True)
     model.config.max_position_embeddings = args.positions

@@ -306,9 +306,9 @@ class FactsTeacher:
     Why the city alone: a sentence that names the organisation before the city (``The <org> is
     based in <city>.``) hides the city from the embedded 2-layer model, which copies the last name
     its context shows (the organisation, in its own reply).  On that sentence it copied the
-    organisation and then wrote a city from its prior, 1 time in 40 after 4,500 steps of
-    demonstrations; replying with the city alone, it copied 38 in 40 after 250
-    (docs/benchmarks.md, "The research stage")."""
+    organisation and then wrote a city from its prior: 1 in 40 held-out replies right after 3,000
+    steps of whole-path demonstrations; replying with the city alone, 38 in 40 after 250 more
+    (docs/benchmarks.md, "The embedded build's research stage")."""
 
     p_direct: float = 0.6
     p_detour: float = 0.3
