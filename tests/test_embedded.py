@@ -361,6 +361,27 @@ def test_research_teacher_copies_every_name_from_what_it_has_read(tok):
         assert c == f"ANSWER: {reply[-1].removeprefix('researcher: ').rstrip('.')}"
 
 
+def test_the_whole_path_format_searches_reads_and_searches_again_in_every_episode(tok):
+    """facts_path, the research stage's demonstrations: cpu_facts's team and prompts (FACTS's),
+    with neither of its flaws, so every researcher invocation is the same four turns."""
+    from mas.embedded.formats import FACTS, FACTS_PATH
+    from mas.envs.research.facts import generate_world
+
+    assert (FACTS_PATH.agents, FACTS_PATH.env, FACTS_PATH.worlds) == (FACTS.agents, FACTS.env, FACTS.worlds)
+    turns, reward = turns_of(tok, "facts_path", 40)
+    chains = {c.person: c for w in FACTS.worlds for c in generate_world(w.corpus_seed, w.num_train, w.num_eval,
+                                                                         w.num_cities).train}
+    researcher = by_role(turns, "facts_path", "researcher")
+    assert len(researcher) == 4 * 40 and len(by_role(turns, "facts_path", "answerer")) == 40
+    for k in range(40):
+        person = re.search(r"organisation that (.+) founded\?", researcher[4 * k][0][1]["content"]).group(1)
+        chain = chains[person]
+        assert [c for _, c in researcher[4 * k:4 * k + 4]] == [
+            tool_call(("search", {"query": person})), tool_call(("read", {"title": person})),
+            tool_call(("search", {"query": chain.org})), f"{chain.city}."]
+    assert reward == 1.0
+
+
 def tool_call(call):
     from mas.agents.tools import tool_call_text
 
