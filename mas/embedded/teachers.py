@@ -315,6 +315,11 @@ class FactsTeacher:
     researcher: str = "researcher"
     reply: str = "{city}."  # the researcher's last turn; {city} is the one it found (or the birthplace)
 
+    def __post_init__(self) -> None:
+        if not _REPLY_CITY.search(self.reply.format(city="Harhaven")):  # the answerer reads the reply's last name
+            raise ValueError(f"FactsTeacher.reply {self.reply!r} must end with {{city}} and a full stop: the answerer "
+                             "gives the city the reply ends with, so any other reply would teach it to answer 'unknown'")
+
     def __call__(self, req: GenRequest, rng: random.Random) -> str:
         messages = req.messages or []
         if req.agent != self.researcher:
