@@ -277,12 +277,13 @@ FACTS = Format(
     min_teacher_reward=0.3,  # the replies after one search (p_direct) give the birthplace, always wrong
 )
 
-# The same team on the whole path every time (no reply after one search, no unneeded search):
-# the research stage's demonstrations.  With FACTS's flaws in the stage, only 40% of its
-# episodes read, and 4,000 steps taught the first call's copy alone (30% of held-out people);
-# the same weights trained further on the whole path copied every name within 3,000 steps
-# (docs/benchmarks.md, "The embedded build's research stage").  cpu_facts's own warm-up still
-# teaches FACTS's flaws, so RL has the second hop to find.
+# The same team on the whole path every time (no reply after one search, no unneeded search),
+# for a research stage (``--recipe research.facts_path=N``).  With FACTS's flaws only 40% of a
+# stage's episodes read, and 4,000 steps taught the first call's copy alone (30% of held-out
+# people); those weights trained further on the whole path copied every name within 3,000 steps.
+# A stage of this format alone, from the two-stage model, did not: 5,000 steps copied 1 held-out
+# person in 40 (docs/benchmarks.md, "The embedded build's research stage").  cpu_facts's own
+# warm-up teaches FACTS's flaws either way, so RL has the second hop to find.
 FACTS_PATH = replace(FACTS, name="facts_path", description="the facts team's researcher takes the whole path every time",
                      teacher=FactsTeacher(p_direct=0.0, p_detour=0.0), min_teacher_reward=0.9)
 
