@@ -46,12 +46,11 @@ def teacher_episodes(team, cfg, world_cfg, n: int, seed: int = 0):
     turns ``(prompt_ids, completion_ids)`` in order (4 researcher turns, then the answerer's)."""
     import dataclasses
 
-    from mas.embedded.teachers import FactsTeacher
+    from mas.embedded.formats import FACTS_PATH
     from mas.training.warmup import teacher_demonstrations
 
     run_cfg = cfg.model_copy(update={"env": world_cfg})
-    demos, reward = teacher_demonstrations(dataclasses.replace(team, cfg=run_cfg), n, FactsTeacher(p_direct=0.0, p_detour=0.0),
-                                           seed=seed)
+    demos, reward = teacher_demonstrations(dataclasses.replace(team, cfg=run_cfg), n, FACTS_PATH.teacher, seed=seed)
     if reward != 1.0:
         raise SystemExit(f"the flawless teacher scored {reward} on world {world_cfg.corpus_seed}")
     out, current = [], []

@@ -362,7 +362,7 @@ def test_research_teacher_copies_every_name_from_what_it_has_read(tok):
 
 
 def test_the_whole_path_format_searches_reads_and_searches_again_in_every_episode(tok):
-    """facts_path, the research stage's demonstrations: cpu_facts's team and prompts (FACTS's),
+    """facts_path, demonstrations for a research stage: cpu_facts's team and prompts (FACTS's),
     with neither of its flaws, so every researcher invocation is the same four turns."""
     from mas.embedded.formats import FACTS, FACTS_PATH
     from mas.envs.research.facts import generate_world

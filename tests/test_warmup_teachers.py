@@ -338,7 +338,7 @@ def test_facts_reply_template_is_the_teachers_knob():
     assert facts_researcher([first], p_direct=1.0, reply=sentence) == "The city is Lorwick."
 
 
-@pytest.mark.parametrize("reply", ["Found it.", "{city} is the city", "The city: {city}"])
+@pytest.mark.parametrize("reply", ["Found it.", "{city} is the city", "The city: {city}", "{town}.", "{city."])
 def test_a_facts_reply_template_the_answerer_cannot_read_is_refused(reply):
     with pytest.raises(ValueError, match="must end with"):
         FactsTeacher(reply=reply)

@@ -316,7 +316,11 @@ class FactsTeacher:
     reply: str = "{city}."  # the researcher's last turn; {city} is the one it found (or the birthplace)
 
     def __post_init__(self) -> None:
-        if not _REPLY_CITY.search(self.reply.format(city="Harhaven")):  # the answerer reads the reply's last name
+        try:
+            example = self.reply.format(city="Harhaven")
+        except (KeyError, IndexError, ValueError):  # another placeholder, or a stray brace
+            example = ""
+        if not _REPLY_CITY.search(example):  # the answerer reads the reply's last name
             raise ValueError(f"FactsTeacher.reply {self.reply!r} must end with {{city}} and a full stop: the answerer "
                              "gives the city the reply ends with, so any other reply would teach it to answer 'unknown'")
 
