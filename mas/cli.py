@@ -460,12 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--seed", type=int, default=0, help="seed of the re-runs and the bootstrap")
     au.set_defaults(fn=cmd_audit)
 
-    b = sub.add_parser("build-embedded", help="build the embedded model from the project's recipe (about 6 minutes on 2 cores)")
+    b = sub.add_parser("build-embedded", help="build the embedded model from the project's recipe (about 85 minutes on 2 cores, "
+                            "80 of them its research stage)")
     b.add_argument("--ship", action="store_true",
                    help="write it as the shipped artifact (mas/embedded/artifact/) instead of into the cache")
     b.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
                    help="a variant of the recipe, built into its own cache folder (a model folder for policies' "
-                        "`model:`): steps=8000, seed=1, lr=0.002, formats.graph=1600, extend.saboteur_solver=0 or extend_steps=900; repeatable")
+                        "`model:`): steps=8000, seed=1, lr=0.002, formats.graph=1600, extend.saboteur_solver=0, extend_steps=900, "
+                        "research_steps=3000 or research2.facts_path=19200 (a second research stage); repeatable")
     b.set_defaults(fn=cmd_build_embedded)
 
     v = sub.add_parser("validate", help="check configs; print the resolved config or every error")

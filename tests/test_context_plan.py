@@ -69,12 +69,18 @@ def test_the_bound_adds_role_task_heard_replies_tool_rounds_and_the_own_reply():
     assert rows[1]["bound"] == CHAT_OVERHEAD + 5 + task + heard + 0 + 8 and rows[1]["tool_calls"] == 0
 
 
-def test_mas_validate_warns_that_the_embedded_research_team_outgrows_512_positions(capsys):
+def test_mas_validate_warns_when_the_embedded_research_team_outgrows_its_positions(capsys):
+    """The embedded build's research stage trains 2,048 positions: cpu_facts as shipped (4 tool
+    calls, about 1,870 tokens) fits them, and twice its tool calls do not (the 512 of the build
+    before that stage were outgrown by the shipped config itself)."""
     assert main(["validate", "-q", FACTS]) == 0
+    assert "its conversation can reach about" not in capsys.readouterr().err
+    more = "agents.researcher.max_tool_calls=8"
+    assert main(["validate", "-q", FACTS, more]) == 0
     err = capsys.readouterr().err
-    assert "agents.researcher: its conversation can reach about" in err and "past the 512 positions" in err
+    assert "agents.researcher: its conversation can reach about" in err and "past the 2048 positions" in err
     assert "agents.answerer: its conversation can reach about" in err  # the researcher's results are in its transcript
-    assert main(["validate", "-q", "--strict", FACTS]) == 1
+    assert main(["validate", "-q", "--strict", FACTS, more]) == 1
 
 
 def test_mas_validate_warns_when_a_reply_cannot_hold_one_tool_call(capsys):

@@ -223,7 +223,8 @@ def test_a_missing_variant_names_the_variant_command_not_the_ship_one(tmp_path, 
 
 
 def test_a_second_stage_has_its_own_key_and_a_one_stage_recipe_keeps_its_old_one():
-    two = Recipe()
+    two = Recipe().base()  # the project's recipe without its research stage
+    assert Recipe().research and two == dataclasses.replace(Recipe(), research=())
     assert two.extend and two.base() == dataclasses.replace(two, extend=())
     assert two.key() != two.base().key()
     assert two.varied(["extend_steps=700"]).key() != two.key() and two.varied(["extend_lr=0.001"]).key() != two.key()
@@ -262,6 +263,7 @@ def test_a_second_stage_starts_from_its_base_model_and_keeps_its_tokenizer(tmp_p
 
 def test_a_research_stage_has_its_own_key_and_the_two_stage_recipe_keeps_its_old_one():
     three = Recipe().varied(["research.facts=19200"])
+    assert three == Recipe()  # the project's recipe: the shipped artifact is this build
     assert three.research and three.base() == dataclasses.replace(three, research=())
     # the two-stage build's key, which the shipped figures before the research stage name (docs/benchmarks.md)
     assert three.base().key() == "851c280c22da" and three.base().base().key() == "49feff5a05f4"
@@ -293,7 +295,7 @@ def test_a_second_research_stage_starts_from_the_first_and_keeps_every_earlier_k
     assert dataclasses.replace(three, research2_steps=1, research2_lr=0.1, research2_first_turns=3).key() == three.key()
     assert four.varied(["research2.facts_path=0"]) == three
     with pytest.raises(ValueError, match="needs a first one"):
-        Recipe(research2=(("facts_path", 10),))
+        Recipe(research=(), research2=(("facts_path", 10),))
     with pytest.raises(ValueError, match="needs a first one"):
         four.varied(["research.facts=0"])
     with pytest.raises(ValueError, match="unknown warm-start formats"):

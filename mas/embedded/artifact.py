@@ -126,7 +126,7 @@ def embedded_path(recipe: Recipe | None = None) -> Path:
         if why is None:
             return cached
         reasons.append(f"the cached copy {cached} was refused: {why}")
-    how = (f"`{REBUILD}` builds it into the cache (about 6 minutes on 2 cores), and `{REBUILD} --ship` rewrites the shipped one"
+    how = (f"`{REBUILD}` builds it into the cache (about 85 minutes on 2 cores), and `{REBUILD} --ship` rewrites the shipped one"
            if recipe == Recipe() else f"it is a variant of the project's recipe: `{REBUILD} --recipe KEY=VALUE` builds it into the cache")
     raise EmbeddedUnavailable(f"no usable embedded model for recipe {key} ({'; '.join(reasons) or 'none was built'}); {how}")
 
