@@ -108,9 +108,10 @@ def teacher_transcripts(recipe: Recipe, tokenizer, log=print, mix: tuple[tuple[s
 
 
 def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
-    """The warm start (and, where the recipe has one, its second stage) saved to ``out``."""
+    """The recipe's last stage (the warm start, its second stage, or a research stage, each from
+    the one before it) saved to ``out``."""
     t0 = time.perf_counter()
-    if recipe.research or recipe.research2:
+    if recipe.research:  # research2 needs research (Recipe.__post_init__): either is a research stage
         model, base = _research_stage(recipe, log)
     elif recipe.extend:
         model, base = _second_stage(recipe, log)
@@ -120,7 +121,7 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))  # unique: concurrent first runs
     model.save_pretrained(tmp)
-    if recipe.research or recipe.research2 or recipe.extend:  # the base's tokenizer files byte for byte (saving a loaded one adds loader settings)
+    if recipe.research or recipe.extend:  # the base's tokenizer files byte for byte (saving a loaded one adds loader settings)
         for name in TOKENIZER_FILES:
             shutil.copyfile(base / name, tmp / name)
     else:
