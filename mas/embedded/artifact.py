@@ -115,7 +115,10 @@ def embedded_path(recipe: Recipe | None = None) -> Path:
     key = recipe.key()
     cached = cache_folder(recipe)
     reasons = []
-    if recipe == Recipe():  # only the project's recipe ships
+    # only the project's recipe ships; a recipe of the same key is the same model (knobs of a stage
+    # it does not have, such as the base of a second research stage keeping that stage's steps)
+    project = key == Recipe().key()
+    if project:
         why = problem(ARTIFACT_DIR, key) if ARTIFACT_DIR.exists() else "it is missing"
         if why is None:
             _warn_if_cached_differs(cached, key)
@@ -127,7 +130,7 @@ def embedded_path(recipe: Recipe | None = None) -> Path:
             return cached
         reasons.append(f"the cached copy {cached} was refused: {why}")
     how = (f"`{REBUILD}` builds it into the cache (about 85 minutes on 2 cores), and `{REBUILD} --ship` rewrites the shipped one"
-           if recipe == Recipe() else f"it is a variant of the project's recipe: `{REBUILD} --recipe KEY=VALUE` builds it into the cache")
+           if project else f"it is a variant of the project's recipe: `{REBUILD} --recipe KEY=VALUE` builds it into the cache")
     raise EmbeddedUnavailable(f"no usable embedded model for recipe {key} ({'; '.join(reasons) or 'none was built'}); {how}")
 
 
