@@ -14,6 +14,15 @@ the teacher's call) and measures, every ``--every`` steps, how many held-out que
     python bench/embedded_name_copy.py --names world --steps 3000
     python bench/embedded_name_copy.py --names fresh --steps 6000
 
+``--from-scratch`` trains a new model of the recipe's size instead (the turn alone, so what is
+learnt is the copy), on the shipped tokenizer or, with ``--space-capitals``, on the same one with
+a token for each capital letter after a space ("ĠL"): the shipped one writes " Lobiar" as " ",
+"L", ..., so the surname's first letter follows a space, the commonest token of the prompt, and a
+model that copies by "the token after the one I just wrote" has dozens of candidates for it.
+
+    python bench/embedded_name_copy.py --from-scratch --steps 3000
+    python bench/embedded_name_copy.py --from-scratch --space-capitals --steps 3000
+
 ``surname`` counts calls whose query holds the surname (enough for BM25: every surname names
 one person); ``exact`` counts the query equal to the name.  Nothing is asserted: the counts go
 to docs/benchmarks.md.
@@ -32,6 +41,33 @@ REPO = Path(__file__).resolve().parents[1]
 QUERY = re.compile(r'"query":\s*"([^"]*)"')
 
 
+def space_capitals(tok):
+    """``tok`` with one more token per capital letter after a space ("ĠA" .. "ĠZ", byte-level),
+    merged before any other pair, so that every word of a name starts with a token of its own."""
+    import string
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from mas.models.tiny import SPECIAL_TOKENS
+
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+    pair = (lambda a, b: [a, b]) if merges and isinstance(merges[0], list) else (lambda a, b: f"{a} {b}")
+    next_id = max([*vocab.values(), *(t["id"] for t in spec["added_tokens"])]) + 1
+    new = []
+    for c in string.ascii_uppercase:
+        if "\u0120" + c not in vocab:
+            vocab["\u0120" + c] = next_id
+            next_id += 1
+            new.append(pair("\u0120", c))
+    spec["model"]["merges"] = new + merges
+    out = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), pad_token=tok.pad_token,
+                                  eos_token=tok.eos_token, additional_special_tokens=SPECIAL_TOKENS[2:])
+    out.padding_side, out.chat_template = tok.padding_side, tok.chat_template
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--names", choices=["world", "fresh"], default="fresh")
@@ -42,8 +78,13 @@ def main() -> None:
     ap.add_argument("--eval", type=int, default=50, help="held-out questions")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--from-scratch", action="store_true", help="a new model of the recipe's size, not the shipped one")
+    ap.add_argument("--space-capitals", action="store_true",
+                    help="with --from-scratch: the shipped tokenizer plus a token for each capital after a space")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.space_capitals and not args.from_scratch:
+        ap.error("--space-capitals needs --from-scratch (the shipped model has no embeddings for the new tokens)")
 
     import torch
 
@@ -61,6 +102,15 @@ def main() -> None:
     world = generate_world(env.corpus_seed, env.num_train, env.num_eval, env.num_cities)
     held_out = [c.person for c in world.held_out][: args.eval]
     model, tok = load_embedded()
+    if args.from_scratch:
+        from mas.embedded.recipe import Recipe
+        from mas.models.tiny import tiny_causal_lm
+
+        if args.space_capitals:
+            tok = space_capitals(tok)
+        r = Recipe()
+        model = tiny_causal_lm(tok, hidden_size=r.hidden_size, num_layers=r.num_layers, num_heads=r.num_heads,
+                               seed=args.seed)
 
     def prompt(person: str) -> list[int]:
         messages = [{"role": "system", "content": role},

@@ -23,6 +23,9 @@ Two modes:
     python bench/embedded_research_stage.py --model embedded            # a build as it is (or a folder)
     python bench/embedded_research_stage.py --train runs/stage --steps 3000   # train one, measuring as it goes
 
+``--tokens`` also says where each copy fails, token by token (``token_odds``): the shipped build
+misses a held-out surname at its first letter, the token after a lone space, and copies the rest.
+
 ``--train`` trains the shipped build further on the flawless teacher's episodes over
 ``--worlds`` other generated worlds (fresh names only: no person of ``cpu_facts``'s world), each
 agent invocation one sequence at its own length (the build's research stage does the same with
@@ -111,6 +114,28 @@ def copy_accuracy(model, tok, held_out) -> dict[str, float]:
     return {k: round(v / max(len(held_out), 1), 3) for k, v in hits.items()}
 
 
+def token_odds(model, tok, held_out) -> dict[str, dict[str, float]]:
+    """Where a copy fails: per slot, teacher-forced along the expected name, the mean probability
+    of the right token and how often it is the greedy one, at the name's first token, at a token
+    that follows a lone space (a surname's first letter: " ", "L", ...), and at the others."""
+    import torch
+
+    model.eval()
+    seen: dict = {}
+    with torch.no_grad():
+        for ep in held_out:
+            for name, (ids, rest) in zip(SLOTS, slot_prefixes(tok, ep)):
+                want = tok.encode(rest, add_special_tokens=False)
+                logp = model(torch.tensor([ids + want])).logits[0, len(ids) - 1:-1].log_softmax(-1)
+                for j, t in enumerate(want):
+                    kind = "first" if j == 0 else "after space" if tok.decode([want[j - 1]]) == " " else "other"
+                    seen.setdefault(name, {}).setdefault(kind, []).append((logp[j, t].exp().item(), int(logp[j].argmax()) == t))
+    model.train()
+    return {name: {kind: {"n": len(v), "p": round(sum(p for p, _ in v) / len(v), 3),
+                          "greedy": round(sum(ok for _, ok in v) / len(v), 3)} for kind, v in kinds.items()}
+            for name, kinds in seen.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="embedded", help="measure this model (embedded, or a Hugging Face folder)")
@@ -122,11 +147,15 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32, help="agent invocations a step")
     ap.add_argument("--reply-batch", type=int, default=0,
                     help="also this many reply-only rows a step: the researcher's last turn, the loss on it alone")
+    ap.add_argument("--first-batch", type=int, default=0,
+                    help="also this many first turns a step on their own (the search for the person), as the build's "
+                         "research_first_turns")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--positions", type=int, default=2048)
     ap.add_argument("--eval", type=int, default=40, help="held-out people of cpu_facts (corpus seed 0)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokens", action="store_true", help="also where each copy fails, token by token (token_odds)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
 
@@ -150,6 +179,8 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(folder)
     if args.train is None:
         row = {"model": str(args.model), "held_out": len(held_out), **copy_accuracy(model, tok, held_out)}
+        if args.tokens:
+            row["tokens"] = token_odds(model, tok, held_out)
         print(json.dumps(row))
         if args.json:
             args.json.write_text(json.dumps(row, indent=1))
@@ -167,6 +198,7 @@ def main() -> None:
         train_eps += teacher_episodes(team, cfg, world, 480, seed=s)
     rows_train = _sequences([turn for ep in train_eps for turn in ep])
     rows_reply = _rows([ep[3] for ep in train_eps])  # the researcher's reply alone, the loss on it
+    rows_first = _rows([ep[0] for ep in train_eps])  # the first search alone: the person copied from the question
     print(f"{len(train_eps)} teacher episodes from {args.worlds} worlds in {time.perf_counter() - t0:.0f}s; "
           f"{len(held_out)} held-out episodes; longest sequence {max(len(i) for i, _ in rows_train)} tokens", flush=True)
     model.config.max_position_embeddings = args.positions
@@ -183,6 +215,9 @@ def main() -> None:
         if args.reply_batch:
             pick = torch.randint(len(rows_reply), (args.reply_batch,), generator=gen).tolist()
             loss = loss + model(**sequence_batch([rows_reply[i] for i in pick], tok.pad_token_id)).loss
+        if args.first_batch:
+            pick = torch.randint(len(rows_first), (args.first_batch,), generator=gen).tolist()
+            loss = loss + model(**sequence_batch([rows_first[i] for i in pick], tok.pad_token_id)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
