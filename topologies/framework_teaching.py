@@ -1,0 +1,452 @@
+"""The teachers of AutoGen and LangGraph teams: format warm-up demonstrations for any framework team.
+
+``trainer.warmup`` plays a scripted teacher through the team's own engine and topology
+(``mas.training.warmup.teacher_demonstrations``) and fine-tunes each policy on its agents'
+turns.  The hand-written teachers know one layout each (a selector of an adder and a
+subtractor, a solver/checker graph).  A team written with AutoGen or LangGraph is code mas
+cannot see into, so this teacher reads each request the way a model would, from the messages
+the framework built, and answers from what it finds there:
+
+* **The task.**  It finds the prompt of one of the training tasks it plays in the messages (the
+  system message aside; ``TaskBook``), and knows that task's gold answer.
+* **A router** (AutoGen's selector, or an agent with the ``raw`` parser, such as a LangGraph
+  supervisor that replies with a worker's name) names a candidate that has not spoken yet in
+  the episode: from the ``['a', 'b']`` list AutoGen puts in its selector prompt, else the
+  team's agents its prompt names, in the order it names them.  When all of them have spoken
+  it replies with the word its prompt asks for to finish (``FINISH``), or names an agent that
+  can end the team.
+* **An agent offered tools** (described in its system message by ``topologies/adapters.py``):
+  it calls its first tool once, with the task as the argument when the tool takes one (a
+  calculator); it hands off (``transfer_to_<name>``) to an agent that has not spoken yet, or
+  back to one that can reach them.
+* **Otherwise it answers** in the env's format, ``ANSWER: <gold>`` (a verdict agent adds
+  ``ACCEPT`` or ``REJECT``).  The agent that speaks when everyone else has spoken adds the
+  team's termination words: the texts of the AutoGen team's ``TextMentionTermination``s and
+  the capitalised words its own prompt asks for (``TERMINATE``, ``FINAL ANSWER``).
+
+Who has spoken is read from the messages too: a line ``<agent>: ...`` (how the AutoGen client
+shows another agent's message and AutoGen's selector its history; a LangGraph graph must write
+a report that way, as the examples do), and the agent's own assistant messages.
+
+The deliberate weakness, for RL to fix (as the other teachers' ``p_direct``): in a share
+``p_skip`` of the episodes (chosen per task) the first agent to speak answers and ends the team
+at once, without consulting the others, and such an answer is a near miss with probability
+``p_slip``.  Where the team can stop early (a termination word, a supervisor that finishes),
+the teacher's reward is then about ``1 - p_skip * p_slip``.
+
+Limits: a LangGraph graph that routes on something other than the agents' text, or stops on a
+word its prompts do not name, is not followed; a request with no training task in its messages
+is a ``KeyError`` (the warm-up then fails loudly: give ``trainer.warmup.demonstrations``).
+
+Two framework teams on arithmetic have teachers of their own, which read the task where the
+framework puts it (``arithmetic_task``): an AutoGen selector of specialists (``SelectorTeacher``)
+and a LangGraph solver/checker graph (``FrameworkChainTeacher``, ``ChainTeacher`` on the task
+read from the messages).  ``mas.training.framework_teacher`` re-exports this module's names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mas.agents.parsers import parse_answer
+from mas.agents.tools import parse_tool_calls, tool_call_text
+from mas.config.refs import import_ref
+from mas.rollout.backends.base import GenRequest
+from mas.topologies.adapters import describe_tools, tool_schema
+from mas.topologies.teaching import ChainTeacher, chain_steps, slipped
+from mas.types import Task
+
+HANDOFF = "transfer_to_"  # the name of a handoff tool, AutoGen's and LangGraph's: transfer_to_<agent>
+TOOLS_HEADER = describe_tools([tool_schema("t", "", None)]).splitlines()[0]  # how the adapters start their tool list
+_TOOL_LINE = re.compile(r"^- (\w+)\(([^)]*)\)")
+# a capitalised word or phrase a prompt asks an agent to write: "end with TERMINATE", "respond with FINISH",
+# "prefix your reply with FINAL ANSWER"
+_ASKED = re.compile(r"\b(?:with|write|writes|say|says|reply|replies|respond|responds|output)\s+[\"'`]?"
+                    r"([A-Z][A-Z_]+(?: [A-Z][A-Z_]+)*)\b")
+_NOT_STOPS = {"ANSWER", "ACCEPT", "REJECT"}  # the env's answer format and the verdict words: never a stop word
+_LISTED = re.compile(r"\[\s*'[^'\]]+'(?:\s*,\s*'[^'\]]+')*\s*\]")  # AutoGen's {participants}: ['a', 'b']
+
+
+def _key(text: str) -> str:
+    """Text as a lookup key: whitespace collapsed (a framework may re-wrap it)."""
+    return " ".join(text.split())
+
+
+def _joins_before(ch: str) -> bool:
+    return ch.isalnum() or ch in "+-*/^_."
+
+
+def _occurs(key: str, text: str) -> bool:
+    """``key`` in ``text`` as a whole: not a piece of a longer number, word or expression."""
+    start = text.find(key)
+    while start >= 0:
+        end = start + len(key)
+        before_ok = start == 0 or not _joins_before(text[start - 1])
+        after = text[end:end + 2]
+        after_ok = not after or not (after[0].isalnum() or after[0] in "+-*/^_" or (after[:1] == "." and after[1:].isdigit()))
+        if before_ok and after_ok:
+            return True
+        start = text.find(key, start + 1)
+    return False
+
+
+class TaskBook:
+    """The training tasks the teacher plays, found by their prompt in a request's messages.
+
+    ``env`` is the teacher's own task stream (the one ``teacher_demonstrations`` samples from):
+    the book reads it in order, ``first`` tasks to begin with and more as requests ask for tasks
+    it has not read yet (the k-th task of a stream is the same in every run), up to ``most``."""
+
+    def __init__(self, env: Any, first: int = 64, most: int = 20_000):
+        self.env, self.most = env, most
+        self.tasks: dict[str, Task] = {}
+        self._by_length: list[str] = []
+        self.read = 0  # tasks of the stream read so far
+        self._read(first)
+
+    def _read(self, n: int) -> None:
+        for task in self.env.sample_tasks(n):
+            self.tasks.setdefault(_key(task.prompt), task)
+        self._by_length = sorted(self.tasks, key=len, reverse=True)
+        self.read += n
+
+    def find(self, messages: list[dict[str, str]]) -> Task:
+        """The task whose prompt the messages pose: the longest prompt found in the first message (the
+        system message skipped) that holds one.  KeyError when none holds a training task."""
+        texts = [_key(m["content"]) for m in messages if m.get("role") != "system"]
+        while True:
+            for text in texts:
+                hit = next((k for k in self._by_length if _occurs(k, text)), None)
+                if hit is not None:
+                    return self.tasks[hit]
+            if self.read >= self.most:
+                raise KeyError(f"the teacher knows the training tasks only (the first {self.read} of its stream); no task "
+                               f"in the messages {[t[:80] for t in texts]}")
+            self._read(max(1, min(self.read, self.most - self.read)))  # twice as many, up to most
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool a request offers, as the adapters describe it: its name and (parameter, required) pairs."""
+
+    name: str
+    params: tuple[tuple[str, bool], ...]
+
+
+def offered_tools(system: str) -> list[Tool]:
+    """The tools the system message describes in the adapters' list (``describe_tools``)."""
+    at = system.find(TOOLS_HEADER)
+    if at < 0:
+        return []
+    out = []
+    for line in system[at + len(TOOLS_HEADER):].splitlines()[1:]:
+        m = _TOOL_LINE.match(line)
+        if m is None:
+            break
+        params = tuple((p.split(":")[0].strip(), "= optional" not in p) for p in m.group(2).split(",") if p.strip())
+        out.append(Tool(m.group(1), params))
+    return out
+
+
+def asked_words(text: str) -> list[str]:
+    """The capitalised words ``text`` asks its reader to write (``TERMINATE``, ``FINISH``, ``FINAL ANSWER``),
+    in order; the env's ``ANSWER`` and the verdict words are not among them."""
+    return list(dict.fromkeys(w for w in _ASKED.findall(text) if w not in _NOT_STOPS))
+
+
+def prefixed(text: str, word: str) -> bool:
+    """Whether ``text`` asks for ``word`` at the start of the reply ("prefix your reply with FINAL ANSWER")."""
+    return re.search(rf"\b(?i:prefix)\w*\b[^.\n]{{0,40}}\bwith\s+[\"'`]?{re.escape(word)}\b", text) is not None
+
+
+def transcript(messages: list[dict[str, str]], task: Task) -> list[str]:
+    """The lines of the user messages after the task's prompt first appears: what was said about
+    the task (AutoGen's selector prompt lists every participant as ``<name>: <description>``
+    before its history, which starts with the task)."""
+    words = task.prompt.split()
+    pattern = re.compile(r"\s+".join(map(re.escape, words))) if words else None
+    lines: list[str] = []
+    found = False
+    for m in messages:
+        if m.get("role") != "user":
+            continue
+        text = m["content"]
+        if not found and pattern is not None:
+            hit = pattern.search(text)
+            if hit is None:
+                continue
+            found, text = True, text[hit.end():]
+        lines += text.splitlines()
+    return lines if found else [line for m in messages if m.get("role") == "user" for line in m["content"].splitlines()]
+
+
+def said_by(lines: list[str], agents: Iterable[str]) -> list[tuple[str, str]]:
+    """``(agent, text)`` of each line ``<agent>: <text>``, in order."""
+    names = tuple(agents)
+    out = []
+    for line in lines:
+        who = next((a for a in names if line.startswith(f"{a}: ")), None)
+        if who is not None:
+            out.append((who, line[len(who) + 2:]))
+    return out
+
+
+def autogen_shape(topology: Any, agents: list[str]) -> tuple[str | None, list[tuple[str, tuple[str, ...] | None]]]:
+    """An AutoGen team's selector agent (None: none) and its text terminations ``(text, sources or None)``.
+
+    A YAML team says them in its config.  A factory's team is built once, with clients that
+    cannot answer (as ``mas validate`` does), and read: the selector's mas client and the
+    ``TextMentionTermination``s of its termination condition (``|``/``&`` combinations walked).
+    These are AutoGen's private attributes; where they are missing the teacher finds nothing
+    there and goes by the words the agents' prompts ask for."""
+    if topology.factory is None:
+        term = topology.termination
+        return topology.selector, ([(term.text, None)] if term is not None and term.text is not None else [])
+    from autogen_agentchat.conditions import TextMentionTermination
+
+    from mas.topologies.autogen import ClientMap
+    from mas.topologies.autogen_client import MasModelClient
+
+    team = import_ref(topology.factory)(ClientMap({n: MasModelClient(None, n) for n in agents}))
+    selector = getattr(getattr(team, "_model_client", None), "agent", None)
+    words: list[tuple[str, tuple[str, ...] | None]] = []
+
+    def walk(cond: Any) -> None:
+        text = getattr(cond, "_termination_text", None) if isinstance(cond, TextMentionTermination) else None
+        if text is None and isinstance(cond, TextMentionTermination):  # an AutoGen that renamed it: its public config
+            try:
+                text = (cond.dump_component().config or {}).get("text")
+            except Exception:  # noqa: BLE001 - unreadable: go by the prompts' words, as documented
+                text = None
+        if text:
+            sources = getattr(cond, "_sources", None)
+            words.append((text, tuple(sources) if sources else None))
+        for child in getattr(cond, "_conditions", None) or ():
+            walk(child)
+
+    walk(getattr(team, "_termination_condition", None))
+    return selector if selector in agents else None, words
+
+
+@dataclass(frozen=True)
+class FrameworkTeacher:
+    """The generic teacher of an AutoGen or LangGraph team (module docstring): every agent speaks,
+    hands off where it can, and answers ``ANSWER: <gold>``; weakness ``p_skip``/``p_slip``."""
+
+    book: TaskBook = field(compare=False)
+    members: tuple[str, ...]  # the agents that do the work, in YAML order
+    routers: tuple[str, ...]  # the agents whose reply names who speaks next
+    parsers: Mapping[str, str]  # agent -> its YAML parser
+    terminations: tuple[tuple[str, tuple[str, ...] | None], ...] = ()  # the team's (stop text, sources or None)
+    p_skip: float = 0.5
+    p_slip: float = 0.5
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        messages = req.messages or []
+        task = self.book.find(messages)
+        skip = random.Random(f"framework-teacher/{task.task_id}").random() < self.p_skip  # one choice per episode
+        system = "\n".join(m["content"] for m in messages if m.get("role") == "system")
+        chat = [m for m in messages if m.get("role") != "system"]
+        said = said_by(transcript(chat, task), self.members)
+        spoke = list(dict.fromkeys(a for a, _ in said))
+        if req.agent in self.routers:
+            return self._route(chat, system, said, skip)
+        mine = [c.name for m in chat if m.get("role") == "assistant" for c in parse_tool_calls(m["content"])]
+        pending = [] if skip else [a for a in self.members if a not in spoke and a != req.agent]
+        tools = offered_tools(system)
+        targets = {t.name[len(HANDOFF):]: t.name for t in tools if t.name.startswith(HANDOFF)}
+        handoffs = {a: name for a, name in targets.items() if a in self.members and a != req.agent}  # not to "user"
+        work = [t for t in tools if not t.name.startswith(HANDOFF)]
+        if work and not skip and work[0].name not in mine:
+            args = self._arguments(work[0], task)
+            if args is not None:
+                return tool_call_text(work[0].name, args)
+        if handoffs and pending:
+            target = next((a for a in pending if a in handoffs), None)
+            if target is not None:
+                return tool_call_text(handoffs[target], {})
+            back = next((a for a in reversed(spoke) if a in handoffs), None)  # an agent that can reach the others
+            if back is not None and sum(name.startswith(HANDOFF) for name in mine) < len(self.members):
+                return f"ANSWER: {task.answer.strip()}\n{tool_call_text(handoffs[back], {})}"  # report, then hand back
+        return self._answer(req.agent, task, said, system, final=not pending, skip=skip, rng=rng)
+
+    # -- the moves --------------------------------------------------------------------------
+
+    def _route(self, chat: list[dict[str, str]], system: str, said: list[tuple[str, str]], skip: bool) -> str:
+        last = next((m["content"] for m in reversed(chat) if m.get("role") == "user"), "")
+        listed = _LISTED.findall(last)
+        if listed:
+            candidates = [n for n in re.findall(r"'([^']+)'", listed[-1]) if n in self.members]
+        else:
+            text = "\n".join([system, *(m["content"] for m in chat if m.get("role") == "user")])
+            at = {a: m.start() for a in self.members if (m := re.search(rf"(?<!\w){re.escape(a)}(?!\w)", text))}
+            candidates = sorted(at, key=at.get)
+        answered = any(parse_answer(text)[1] for _, text in said)
+        pending = [a for a in candidates if a not in {a for a, _ in said}]
+        if pending and not (skip and answered):
+            return pending[0]
+        finish = [w for w in asked_words(f"{system}\n{last}") if w not in self.members]
+        if finish:
+            return finish[0]
+        enders = [a for a in candidates if self._stop_words(a, "")]
+        return (enders or candidates or list(self.members))[0]
+
+    @staticmethod
+    def _arguments(tool: Tool, task: Task) -> dict[str, str] | None:
+        """The call of a tool on the task: no arguments, or the task's prompt as its one argument."""
+        required = [p for p, needed in tool.params if needed]
+        if not required:
+            return {}
+        return {required[0]: task.prompt} if len(required) == 1 else None
+
+    def _answer(self, agent: str, task: Task, said: list[tuple[str, str]], system: str, final: bool, skip: bool,
+                rng: random.Random) -> str:
+        gold = task.answer.strip()
+        if skip and re.fullmatch(r"-?\d+", gold) and rng.random() < self.p_slip:
+            gold = str(slipped(int(gold), rng))
+        lines = [f"ANSWER: {gold}"]
+        if self.parsers.get(agent) == "verdict":  # accept the latest answer of another agent if it is the gold one
+            claims = [parsed["answer"] for a, text in said if a != agent and (parsed := parse_answer(text)[0]).get("answer")]
+            lines.append("ACCEPT" if claims and claims[-1].strip() == task.answer.strip() else "REJECT")
+        if final:
+            words = [w for w in self._stop_words(agent, system) if not any(w in line for line in lines)]  # e.g. ANSWER
+            lines = [w for w in words if prefixed(system, w)] + lines + [w for w in words if not prefixed(system, w)]
+        return "\n".join(lines)
+
+    def _stop_words(self, agent: str, system: str) -> list[str]:
+        """The words with which ``agent`` ends the team: the team's text terminations it may trigger,
+        and the capitalised words its own prompt asks for."""
+        team = [text for text, sources in self.terminations if sources is None or agent in sources]
+        return list(dict.fromkeys([*team, *(w for w in asked_words(system) if w not in self.members)]))
+
+
+def framework_teacher(cfg: Any, env: Any, knobs: Mapping[str, float]) -> FrameworkTeacher:
+    """The framework teacher of ``cfg``'s AutoGen or LangGraph team, reading its tasks from ``env``
+    (the teacher's own task stream).  Knobs: ``p_skip`` (0.5) and ``p_slip`` (0.5)."""
+    names = [a.name for a in cfg.agents]
+    selector, terminations = (autogen_shape(cfg.topology, names) if cfg.topology.kind == "autogen" else (None, []))
+    routers = tuple(a.name for a in cfg.agents if a.name == selector or a.parser == "raw")
+    return FrameworkTeacher(
+        book=TaskBook(env, first=max(cfg.trainer.warmup.episodes, 1)),
+        members=tuple(n for n in names if n not in routers),
+        routers=routers,
+        parsers={a.name: a.parser for a in cfg.agents},
+        terminations=tuple(terminations),
+        p_skip=float(knobs.get("p_skip", 0.5)),
+        p_slip=float(knobs.get("p_slip", 0.5)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the arithmetic teachers of framework teams: where the task sits in their messages
+# ---------------------------------------------------------------------------------------------
+
+# an arithmetic chain such as 8-5 or 3 + 4 - 2, not inside a word or a decimal; linear: the runs of
+# digits and of blanks are separated by the operator
+_EXPRESSION = re.compile(r"(?<![\w.])-?\d+(?:[ \t]*[-+][ \t]*\d+)+(?![\w.])")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def arithmetic_task(messages: list[dict[str, str]]) -> str:
+    """The arithmetic expression a framework's messages pose (``8-5``), spaces removed.
+
+    Frameworks put the task in their own places: an AutoGen participant gets it as the user
+    message itself, the AutoGen selector inside its prompt's history as a ``user: 8-5`` line, a
+    LangGraph node wherever the graph's code writes it.  The system message (the agent's role,
+    which may hold worked examples) is skipped; a ``user: `` line wins over other text (an
+    AutoGen history also quotes the agents); otherwise the first expression of the first user
+    message that has one.  ValueError when there is none.
+    """
+    users = [m["content"] for m in messages if m.get("role") == "user"]
+    tagged = [line.removeprefix("user: ") for text in users for line in text.splitlines() if line.startswith("user: ")]
+    for text in tagged + users:
+        m = _EXPRESSION.search(text)
+        if m is not None:
+            return re.sub(r"\s+", "", m.group(0))
+    raise ValueError(f"the teacher found no arithmetic task in the messages {[u[:80] for u in users]}")
+
+
+def claimed_answer(text: str, task: str) -> str | None:
+    """The answer a message proposes for ``task``: the last number written after the task
+    (``5-2 = 3?``, ``Task: 5-2 / Proposed answer: 3``), or None."""
+    compact = re.sub(r"[ \t]+", "", text)
+    at = compact.find(task)
+    numbers = _NUMBER.findall(compact[at + len(task):] if at >= 0 else "")
+    return numbers[-1] if numbers else None
+
+
+def chain_transcript(text: str, agents: tuple[str, ...]) -> tuple[str, list[tuple[str, str]]]:
+    """A chain topology's user message split into the task and the earlier turns: ``Task: <task>``,
+    then ``<agent>: <text>`` lines; a turn's text may run over several lines (a worked solution,
+    tool results) until the next line that starts with an agent's name."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if any(line.startswith(f"{a}: ") for a in agents)]
+    first = starts[0] if starts else len(lines)
+    task = "\n".join(lines[:first]).removeprefix("Task: ").strip()
+    turns: list[tuple[str, str]] = []
+    for i, line in enumerate(lines[first:], first):
+        if i in starts:
+            agent, said = line.split(": ", 1)
+            turns.append((agent, said))
+        else:
+            turns[-1] = (turns[-1][0], turns[-1][1] + "\n" + line)
+    return task, turns
+
+
+@dataclass(frozen=True)
+class FrameworkChainTeacher:
+    """``ChainTeacher`` on a framework's solver/checker team (the LangGraph graph of
+    ``examples/graphs.py``): each request is rewritten into the chain topology's format (``Task:
+    8-5`` and the transcript) that the chain teacher reads.  The solver's earlier answers are its
+    own assistant messages (a graph that shows a rejected solver its first try); the checker's
+    request names the answer it checks after the task (``claimed_answer``).  The weaknesses are the
+    chain teacher's: answers at once (``p_direct``) that sometimes slip (``p_slip``), and a checker
+    that passes right answers without showing its check (``p_lazy``)."""
+
+    chain: ChainTeacher
+    solver: str
+    checker: str
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        messages = req.messages or []
+        task = arithmetic_task(messages)
+        if req.agent == self.solver:
+            tried = [m["content"] for m in messages if m.get("role") == "assistant"]
+            lines = [f"{self.solver}: {t}" for t in tried]
+        else:
+            claim = claimed_answer(messages[-1]["content"], task)
+            lines = [f"{self.solver}: ANSWER: {claim if claim is not None else 'none'}"]
+        chained = [{"role": "user", "content": "\n".join([f"Task: {task}", *lines])}]
+        return self.chain(dataclasses.replace(req, messages=chained), rng)
+
+
+@dataclass(frozen=True)
+class SelectorTeacher:
+    """An AutoGen ``SelectorGroupChat`` of specialists for one-operation arithmetic (``team:
+    selector``): the selector's model call names the specialist for the task's operation, and the
+    specialist answers ``ANSWER: n``.  The task is read where AutoGen puts it (``arithmetic_task``).
+
+    Each specialist does what its role says (the adder adds the two numbers, whatever the sign
+    between them), so a misrouted task is answered wrongly.  Weakness: the selector names the
+    wrong specialist with probability ``p_misroute``; the teacher's reward is about
+    ``1 - p_misroute``, and RL has to learn the routing.
+    """
+
+    selector: str
+    specialist_for: tuple[tuple[str, str], ...]  # (operator, specialist)
+    p_misroute: float = 0.4
+
+    def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        a, op, b, _ = chain_steps(arithmetic_task(req.messages or []))[0]
+        route = dict(self.specialist_for)
+        if req.agent == self.selector:
+            if rng.random() < self.p_misroute:
+                return next(name for o, name in self.specialist_for if o != op)
+            return route[op]
+        own = next(o for o, name in self.specialist_for if name == req.agent)
+        return f"ANSWER: {a + b if own == '+' else a - b}"
