@@ -18,7 +18,8 @@ from typing import Any
 
 from mas.training.callbacks import Callback, RunControl
 from mas.config.checks import meaning_errors
-from mas.config.schema import RunConfig, apply_overrides, load_config, validate_config
+from mas.config.loading import apply_overrides, load_config, validate_config
+from mas.config.schema import RunConfig
 from mas.training.team import Team, build_team, check_eval_size
 
 __all__ = ["evaluate", "load_team", "train"]

@@ -19,7 +19,9 @@ from pathlib import Path
 # in the last bits; conditional numerical reproducibility removes that (set before torch loads).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
-from mas.config.schema import ConfigError, RunConfig, dump_config, issue_lines, load_config
+from mas.config.loading import dump_config, load_config
+from mas.config.messages import ConfigError, issue_lines
+from mas.config.schema import RunConfig
 
 
 def _run_dir(cfg: RunConfig, override: str | None) -> Path:

@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mas.config.schema import load_config
+from mas.config.loading import load_config
 from mas.models.gguf import GGUF_DTYPES, GGUFError, read_header, write_gguf
 from mas.models.sources import ModelLoadError, gguf_file, is_gguf_model
 

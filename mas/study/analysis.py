@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from mas.config.schema import read_config_data, validate_config
+from mas.config.loading import read_config_data, validate_config
 from mas.credit.shapley import queried_coalitions
 from mas.credit.sharp import SharpConfig
 from mas.study.runner import DONE_FILE, NA_FILE, SCALING_SPEC_FILE, SPEC_FILE, read_jsonl, step_usage, team_size

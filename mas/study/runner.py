@@ -83,7 +83,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 from mas.config.checks import meaning_errors
-from mas.config.schema import ConfigError, apply_overrides, read_config_data, validate_config
+from mas.config.loading import apply_overrides, read_config_data, validate_config
+from mas.config.messages import ConfigError
 from mas.runtime.ray_cluster import start_local_ray
 from mas.training.callbacks import RunControl
 
