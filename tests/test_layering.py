@@ -41,9 +41,10 @@ LAYERS: dict[str, int] = {
     #    what a config means needs the topologies (checks) and a policy's model (defaults); the
     #    embedded model a policy loads (its recipe, formats, teachers, the shipped artifact)
     "mas.agents": 4, "mas.topologies": 4, "mas.config.plugins": 4, "mas.config.checks": 4, "mas.config.defaults": 4, "mas.embedded": 4,
-    # 5. engine and learner (its packed scoring, and the supervised steps it also takes); the
-    #    embedded model's build, which plays its teachers through the engine
+    # 5. engine and learner (its packed scoring, its memory savers and plan, and the supervised
+    #    steps it also takes); the embedded model's build, which plays its teachers through the engine
     "mas.rollout": 5, "mas.rollout.engine": 5, "mas.training.learner": 5, "mas.rollout.scoring": 5, "mas.training.sft": 5, "mas.embedded.build": 5,
+    "mas.training.memory_plan": 5,
     # 6. runtime
     "mas.runtime": 6,
     # 7. team

@@ -1,4 +1,5 @@
-"""mas.training.learner: the PPO-clip surrogate, batching, micro-batch/padding invariance, schedules, resume."""
+"""mas.training.learner: the PPO-clip surrogate, the packed path against the padded reference (tests/ppo_reference.py),
+batching, micro-batch/padding invariance, schedules, resume."""
 
 from __future__ import annotations
 
@@ -15,19 +16,18 @@ import torch
 from torch import nn
 
 from mas.training.learner import (
+    LOSS_AGGS,
     Learner,
     TrainSample,
     build_scheduler,
-    collate,
     draws_random_numbers,
     kl_penalty,
     loss_norm,
-    ppo_clip_loss,
     ppo_clip_tokens,
     rollout_is_weights,
-    token_logprobs,
 )
 from mas.models.tiny import tiny_causal_lm
+from ppo_reference import collate, ppo_clip_loss, slow_ppo_loss, token_logprobs
 
 try:
     from mas.config.schema import OptimConfig
@@ -245,34 +245,6 @@ def test_ppo_clip_loss_k3_kl_by_hand():
     assert logp.grad[0].tolist() == pytest.approx([a + b for a, b in zip(pg_grad, kl_grad)])
 
 
-def slow_ppo_loss(logp, old, adv, mask, lo, hi, agg, ref=None, kl_coef=0.0, max_tokens=None):
-    """Reference: a loop straight from the formula."""
-    seq_means, seq_sums, total, count = [], [], 0.0, 0
-    for i in range(len(logp)):
-        row = []
-        for t in range(len(logp[i])):
-            if not mask[i][t]:
-                continue
-            r = math.exp(logp[i][t] - old[i][t])
-            a = adv[i]
-            term = -min(r * a, min(max(r, 1 - lo), 1 + hi) * a)
-            if ref is not None:
-                dd = ref[i][t] - logp[i][t]
-                term += kl_coef * (math.exp(dd) - dd - 1)
-            row.append(term)
-        total, count = total + sum(row), count + len(row)
-        if row:
-            seq_means.append(sum(row) / len(row))
-            seq_sums.append(sum(row))
-    if agg == "token_mean":
-        return total / count
-    if agg == "seq_mean":
-        return sum(seq_means) / len(seq_means)
-    if agg == "seq_mean_token_sum":
-        return sum(seq_sums) / len(seq_sums)
-    return sum(seq_sums) / (len(seq_sums) * max_tokens)  # dr_grpo
-
-
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ppo_clip_loss_matches_loop_reference(agg, seed):
@@ -290,6 +262,100 @@ def test_ppo_clip_loss_matches_loop_reference(agg, seed):
         logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.28, agg, ref.tolist(), 0.1, max_tokens=9
     )
     assert float(loss) == pytest.approx(expected, rel=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# the packed path against the padded reference (tests/ppo_reference.py)
+# --------------------------------------------------------------------------------------------
+
+
+def ragged_batch(n: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """[N, S] logprobs, old and reference logprobs and a completion mask of ragged turns (prompts of
+    1-3 tokens, 0-8 completion tokens: the first turn has some, the last of several none), [N] advantages."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(1, 4, (n,), generator=g).tolist()
+    lengths = torch.randint(0, 9, (n,), generator=g).tolist()
+    lengths[0] = max(lengths[0], 1)
+    if n > 1:
+        lengths[-1] = 0  # a turn with no completion token counts for nothing
+    s = max(p + c for p, c in zip(prompts, lengths))
+    mask = torch.zeros(n, s, dtype=torch.bool)
+    for i, (p, c) in enumerate(zip(prompts, lengths)):
+        mask[i, p : p + c] = True
+    logp = -torch.rand(n, s, generator=g, dtype=torch.float64) * 3
+    old = logp + 0.4 * torch.randn(n, s, generator=g, dtype=torch.float64)
+    ref = logp + 0.3 * torch.randn(n, s, generator=g, dtype=torch.float64)
+    return logp, old, ref, torch.randn(n, generator=g, dtype=torch.float64), mask
+
+
+@pytest.mark.parametrize("agg", LOSS_AGGS)
+@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("micro", [1, 5, None], ids=lambda m: f"micro={m}")
+@pytest.mark.parametrize("kind", ["k3", "abs"])
+def test_packed_tokens_match_the_padded_reference(agg, n, seed, micro, kind):
+    """``ppo_clip_tokens`` over the flat completion tokens, called on any split of them (``micro``
+    tokens a call, in any order) with the whole batch's per-token weights, adds up to the padded
+    reference's loss, gradient and stats, and (k3) to the loop's loss."""
+    logp, old, ref, adv, mask = ragged_batch(n, seed)
+    leaf = logp.clone().requires_grad_(True)
+    expected, want = ppo_clip_loss(leaf, old, adv, mask, LO, HI, agg, ref, 0.1, max_tokens=9, kl_estimator=kind)
+    (grad_expected,) = torch.autograd.grad(expected, leaf)
+
+    lengths = mask.sum(-1)  # [N]
+    turn = mask.nonzero()[:, 0]  # [K]  each completion token's turn
+    weights = torch.full(turn.shape, 1.0 / loss_norm(lengths.tolist(), agg, 9), dtype=torch.float64)  # [K]
+    if agg == "seq_mean":
+        weights = weights / lengths[turn]
+    packed = logp.clone().requires_grad_(True)
+    flat = {"logp": packed[mask], "old": old[mask], "ref": ref[mask], "adv": adv[turn], "w": weights}  # [K] each
+    order = torch.randperm(len(turn), generator=torch.Generator().manual_seed(seed))
+    total, stats = 0.0, {"pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0, "tokens": 0.0}
+    for part in order.split(micro or len(turn)):
+        x = {k: v[part] for k, v in flat.items()}
+        loss, st = ppo_clip_tokens(x["logp"], x["old"], x["adv"], x["w"], LO, HI, x["ref"], 0.1, kind)
+        total = total + loss
+        stats["pg_loss"] += st["pg_loss"]
+        stats["tokens"] += st["tokens"]
+        for k in ("kl", "clip_frac", "ratio"):  # token means: weighted by each call's tokens
+            stats[k] += st[k] * st["tokens"]
+    for k in ("kl", "clip_frac", "ratio"):
+        stats[k] /= stats["tokens"]
+    (grad_packed,) = torch.autograd.grad(total, packed)
+
+    assert float(total.detach()) == pytest.approx(float(expected.detach()), rel=1e-12, abs=1e-12)
+    torch.testing.assert_close(grad_packed, grad_expected, rtol=1e-12, atol=1e-12)
+    assert stats == pytest.approx(want, rel=1e-12, abs=1e-12)
+    if kind == "k3":
+        loop = slow_ppo_loss(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), LO, HI, agg, ref.tolist(), 0.1, 9)
+        assert float(total.detach()) == pytest.approx(loop, rel=1e-9)
+
+
+@pytest.mark.parametrize("agg", LOSS_AGGS)
+@pytest.mark.parametrize("lens", [[3], [1, 7, 0, 4], [2, 2, 5, 1, 6, 7, 3]], ids=lambda c: f"lens={c}")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_learner_matches_the_padded_reference(tiny_model, tiny_tokenizer, agg, lens, seed):
+    """An update's gradient and metrics, scored packed in passes of at most 16 tokens, equal the padded
+    reference's: every turn a right-padded row scored whole, ``ppo_clip_loss`` with the KL term, backward."""
+    ref_model = tiny_causal_lm(tiny_tokenizer, seed=1)
+    samples = make_samples(tiny_model, len(lens), seed=seed, completion_lens=lens, temperatures=(1.0, 0.7, 0.0))
+    got = learner(TinyPolicy(tiny_model, ref_model=ref_model), kl_coef=0.1, loss_agg=agg,
+                  micro_batch_tokens=16).compute_gradients(samples)
+    packed_grads = grads(tiny_model)
+    tiny_model.zero_grad(set_to_none=True)
+    batch = collate(samples)
+    logp, entropy = token_logprobs(tiny_model, batch)
+    with torch.no_grad():
+        ref, _ = token_logprobs(ref_model, batch)
+    mask = batch["completion_mask"]
+    loss, stats = ppo_clip_loss(logp, batch["old_logprobs"], batch["advantages"], mask, 0.2, 0.28, agg, ref, 0.1, max_tokens=8)
+    loss.backward()
+    assert sum(float(g.abs().sum()) for g in packed_grads) > 0
+    for a, b in zip(packed_grads, grads(tiny_model)):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-4)
+    assert got["loss"] == pytest.approx(float(loss.detach()), abs=1e-6)
+    assert {k: got[k] for k in stats} == pytest.approx(stats, abs=1e-6)
+    assert got["entropy"] == pytest.approx(float(entropy[mask].mean()), abs=1e-5)
 
 
 # --------------------------------------------------------------------------------------------

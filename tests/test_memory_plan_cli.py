@@ -10,8 +10,7 @@ from transformers import AutoConfig
 
 from mas.cli import main
 from mas.config.schema import validate_config
-from mas.training.learner import ACTIVATION_ELEMENTS, LOGIT_COPIES
-from mas.training.memory_plan import DevicePlan, GiB, parse_device, plan_run
+from mas.training.memory_plan import ACTIVATION_ELEMENTS, LOGIT_COPIES, DevicePlan, GiB, parse_device, plan_run
 
 
 def tiny_shape(model_dir):

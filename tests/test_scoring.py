@@ -13,7 +13,8 @@ import random
 import pytest
 import torch
 
-from mas.training.learner import TrainSample, collate, token_logprobs
+from mas.training.learner import TrainSample
+from ppo_reference import collate, token_logprobs
 from mas.rollout.scoring import distinct_tokens, pack, passes, split_model, token_logprobs_packed
 from mas.models.tiny import tiny_causal_lm
 

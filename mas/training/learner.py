@@ -6,15 +6,15 @@ micro-batch size (the decoupled per-agent update).  A turn reaches the learner a
 ``TrainSample``: prompt and completion token ids, the logprob of each completion token at
 sampling time, and the one scalar advantage that the credit method gave the turn.
 
-Shapes (the vocabulary of ``mas.types``):
-    N  turns (samples) in a batch or micro-batch
-    S  padded sequence length (prompt + completion, right-padded)
-    V  vocabulary size
+Shapes (the vocabulary of ``mas.types`` and ``mas.rollout.scoring``):
+    N  turns (samples) in an update batch
+    K  completion tokens, flat: one per (turn, completion position), in the packing's order
 
-Alignment: every ``[N, S]`` per-token tensor is aligned to the token being predicted.
-Column ``t`` holds the value for ``input_ids[:, t]`` given ``input_ids[:, :t]``, so column 0
-(which has no context) is always 0 and masked.  ``completion_mask[:, t]`` is 1 exactly when
-``input_ids[:, t]`` is a completion token.
+The batch is scored packed (``mas.rollout.scoring``: every distinct token through the model
+once), so every per-token tensor here is a flat ``[K]`` over completion tokens, each carrying
+its turn's advantage and its share of the aggregated loss.  ``tests/ppo_reference.py`` holds
+the same surrogate over right-padded ``[N, S]`` turns, written straight from the formulas
+below; the packed path is tested against it.
 
 The surrogate (PPO, Schulman et al. 2017, arXiv 1707.06347; clip-higher as in DAPO,
 arXiv 2503.14476):
@@ -100,7 +100,8 @@ import torch
 from torch import nn
 
 from mas.training.fault_points import pause_point
-from mas.rollout.scoring import Pass, TokenLogprob, distinct_tokens, pack, passes, split_model, token_logprobs_packed
+from mas.training.memory_plan import enable_checkpointing, learner_savers
+from mas.rollout.scoring import Pass, distinct_tokens, pack, passes, split_model, token_logprobs_packed
 from mas.types import StepAbandoned
 
 if TYPE_CHECKING:  # the learner reads only a few fields of it (flat builder arguments)
@@ -115,9 +116,9 @@ LOSS_AGGS: tuple[str, ...] = ("token_mean", "seq_mean", "seq_mean_token_sum", "d
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 HF_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}  # mas name -> transformers name
 
-# Padded positions are excluded by the attention mask (as keys) and by completion_mask (as
-# targets); with right padding they sit after every real token, so their id never matters.
-# 0 is valid in every vocabulary.
+# A pass's padded positions are excluded by its attention mask (as keys) and predict no
+# completion token (as targets); right-padded, they sit after every real token, so their id
+# never matters.  0 is valid in every vocabulary.
 PAD_ID = 0
 
 
@@ -208,103 +209,6 @@ def _host() -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# batches and logprobs
-# --------------------------------------------------------------------------------------------
-
-
-def collate(samples: list[TrainSample], pad_id: int = PAD_ID) -> dict[str, torch.Tensor]:
-    """Right-pad samples into one batch; per-token tensors are aligned to the predicted token."""
-    if not samples:
-        raise ValueError("collate: no samples")
-    for i, s in enumerate(samples):
-        if not s.prompt_ids:
-            raise ValueError(f"sample {i}: empty prompt_ids; the first completion token needs a context")
-        if len(s.old_logprobs) != len(s.completion_ids):
-            raise ValueError(
-                f"sample {i}: {len(s.old_logprobs)} old_logprobs for {len(s.completion_ids)} completion tokens"
-            )
-    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-    n, seq = len(samples), max(lengths)
-    input_ids = torch.full((n, seq), pad_id, dtype=torch.long)  # [N, S]
-    attention_mask = torch.zeros((n, seq), dtype=torch.long)  # [N, S]
-    completion_mask = torch.zeros((n, seq), dtype=torch.bool)  # [N, S]
-    old_logprobs = torch.zeros((n, seq), dtype=torch.float32)  # [N, S]
-    for i, s in enumerate(samples):
-        p, total = len(s.prompt_ids), lengths[i]
-        input_ids[i, :total] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
-        attention_mask[i, :total] = 1
-        completion_mask[i, p:total] = True
-        old_logprobs[i, p:total] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "completion_mask": completion_mask,
-        "old_logprobs": old_logprobs,
-        "advantages": torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32),  # [N]
-        "temperatures": torch.tensor(
-            [s.temperature if s.temperature > 0 else 1.0 for s in samples], dtype=torch.float32
-        ),  # [N]
-    }
-
-
-ENTROPY_CHUNK = 256  # positions per chunk of the entropy diagnostic
-
-
-def token_logprobs(
-    model: nn.Module, batch: dict[str, torch.Tensor], entropy_chunk: int = ENTROPY_CHUNK
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob and entropy of each token under ``model`` at the sampling temperature.
-
-    One forward pass; ``logits / T`` so that an unchanged policy reproduces the sampling
-    logprobs exactly (ratio 1).  Computed in float32 as gather − logsumexp, which keeps no
-    [N, S, V] log-softmax alive for backward.
-
-    Memory (the [N, S, V] logits dominate at large V): at most one float32 copy of the
-    model's logits is made (none when they are float32 and every T is 1; a half-precision
-    output is converted, then scaled in place), and it is the only [N, S, V] tensor kept for
-    backward.  ``TokenLogprob`` gives autograd's gradient of gather − logsumexp with one
-    [N, S, V] temporary instead of three.  All S positions are scored (the last one predicts
-    nothing and is dropped from the [N, S] result), so no gradient is padded back from a
-    sliced [N, S-1, V] view.  Entropy is a detached diagnostic computed under no_grad over at
-    most ``entropy_chunk`` positions at a time, so its softmax temporaries are
-    [entropy_chunk, V].
-    """
-    if entropy_chunk < 1:
-        raise ValueError(f"entropy_chunk must be >= 1 (found {entropy_chunk})")
-    input_ids = batch["input_ids"]  # [N, S]
-    raw = model(input_ids=input_ids, attention_mask=batch["attention_mask"]).logits  # [N, S, V]
-    temps = batch["temperatures"].to(device=raw.device, dtype=torch.float32)  # [N]
-    scale = bool((temps != 1.0).any())
-    if raw.dtype != torch.float32:
-        logits = raw.float()  # [N, S, V]  our own copy: scale it in place
-        if scale:
-            logits.div_(temps[:, None, None])
-    else:
-        logits = raw / temps[:, None, None] if scale else raw  # [N, S, V]
-    del raw  # the model's own (half-precision) logits are not needed for backward
-    # position t predicts t+1; the last position predicts nothing (any in-vocabulary id, dropped)
-    targets = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)  # [N, S]
-    logp, lse = TokenLogprob.apply(logits, targets)  # [N, S] each
-    entropy = _entropy(logits[:, :-1], lse[:, :-1], entropy_chunk)  # [N, S-1]
-    zero = logp.new_zeros(logp.shape[0], 1)  # [N, 1]  column 0 predicts nothing
-    return torch.cat([zero, logp[:, :-1]], dim=1), torch.cat([zero, entropy], dim=1)  # [N, S] each
-
-
-@torch.no_grad()
-def _entropy(logits: torch.Tensor, lse: torch.Tensor, chunk: int) -> torch.Tensor:
-    """``lse - sum(softmax(logits) * logits, -1)`` ([N, L] from [N, L, V]), ``chunk`` positions at a time."""
-    n, length = lse.shape
-    out = torch.empty((n, length), dtype=lse.dtype, device=lse.device)  # [N, L]
-    for i in range(n):
-        for j in range(0, length, chunk):
-            x = logits[i, j : j + chunk]  # [c, V]
-            p = torch.softmax(x, dim=-1)  # [c, V]
-            out[i, j : j + chunk] = lse[i, j : j + chunk] - p.mul_(x).sum(-1)
-            del p
-    return out
-
-
-# --------------------------------------------------------------------------------------------
 # the loss
 # --------------------------------------------------------------------------------------------
 
@@ -350,6 +254,57 @@ def rollout_mismatch(logprobs: torch.Tensor, rollout: torch.Tensor, is_weights: 
             "is_capped": float((w >= cap).sum()) if is_weights is not None else 0.0}
 
 
+def ppo_clip_tokens(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The PPO-clip surrogate with an optional KL term (module docstring) over K completion
+    tokens: ``sum_k weights[k] * loss_k``.
+
+    Each token carries its turn's advantage, and its share of the aggregated loss in
+    ``weights`` (1/norm, or 1/(norm * its turn's length) for seq_mean; norm is ``loss_norm``
+    of the whole update batch), so the same sum gives every ``loss_agg``, and the sums over
+    any split of the batch add up to the whole batch's loss.  ``is_weights`` ([K], detached)
+    scales each token's surrogate (rollout importance sampling).  Stats: ``pg_loss`` (this
+    call's share of the aggregated surrogate alone), and means over these K tokens of ``kl``,
+    ``clip_frac`` (the clipped branch is the active one) and ``ratio``; ``tokens`` (K).
+    """
+    log_ratio = logprobs - old_logprobs  # [K]
+    ratio = torch.exp(log_ratio)  # [K]
+    adv = advantages.to(logprobs.dtype)  # [K]
+    pg_unclipped = -ratio * adv  # [K]
+    pg_clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # [K]
+    pg = torch.maximum(pg_unclipped, pg_clipped)  # [K]  = -min(ratio*A, clip(ratio)*A)
+    if is_weights is not None:  # truncated importance weights against the rollout (detached)
+        pg = pg * is_weights.to(pg.dtype)
+    per_token = pg
+    kl = torch.zeros_like(pg)  # [K]
+    if ref_logprobs is not None:
+        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)  # [K]
+        per_token = pg + kl_coef * kl
+    w = weights.to(logprobs.dtype)
+    loss = (per_token * w).sum()
+    with torch.no_grad():
+        n = float(logprobs.numel())
+        denom = max(n, 1.0)
+        stats = {
+            "pg_loss": float((pg * w).sum()),
+            "kl": float(kl.sum()) / denom,
+            "clip_frac": float((pg_clipped > pg_unclipped).sum()) / denom,
+            "ratio": float(ratio.sum()) / denom,
+            "tokens": n,
+        }
+    return loss, stats
+
+
 def loss_norm(completion_lengths: list[int], loss_agg: str, max_tokens: int | None = None) -> int:
     """The divisor of an aggregation over a whole update batch: completion tokens
     (``token_mean``), turns with at least one token (``seq_mean``, ``seq_mean_token_sum``), or
@@ -363,67 +318,6 @@ def loss_norm(completion_lengths: list[int], loss_agg: str, max_tokens: int | No
             raise ValueError(f"loss_agg dr_grpo needs the constant max_tokens >= 1 (found {max_tokens})")
         return turns * max_tokens
     return turns
-
-
-def ppo_clip_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    completion_mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    loss_agg: str,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    norm: float | None = None,
-    max_tokens: int | None = None,
-    kl_estimator: str = "k3",
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip surrogate with an optional KL term, ``kl_estimator`` (see the module docstring).
-
-    ``norm`` divides the aggregated sum; by default it is ``loss_norm`` of this call's turns
-    (``max_tokens`` is dr_grpo's constant).  Pass the whole update batch's divisor when
-    calling per micro-batch.  Stats (token means over completion tokens): ``pg_loss``
-    (the surrogate alone, same aggregation), ``kl``, ``clip_frac`` (share of tokens where the
-    clipped branch is the active one), ``ratio``, and ``tokens``.
-    """
-    _check_agg(loss_agg)
-    mask = completion_mask.to(logprobs.dtype)  # [N, S]
-    log_ratio = (logprobs - old_logprobs).masked_fill(mask == 0, 0.0)  # [N, S]
-    ratio = torch.exp(log_ratio)  # [N, S]
-    adv = advantages.to(logprobs.dtype)[:, None]  # [N, 1]
-    pg_unclipped = -ratio * adv  # [N, S]
-    pg_clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # [N, S]
-    pg = torch.maximum(pg_unclipped, pg_clipped)  # [N, S]  = -min(ratio*A, clip(ratio)*A)
-    per_token = pg
-    kl = torch.zeros_like(pg)  # [N, S]
-    if ref_logprobs is not None:
-        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator).masked_fill(mask == 0, 0.0)  # [N, S]
-        per_token = pg + kl_coef * kl
-
-    lengths = mask.sum(-1)  # [N]
-    if norm is None:
-        norm = float(loss_norm([int(n) for n in lengths.tolist()], loss_agg, max_tokens))
-
-    def agg(x: torch.Tensor) -> torch.Tensor:
-        if loss_agg == "seq_mean":
-            per_seq = (x * mask).sum(-1) / lengths.clamp(min=1.0)  # [N]  token mean of each turn
-            return per_seq.sum() / norm
-        return (x * mask).sum() / norm  # token_mean, seq_mean_token_sum and dr_grpo differ only in norm
-
-    loss = agg(per_token)
-
-    with torch.no_grad():
-        tokens = mask.sum()
-        denom = tokens.clamp(min=1.0)
-        stats = {
-            "pg_loss": float(agg(pg)),
-            "kl": float((kl * mask).sum() / denom),
-            "clip_frac": float(((pg_clipped > pg_unclipped).to(mask.dtype) * mask).sum() / denom),
-            "ratio": float((ratio * mask).sum() / denom),
-            "tokens": float(tokens),
-        }
-    return loss, stats
 
 
 def _check_agg(loss_agg: str) -> None:
@@ -473,8 +367,8 @@ class Learner:
     output head's logits that many completion tokens at a time, under activation
     checkpointing (off: all at once); ``gradient_checkpointing`` recomputes the decoder
     layers' activations in backward instead of keeping them.  Either set to "auto" is chosen
-    from the memory it would save against the free device memory (``plan_memory_savers``;
-    the choice and its estimate are ``memory_plan``).
+    from the memory it would save against the free device memory
+    (``mas.training.memory_plan.learner_savers``; the choice and its estimate are ``memory_plan``).
     """
 
     def __init__(
@@ -517,9 +411,8 @@ class Learner:
         self.micro_batch_tokens = optim.micro_batch_tokens
         # a pass's tokens: at most micro_batch_tokens with packing (without it, the debugging path,
         # micro_batch_size turns of unknown length: the same bound is the estimate)
-        self.memory_plan = plan_memory_savers(policy.model, optim.micro_batch_tokens, optim.gradient_checkpointing,
-                                              optim.logprob_chunk,
-                                              free_memory_bytes(policy.device), cap=pass_budget_cap(policy.device))
+        self.memory_plan = learner_savers(policy.model, optim.micro_batch_tokens, optim.gradient_checkpointing,
+                                          optim.logprob_chunk, policy.device)
         self.logprob_chunk = self.memory_plan.logprob_chunk
         self.checkpointing = self.memory_plan.checkpointing and enable_checkpointing(policy.model)
         self.max_grad_norm = optim.max_grad_norm
@@ -887,188 +780,6 @@ class _LocalUpdate:
             raise self._error
         assert self._metrics is not None
         return self._metrics
-
-
-def ppo_clip_tokens(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    weights: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """``ppo_clip_loss`` over a flat list of K completion tokens: ``sum_k weights[k] * loss_k``.
-
-    Each token carries its turn's advantage, and its share of the aggregated loss in
-    ``weights`` (1/norm, or 1/(norm * its turn's length) for seq_mean), so the same sum gives
-    every ``loss_agg``.  ``is_weights`` ([K], detached) scales each token's surrogate (rollout
-    importance sampling; module docstring).  Stats as ``ppo_clip_loss``'s, over these K tokens
-    (``pg_loss`` is this call's share of the aggregated surrogate).
-    """
-    log_ratio = logprobs - old_logprobs  # [K]
-    ratio = torch.exp(log_ratio)  # [K]
-    adv = advantages.to(logprobs.dtype)  # [K]
-    pg_unclipped = -ratio * adv  # [K]
-    pg_clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # [K]
-    pg = torch.maximum(pg_unclipped, pg_clipped)  # [K]  = -min(ratio*A, clip(ratio)*A)
-    if is_weights is not None:  # truncated importance weights against the rollout (detached)
-        pg = pg * is_weights.to(pg.dtype)
-    per_token = pg
-    kl = torch.zeros_like(pg)  # [K]
-    if ref_logprobs is not None:
-        kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)  # [K]
-        per_token = pg + kl_coef * kl
-    w = weights.to(logprobs.dtype)
-    loss = (per_token * w).sum()
-    with torch.no_grad():
-        n = float(logprobs.numel())
-        denom = max(n, 1.0)
-        stats = {
-            "pg_loss": float((pg * w).sum()),
-            "kl": float(kl.sum()) / denom,
-            "clip_frac": float((pg_clipped > pg_unclipped).sum()) / denom,
-            "ratio": float(ratio.sum()) / denom,
-            "tokens": n,
-        }
-    return loss, stats
-
-
-ACTIVATION_ELEMENTS = 32  # kept for backward per token, layer and hidden unit (measured on SmolLM2: 28-34)
-LOGIT_COPIES = 3  # float32 [tokens, V] tensors alive at once for the head: logits, log-softmax, their gradient
-AUTO_CHUNK = 1024  # completion tokens per head chunk when "auto" chunks
-MEMORY_SHARE = 0.5  # of the free device memory, what one pass's activations and logits may take under "auto"
-# ... and on the CPU never more than this: the host's memory also holds the rollouts, the evaluations
-# and every other process, and a real model's whole run is held to 4 GB (a SmolLM2 pass of 1024
-# tokens, estimated at 1.7 GiB, still runs without a saver; one of 2048 or 4096 does not)
-CPU_PASS_BUDGET = 2 * 2**30
-
-
-def activation_bytes(model: nn.Module, tokens: int) -> int | None:
-    """Estimated activation memory of a forward/backward pass over ``tokens`` positions (None
-    when the model's config does not say its depth and width)."""
-    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cfg = getattr(hf, "config", None)
-    layers, hidden = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None)
-    if not layers or not hidden:
-        return None
-    size = next(hf.parameters()).element_size()
-    return tokens * layers * hidden * ACTIVATION_ELEMENTS * size
-
-
-def logits_bytes(model: nn.Module, tokens: int) -> int | None:
-    """Estimated memory of the output head over ``tokens`` completion positions at once:
-    ``LOGIT_COPIES`` float32 [tokens, V] tensors (None when the vocabulary size is unknown)."""
-    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
-    vocab = getattr(getattr(hf, "config", None), "vocab_size", None)
-    return tokens * vocab * 4 * LOGIT_COPIES if vocab else None
-
-
-def free_memory_bytes(device: torch.device | str) -> int | None:
-    """Free memory of ``device`` now: CUDA's free bytes, or the host's available memory
-    (``MemAvailable`` of /proc/meminfo) for the CPU; None where it cannot be read."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        try:
-            return int(torch.cuda.mem_get_info(device)[0])
-        except (RuntimeError, AssertionError):
-            return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def pass_budget_cap(device: torch.device | str) -> int | None:
-    """The most one pass may take under ``"auto"`` whatever is free: ``CPU_PASS_BUDGET`` on the
-    CPU (the host's memory also holds the rollouts and every other process), None on a GPU
-    (its memory is the learner's)."""
-    return CPU_PASS_BUDGET if torch.device(device).type == "cpu" else None
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Which memory savers a learner uses, and the estimate they were chosen from (bytes)."""
-
-    checkpointing: bool  # decoder layers recomputed in backward
-    logprob_chunk: int | None  # completion tokens per head chunk (None: all at once)
-    activations: int | None  # one pass's activations, kept for backward, without checkpointing
-    logits: int | None  # the head over one pass's tokens at once
-    budget: int | None  # MEMORY_SHARE of the free device memory (None: unknown)
-    reason: str
-
-
-def plan_memory_savers(model: nn.Module, tokens: int, checkpointing: Any, logprob_chunk: Any,
-                       free_bytes: int | None, cap: int | None = None) -> MemoryPlan:
-    """Gradient checkpointing and chunked log-probabilities for passes of ``tokens`` positions.
-
-    Each saver costs time (checkpointing recomputes the decoder layers in backward, about half a
-    forward-backward more; chunking recomputes the head per chunk), so ``"auto"`` turns one on
-    only where the memory it saves is needed: the estimated activations and logits of one pass
-    (``activation_bytes``, ``logits_bytes``) against ``MEMORY_SHARE`` of ``free_bytes``, and at
-    most ``cap`` (the learner gives ``pass_budget_cap(device)``).  The
-    cheaper saver comes first: chunked logits alone when that fits, then checkpointing too.
-    Without an estimate (unknown model shape or free memory) ``"auto"`` keeps both on, the safe
-    side.  Explicit settings (True/False, a chunk size or None) are kept as given."""
-    act, logits = activation_bytes(model, tokens), logits_bytes(model, tokens)
-    budget = int(free_bytes * MEMORY_SHARE) if free_bytes is not None else None
-    if budget is not None and cap is not None:
-        budget = min(budget, cap)
-    auto_ckpt, auto_chunk = checkpointing == "auto", logprob_chunk == "auto"
-    ckpt = True if auto_ckpt else bool(checkpointing)
-    chunk = AUTO_CHUNK if auto_chunk else logprob_chunk
-    if not (auto_ckpt or auto_chunk):
-        return MemoryPlan(ckpt, chunk, act, logits, budget, "as configured")
-    if act is None or logits is None or budget is None:
-        return MemoryPlan(ckpt, chunk, act, logits, budget, "no estimate (model shape or free memory unknown): savers on")
-
-    def head(c: int | None) -> int:  # the output head's memory with chunk size c
-        return logits if c is None else logits_bytes(model, min(tokens, c))
-
-    kept = act // ACTIVATION_ELEMENTS  # checkpointed: only each layer's input is kept
-    if auto_ckpt and auto_chunk:  # the cheaper saver first
-        if act + logits <= budget:
-            ckpt, chunk = False, None
-        elif act + head(AUTO_CHUNK) <= budget:
-            ckpt = False
-    elif auto_chunk:
-        chunk = None if (kept if ckpt else act) + logits <= budget else AUTO_CHUNK
-    else:
-        ckpt = act + head(chunk) > budget
-    need = (kept if ckpt else act) + head(chunk)
-    return MemoryPlan(ckpt, chunk, act, logits, budget,
-                      f"activations {act / 2**30:.2f} GiB, logits {logits / 2**30:.2f} GiB; with these savers "
-                      f"{need / 2**30:.2f} GiB against a budget of {budget / 2**30:.2f} GiB")
-
-
-def enable_checkpointing(model: nn.Module) -> bool:
-    """Switch on transformers' activation (gradient) checkpointing of the decoder layers,
-    non-reentrant (so a frozen LoRA base needs no input gradient); False if the model has none.
-
-    It stays on: transformers' layers checkpoint only in train mode, which the learner sets
-    for its passes, so sampling (eval mode) is untouched.  A LoRA family shares one base model,
-    so one of its learners asking is enough for all of them.
-    """
-    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not getattr(hf, "supports_gradient_checkpointing", False):
-        return False
-    on = getattr(hf, "is_activation_checkpointing", None)
-    if on is None:
-        on = getattr(hf, "is_gradient_checkpointing", False)
-    if not on:
-        enable = getattr(hf, "activation_checkpointing_enable", None)  # transformers >= 5.x
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return True
 
 
 def draws_random_numbers(model: nn.Module) -> bool:

@@ -9,8 +9,8 @@ per policy (a LoRA family shares one base, counted once):
     gradients      trainable parameters x their bytes, during an update (a family's largest)
     optimizer      AdamW's two moments per trainable parameter, in the parameter's dtype
     activations    one learner pass of ``optim.micro_batch_tokens`` positions: the learner's own
-                   estimate (``mas.training.learner.plan_memory_savers``: activations kept for
-                   backward, and the output head's logits), without any saver and with the savers
+                   estimate (``plan_memory_savers`` below, which the learner runs: activations kept
+                   for backward, and the output head's logits), without any saver and with the savers
                    ``auto`` (or the config) would choose on this device
     generation     the hf backend's KV cache for one rollout batch (every episode of a step asking
                    at once: trainer.batch_size x trainer.group_size rows of ``prompt_tokens`` +
@@ -37,14 +37,165 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
-from mas.training.learner import (ACTIVATION_ELEMENTS, AUTO_CHUNK, free_memory_bytes, logits_bytes, pass_budget_cap,
-                                  plan_memory_savers)
 from mas.training.memory import rss_mb
 
 GiB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PROMPT_TOKENS = 512  # a rollout prompt's length when the plan has to guess it (--prompt-tokens)
+
+
+# --------------------------------------------------------------------------------------------
+# the learner's memory savers: one pass's estimate, and which savers "auto" turns on
+# --------------------------------------------------------------------------------------------
+
+
+ACTIVATION_ELEMENTS = 32  # kept for backward per token, layer and hidden unit (measured on SmolLM2: 28-34)
+LOGIT_COPIES = 3  # float32 [tokens, V] tensors alive at once for the head: logits, log-softmax, their gradient
+AUTO_CHUNK = 1024  # completion tokens per head chunk when "auto" chunks
+MEMORY_SHARE = 0.5  # of the free device memory, what one pass's activations and logits may take under "auto"
+# ... and on the CPU never more than this: the host's memory also holds the rollouts, the evaluations
+# and every other process, and a real model's whole run is held to 4 GB (a SmolLM2 pass of 1024
+# tokens, estimated at 1.7 GiB, still runs without a saver; one of 2048 or 4096 does not)
+CPU_PASS_BUDGET = 2 * 2**30
+
+
+def activation_bytes(model: nn.Module, tokens: int) -> int | None:
+    """Estimated activation memory of a forward/backward pass over ``tokens`` positions (None
+    when the model's config does not say its depth and width)."""
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(hf, "config", None)
+    layers, hidden = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None)
+    if not layers or not hidden:
+        return None
+    size = next(hf.parameters()).element_size()
+    return tokens * layers * hidden * ACTIVATION_ELEMENTS * size
+
+
+def logits_bytes(model: nn.Module, tokens: int) -> int | None:
+    """Estimated memory of the output head over ``tokens`` completion positions at once:
+    ``LOGIT_COPIES`` float32 [tokens, V] tensors (None when the vocabulary size is unknown)."""
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    vocab = getattr(getattr(hf, "config", None), "vocab_size", None)
+    return tokens * vocab * 4 * LOGIT_COPIES if vocab else None
+
+
+def free_memory_bytes(device: torch.device | str) -> int | None:
+    """Free memory of ``device`` now: CUDA's free bytes, or the host's available memory
+    (``MemAvailable`` of /proc/meminfo) for the CPU; None where it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def pass_budget_cap(device: torch.device | str) -> int | None:
+    """The most one pass may take under ``"auto"`` whatever is free: ``CPU_PASS_BUDGET`` on the
+    CPU (the host's memory also holds the rollouts and every other process), None on a GPU
+    (its memory is the learner's)."""
+    return CPU_PASS_BUDGET if torch.device(device).type == "cpu" else None
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Which memory savers a learner uses, and the estimate they were chosen from (bytes)."""
+
+    checkpointing: bool  # decoder layers recomputed in backward
+    logprob_chunk: int | None  # completion tokens per head chunk (None: all at once)
+    activations: int | None  # one pass's activations, kept for backward, without checkpointing
+    logits: int | None  # the head over one pass's tokens at once
+    budget: int | None  # MEMORY_SHARE of the free device memory (None: unknown)
+    reason: str
+
+
+def plan_memory_savers(model: nn.Module, tokens: int, checkpointing: Any, logprob_chunk: Any,
+                       free_bytes: int | None, cap: int | None = None) -> MemoryPlan:
+    """Gradient checkpointing and chunked log-probabilities for passes of ``tokens`` positions.
+
+    Each saver costs time (checkpointing recomputes the decoder layers in backward, about half a
+    forward-backward more; chunking recomputes the head per chunk), so ``"auto"`` turns one on
+    only where the memory it saves is needed: the estimated activations and logits of one pass
+    (``activation_bytes``, ``logits_bytes``) against ``MEMORY_SHARE`` of ``free_bytes``, and at
+    most ``cap`` (``learner_savers`` gives ``pass_budget_cap(device)``).  The
+    cheaper saver comes first: chunked logits alone when that fits, then checkpointing too.
+    Without an estimate (unknown model shape or free memory) ``"auto"`` keeps both on, the safe
+    side.  Explicit settings (True/False, a chunk size or None) are kept as given."""
+    act, logits = activation_bytes(model, tokens), logits_bytes(model, tokens)
+    budget = int(free_bytes * MEMORY_SHARE) if free_bytes is not None else None
+    if budget is not None and cap is not None:
+        budget = min(budget, cap)
+    auto_ckpt, auto_chunk = checkpointing == "auto", logprob_chunk == "auto"
+    ckpt = True if auto_ckpt else bool(checkpointing)
+    chunk = AUTO_CHUNK if auto_chunk else logprob_chunk
+    if not (auto_ckpt or auto_chunk):
+        return MemoryPlan(ckpt, chunk, act, logits, budget, "as configured")
+    if act is None or logits is None or budget is None:
+        return MemoryPlan(ckpt, chunk, act, logits, budget, "no estimate (model shape or free memory unknown): savers on")
+
+    def head(c: int | None) -> int:  # the output head's memory with chunk size c
+        return logits if c is None else logits_bytes(model, min(tokens, c))
+
+    kept = act // ACTIVATION_ELEMENTS  # checkpointed: only each layer's input is kept
+    if auto_ckpt and auto_chunk:  # the cheaper saver first
+        if act + logits <= budget:
+            ckpt, chunk = False, None
+        elif act + head(AUTO_CHUNK) <= budget:
+            ckpt = False
+    elif auto_chunk:
+        chunk = None if (kept if ckpt else act) + logits <= budget else AUTO_CHUNK
+    else:
+        ckpt = act + head(chunk) > budget
+    need = (kept if ckpt else act) + head(chunk)
+    return MemoryPlan(ckpt, chunk, act, logits, budget,
+                      f"activations {act / 2**30:.2f} GiB, logits {logits / 2**30:.2f} GiB; with these savers "
+                      f"{need / 2**30:.2f} GiB against a budget of {budget / 2**30:.2f} GiB")
+
+
+def enable_checkpointing(model: nn.Module) -> bool:
+    """Switch on transformers' activation (gradient) checkpointing of the decoder layers,
+    non-reentrant (so a frozen LoRA base needs no input gradient); False if the model has none.
+
+    It stays on: transformers' layers checkpoint only in train mode, which the learner sets
+    for its passes, so sampling (eval mode) is untouched.  A LoRA family shares one base model,
+    so one of its learners asking is enough for all of them.
+    """
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(hf, "supports_gradient_checkpointing", False):
+        return False
+    on = getattr(hf, "is_activation_checkpointing", None)
+    if on is None:
+        on = getattr(hf, "is_gradient_checkpointing", False)
+    if not on:
+        enable = getattr(hf, "activation_checkpointing_enable", None)  # transformers >= 5.x
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return True
+
+
+def learner_savers(model: nn.Module, tokens: int, checkpointing: Any, logprob_chunk: Any,
+                   device: torch.device | str) -> MemoryPlan:
+    """The savers a learner on ``device`` uses for passes of ``tokens`` positions: ``plan_memory_savers``
+    against what is free on it now (``free_memory_bytes``), within ``pass_budget_cap(device)``."""
+    return plan_memory_savers(model, tokens, checkpointing, logprob_chunk, free_memory_bytes(device),
+                              cap=pass_budget_cap(device))
+
+
+# --------------------------------------------------------------------------------------------
+# the plan of a whole run
+# --------------------------------------------------------------------------------------------
 
 
 @dataclass
