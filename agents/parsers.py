@@ -341,3 +341,20 @@ def register_parser(name: str, fn: Callable[[str], Parsed]) -> None:
 def parser_names() -> list[str]:
     """Registered parser names (built-in first)."""
     return list(PARSERS)
+
+
+# The routing labels each built-in parser can give a turn; a topology's routing (a graph edge's
+# ``when``, an orchestrator's CALL, a chain's REJECT) reads these, and its kind checks that an
+# agent's parser can give what its place in the topology needs.  A parser not listed here (a
+# plugin's) is not checked.
+PARSER_LABELS: dict[str, frozenset[str]] = {
+    "answer": frozenset({"answer"}),
+    "orchestrator": frozenset({"call", "answer"}),
+    "verdict": frozenset({"accept", "reject", "answer"}),
+    "raw": frozenset({"answer"}),
+}
+
+
+def parsers_giving(label: str) -> list[str]:
+    """The built-in parsers that can give ``label``, sorted."""
+    return sorted(p for p, labels in PARSER_LABELS.items() if label in labels)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from mas.types import Episode, EpisodeGroup, InterventionRequest, Turn
+from mas.topologies import kind_of
 
 BOOTSTRAP_DRAWS = 2000
 C3_PUBLISHED_FIDELITY = 0.270
@@ -199,16 +200,7 @@ def expected_generations(req: InterventionRequest) -> int:
 def turn_limit(cfg) -> int:
     """Most generations one episode of this team can take: the topology's turn limit, times the
     generations a tool-using agent may spend per invocation.  Bounds any coalition re-run."""
-    topo = cfg.topology
-    if topo.kind == "orchestrator":
-        turns = topo.max_turns
-    elif topo.kind == "debate":
-        turns = topo.rounds * len(topo.debaters) + (1 if topo.aggregator else 0)
-    elif topo.kind == "chain":  # the sequence, plus each loop back from loop_to to the end
-        loop = len(topo.sequence) - topo.sequence.index(topo.loop_to) if topo.loop_to else 0
-        turns = len(topo.sequence) + topo.max_loops * loop
-    else:  # graph: its turn bound, or one visit per node when it has no cycle
-        turns = topo.max_turns or len(topo.nodes)
+    turns = kind_of(cfg.topology).turn_limit(cfg.topology)
     per_call = max((a.max_tool_calls + 1 if a.tools else 1) for a in cfg.agents)
     return turns * per_call
 

@@ -17,116 +17,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from html import escape
 
-from mas.config.schema import (
-    AutogenTopology,
-    ChainTopology,
-    DebateTopology,
-    GraphTopology,
-    LangGraphTopology,
-    OrchestratorTopology,
-    RunConfig,
-)
+from mas.config.schema import RunConfig
 from mas.report.charts import PALETTE
-
-START, END = "START", "END"
-
-
-@dataclass(frozen=True)
-class Edge:
-    source: str
-    target: str
-    label: str = ""
-
+from mas.topologies import Edge, build_topology, kind_of
+from mas.topologies.registry import END, START
 
 def topology_graph(cfg: RunConfig) -> tuple[list[str], list[Edge], dict[str, str]]:
-    """(nodes in a readable order, edges, node -> agent) of the config's topology."""
-    t = cfg.topology
-    if isinstance(t, OrchestratorTopology):
-        o = t.orchestrator
-        edges = [Edge(START, o)]
-        for s in t.specialists:
-            edges += [Edge(o, s, "CALL"), Edge(s, o, "reply")]
-        edges.append(Edge(o, END, "ANSWER"))
-        nodes = [START, o, *t.specialists, END]
-        agent_of = {n: n for n in nodes[1:-1]}
-    elif isinstance(t, DebateTopology):
-        edges = [Edge(START, d) for d in t.debaters]
-        if t.rounds > 1:
-            later = "round 2" if t.rounds == 2 else f"rounds 2..{t.rounds}"
-            edges += [Edge(d, d, f"{later}: reads the others") for d in t.debaters]
-        final = t.aggregator or "majority vote"
-        edges += [Edge(d, final, f"round {t.rounds} answers") for d in t.debaters]
-        edges.append(Edge(final, END, "ANSWER"))
-        nodes = [START, *t.debaters, final, END]
-        agent_of = {d: d for d in t.debaters}
-        if t.aggregator:
-            agent_of[t.aggregator] = t.aggregator
-    elif isinstance(t, ChainTopology):
-        seq = list(t.sequence)
-        edges = [Edge(START, seq[0])] + [Edge(a, b) for a, b in zip(seq, seq[1:])]
-        if t.loop_to and t.max_loops:
-            judge = t.verdict_from or seq[-1]
-            edges.append(Edge(seq[-1], t.loop_to, f"{judge} said REJECT (≤{t.max_loops}×)"))
-            edges.append(Edge(seq[-1], END, "ACCEPT / no loops left"))
-        else:
-            edges.append(Edge(seq[-1], END))
-        nodes = [START, *dict.fromkeys(seq), END]
-        agent_of = {a: a for a in seq}
-    elif isinstance(t, GraphTopology):
-        # a node's default edge is taken when none of its conditional edges matches
-        conditional = {e.source for e in t.edges if e.when}
-        edges = [Edge(START, t.entry)] + [
-            Edge(e.source, e.target, e.when or ("otherwise" if e.source in conditional else "")) for e in t.edges
-        ]
-        nodes = [START, *(n.name for n in t.nodes), END]
-        agent_of = {n.name: n.agent for n in t.nodes}
-    elif isinstance(t, AutogenTopology):
-        nodes, edges, agent_of = _autogen_graph(cfg)
-    elif isinstance(t, LangGraphTopology):
-        nodes, edges, agent_of = _langgraph_graph(t)
-    else:  # pragma: no cover - the config schema admits only these kinds
-        raise TypeError(f"unknown topology {type(t).__name__}")
-    return list(dict.fromkeys(nodes)), edges, agent_of
-
-
-def _autogen_graph(cfg: RunConfig) -> tuple[list[str], list[Edge], dict[str, str]]:
-    """A YAML AutoGen team as who may speak after whom; a factory's team as one box (it is code)."""
-    from mas.topologies.autogen import participants_of
-
-    t = cfg.topology
-    if t.factory is not None:  # code: one box, and the agents whose model clients it is given
-        box = f"factory {t.factory}"
-        edges = [Edge(START, box, "task")] + [Edge(box, a, "model calls") for a in cfg.agent_names]
-        return [START, box, *cfg.agent_names, END], edges + [Edge(box, END, "its termination")], {a: a for a in cfg.agent_names}
-    members = participants_of(t, cfg.agent_names)
-    term = t.termination
-    stop = " or ".join(([f"'{term.text}' said"] if term.text else [])
-                       + ([f"{term.max_messages} messages"] if term.max_messages else [])) if term else ""
-    if t.team == "round_robin":
-        edges = [Edge(START, members[0])] + [Edge(a, b, "next") for a, b in zip(members, members[1:])]
-        edges += [Edge(members[-1], members[0], "next round")] if len(members) > 1 else []
-    elif t.team == "selector":
-        edges = [Edge(START, t.selector)] + [e for m in members for e in (Edge(t.selector, m, "picks"), Edge(m, t.selector, "said"))]
-    else:  # swarm
-        edges = [Edge(START, members[0])] + [Edge(a, b, "handoff") for a, bs in t.handoffs.items() for b in bs]
-    edges += [Edge(m, END, stop) for m in members]
-    nodes = [START, *([t.selector] if t.team == "selector" else []), *members, END]
-    return nodes, edges, {n: n for n in nodes[1:-1]}
-
-
-def _langgraph_graph(t: LangGraphTopology) -> tuple[list[str], list[Edge], dict[str, str]]:
-    """The user's compiled graph as LangGraph sees it: its nodes and (labelled) edges, each node
-    with the agent its code calls where that can be read from it (``node_agents``)."""
-    from mas.topologies.langgraph import load_graph, node_agents
-
-    compiled = load_graph(t.builder)[0]
-    graph = compiled.get_graph()
-    name = {"__start__": START, "__end__": END}
-    nodes = [START] + [name.get(n, n) for n in graph.nodes if n not in name] + [END]
-    edges = [Edge(name.get(e.source, e.source), name.get(e.target, e.target),
-                  str(e.data) if e.data else "conditional" if e.conditional else "") for e in graph.edges]
-    agent_of = {n: agents[0] for n, agents in node_agents(compiled).items() if len(agents) == 1}
-    return nodes, edges, agent_of
+    """(nodes in a readable order, edges, node -> agent) of the config's topology, as its kind draws it."""
+    d = kind_of(cfg.topology).drawing(cfg)
+    return list(dict.fromkeys(d.nodes)), d.edges, d.agent_of
 
 
 def short_model(model: str) -> str:
@@ -148,42 +47,25 @@ def team_text(cfg: RunConfig) -> str:
     for name, p in cfg.policies.items():
         lr = f"  lr {'default' if p.optim.lr is None else format(p.optim.lr, 'g')}  micro-batch {p.optim.micro_batch_size}" if p.optim else ""
         lines.append(f"  {name:<{pw}}  {p.kind:<6} {p.model}  {p.dtype} on {p.device}{lr}")
-    nodes, edges, agent_of = topology_graph(cfg)
-    bound = getattr(cfg.topology, "max_turns", None)
-    unit = "node visits" if isinstance(cfg.topology, GraphTopology) else "turns"  # a graph counts visits
-    lines += ["", f"topology: {cfg.topology.kind}" + (f" (at most {bound} {unit})" if bound else "")]
+    drawing = kind_of(cfg.topology).drawing(cfg)
+    nodes, edges, agent_of = list(dict.fromkeys(drawing.nodes)), drawing.edges, drawing.agent_of
+    lines += ["", f"topology: {cfg.topology.kind}" + (f" ({drawing.bound})" if drawing.bound else "")]
     shown = {n: n if agent_of.get(n, n) == n else f"{n} [{agent_of[n]}]" for n in nodes}
     nw = max(len(s) for s in shown.values())
     for n in nodes:
         for i, e in enumerate(e for e in edges if e.source == n):
             arrow = f"──{e.label}──▶" if e.label else "──▶"
             lines.append(f"  {(shown[n] if i == 0 else ''):<{nw}}  {arrow} {e.target}")
-    note = _code_note(cfg)
-    if note:
-        lines += [f"  ({note})"]
+    if drawing.note:  # what a picture of a team defined in code cannot show
+        lines += [f"  ({drawing.note})"]
     method = cfg.credit.method
     lines += ["", f"env: {getattr(cfg.env, 'name', '?')}", f"credit: {method}"]
     return "\n".join(lines)
 
 
-def _code_note(cfg: RunConfig) -> str:
-    """What a picture of a team defined in code cannot show, said plainly."""
-    t = cfg.topology
-    if isinstance(t, AutogenTopology) and t.factory is not None:
-        return (f"the team is built in code by {t.factory}: who speaks when is decided there and cannot be drawn "
-                f"from the config; mas gives it model clients for {', '.join(cfg.agent_names)}")
-    if isinstance(t, LangGraphTopology):
-        return (f"nodes and edges of the graph {t.builder} builds, each with the agent its code calls where that can "
-                f"be read from the code (MasChatModel for {', '.join(cfg.agent_names)}); answer from "
-                f"state['{t.answer_key}']")
-    return ""
-
-
 def topology_mermaid(cfg: RunConfig) -> str | None:
     """LangGraph's own Mermaid drawing of the compiled topology (None for an AutoGen team,
     which is not a LangGraph graph)."""
-    from mas.topologies import build_topology
-
     compiled = getattr(build_topology(cfg.topology), "graph", None)
     return None if compiled is None else compiled.get_graph().draw_mermaid()
 

@@ -13,9 +13,10 @@ is aligned with that order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 class StepAbandoned(Exception):
     """A stop request (SIGTERM, the first Ctrl-C) cut the training step short at a safe point:
@@ -230,3 +231,65 @@ class CritiqueRequest:
 Request = ReplayRequest | InterventionRequest | CritiqueRequest
 # request key -> the episodes a replay/intervention produced, or [text] for a critique
 Results = dict[str, list[Any]]
+
+
+# ---------------------------------------------------------------------------------------------
+# config sections and the episode-context protocol the topologies run against
+# ---------------------------------------------------------------------------------------------
+
+
+class Section(BaseModel):
+    """Base of every YAML section: unknown keys are rejected and a loaded config is frozen.  The
+    kinds' own configs (a topology's, an env's, a credit method's) derive from it, so they sit
+    below the schema that assembles them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+TOOL_LABEL = "tool"  # parsed label of a turn whose tool calls ran (the agent is called again)
+
+
+@dataclass
+class Outcome:
+    """What a topology's run of one episode ends with: the team's answer (None: none) and
+    whether a turn bound cut it short."""
+
+    answer: str | None
+    truncated: bool = False
+
+
+class EpisodeContext(Protocol):
+    """What a topology sees of one episode while it runs it (the engine's ``EpisodeContext``
+    implements it): the task, the team's agents, and ``call``, the one way to make an agent
+    speak; every turn it makes is recorded on ``episode``."""
+
+    key: int  # the episode's key in the engine's batcher
+    episode: Episode
+    agents: dict[str, Any]  # name -> Agent (agents/agent.py)
+    tokenizers: dict[str, Any]  # policy -> tokenizer
+    tools: dict[str, Any]  # env tool name -> ToolSpec
+    tool_runner: Any  # runs a tool by name (a sandbox), or None: in this process
+    faults: Any  # the engine's fault counter (``add(kind, message)``)
+    batcher: Any  # the engine's request batcher (framework adapters tell it when they run tools)
+    prompts: Any  # renders prompt ids (shared among a run's episodes)
+    greedy: bool
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def num_turns(self) -> int: ...
+
+    def reserve(self, n: int) -> list[int]: ...
+
+    def stop(self, message: str, fault: str) -> None: ...
+
+    async def call(self, agent_name: str, messages: list[dict[str, str]], parent: int | None = None,
+                   index: int | None = None, run_tools: bool = True,
+                   framework_tools: frozenset[str] = frozenset()) -> Turn: ...
+
+
+class Topology(Protocol):
+    """A compiled team: runs one episode against its context."""
+
+    async def run(self, ctx: EpisodeContext) -> Outcome: ...

@@ -17,7 +17,7 @@ from mas.config.schema import validate_config
 from mas.embedded import FORMATS, Recipe, warm_started_roles
 from mas.embedded.build import build_embedded, ensure_embedded, format_transcripts
 from mas.embedded.artifact import write_manifest
-from mas.embedded.teachers import chain_steps, value, worked
+from mas.topologies.teaching import chain_steps, value, worked
 from mas.models.tiny import train_tokenizer
 
 ROOT = Path(__file__).parents[1]

@@ -19,7 +19,7 @@ from mas.cli import main
 from mas.agents.tools import has_tool_call, parse_tool_calls
 from mas.rollout.backends.base import GenRequest
 from mas.topologies.adapters import describe_tools, tool_schema
-from mas.training.framework_teacher import FrameworkTeacher, TaskBook, asked_words, offered_tools, prefixed
+from mas.topologies.framework_teaching import FrameworkTeacher, TaskBook, asked_words, offered_tools, prefixed
 from mas.training.warmup import scripted_teacher, teacher_demonstrations
 from mas.types import Task
 
@@ -221,7 +221,7 @@ def renamed_termination_team(clients):
 def test_an_autogen_without_the_private_termination_text_leaves_the_teacher_the_prompts_words_not_a_crash():
     from types import SimpleNamespace
 
-    from mas.training.framework_teacher import autogen_shape
+    from mas.topologies.autogen import autogen_shape
 
     agents = ["planner", "calculator", "checker"]
     as_shipped = autogen_shape(SimpleNamespace(factory="examples.autogen_swarm:build"), agents)

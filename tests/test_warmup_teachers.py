@@ -12,22 +12,13 @@ import pytest
 from mas.agents.parsers import parse_answer, parse_verdict
 from mas.agents.tools import parse_tool_calls, tool_results_message
 from mas.rollout.backends.base import GenRequest
-from mas.embedded.teachers import ChainTeacher, FactsTeacher
+from mas.topologies.teaching import ChainTeacher, FactsTeacher
 from mas.envs.math.gsm8k import SAMPLE_DIR, GSM8KConfig
 from mas.envs.research import FactsConfig, FactsEnv
 from mas.envs.research.hotpotqa import HotpotQAConfig, HotpotQAEnv
-from mas.training.warmup import (
-    Facts,
-    FrameworkChainTeacher,
-    ResearchTeacher,
-    SelectorTeacher,
-    SolutionChainTeacher,
-    arithmetic_task,
-    chain_transcript,
-    claimed_answer,
-    gsm8k_solutions,
-    hotpotqa_facts,
-)
+from mas.topologies.framework_teaching import (FrameworkChainTeacher, SelectorTeacher, arithmetic_task, chain_transcript,
+                                               claimed_answer)
+from mas.topologies.task_teaching import Facts, ResearchTeacher, SolutionChainTeacher, gsm8k_solutions, hotpotqa_facts
 
 RNG = random.Random(0)
 

@@ -1,25 +1,26 @@
-"""Topologies: each compiles a team section of the config into a runnable team.
+"""Topologies: each kind is one module that registers itself (``topologies/registry.py``).
 
 The built-in kinds (orchestrator, debate, chain, graph) compile to LangGraph graphs; ``autogen``
 runs an AutoGen AgentChat team and ``langgraph`` the user's own LangGraph graph, with every
 model call routed to ``EpisodeContext.call`` (``topologies/adapters.py``).  AutoGen and the
-user's code are imported only when a config names them.
+user's code are imported only when a config names them.  Other packages add kinds through the
+``mas.topologies`` entry-point group (``mas/config/plugins.py``): the entry point names a module
+that registers its kind when imported.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+# the built-in kinds register themselves on import, in this order (the schema's union lists them so)
+from mas.topologies import orchestrator, debate, chain, graph, autogen, langgraph  # noqa: F401,E401
+from mas.topologies.registry import (Drawing, Edge, get_topology, kind_of, register_topology, topology_config_union,
+                                     topology_kinds)
 
-def build_topology(cfg: Any):
-    """Compile a topology config (orchestrator, debate, chain, graph, autogen or langgraph)."""
-    from mas.topologies.autogen import build_autogen
-    from mas.topologies.chain import build_chain
-    from mas.topologies.debate import build_debate
-    from mas.topologies.graph import build_graph
-    from mas.topologies.langgraph import build_langgraph
-    from mas.topologies.orchestrator import build_orchestrator
+__all__ = ["Drawing", "Edge", "build_topology", "get_topology", "kind_of", "register_topology", "topology_config_union",
+           "topology_kinds"]
 
-    builders = {"orchestrator": build_orchestrator, "debate": build_debate, "chain": build_chain, "graph": build_graph,
-                "autogen": build_autogen, "langgraph": build_langgraph}
-    return builders[cfg.kind](cfg)
+
+def build_topology(cfg: Any) -> Any:
+    """Compile a topology config with its kind's builder."""
+    return kind_of(cfg).build(cfg)

@@ -40,8 +40,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mas.agents.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls, tool_call_text, tools_prompt
-from mas.rollout.engine import TOOL_LABEL, EpisodeContext
+from mas.types import TOOL_LABEL, EpisodeContext
 from mas.types import Turn
+
+# the cap on a framework team's model calls (``EpisodeCalls``): a team that never terminates still ends
+MAX_MODEL_CALLS_HELP = ("Model calls one episode may make (each call of a mas client; tool rounds mas runs inside a call "
+                        "are bounded by the agent's max_tool_calls); the next call ends the episode as failed (fault "
+                        "model_call_limit), so a team that never terminates ends. Raise it for teams that need more calls.")
 
 _JSON_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list", "object": "dict"}
 _EXAMPLES = {"string": "...", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}

@@ -40,10 +40,17 @@ from __future__ import annotations
 import keyword
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from mas.rollout.engine import EpisodeContext, Outcome
+from pydantic import Field, model_validator
+
 from mas.config.refs import RefError, import_ref
+from mas.topologies.adapters import MAX_MODEL_CALLS_HELP
+from mas.topologies.framework_teaching import SelectorTeacher, framework_teacher
+import mas.topologies.registry as registry
+from mas.topologies.registry import Drawing, Edge, Issue, register_topology
+from mas.topologies.teaching import NoTeacher, specialists_by_op
+from mas.types import EpisodeContext, Outcome, Section
 
 # AutoGen logs through "autogen_agentchat" without a handler of its own, so with logging left
 # unconfigured Python's last-resort handler prints its warnings to stderr: a selector turn that
@@ -55,6 +62,55 @@ from mas.config.refs import RefError, import_ref
 # though the error is the episode's, recorded and counted there.
 logging.getLogger("autogen_agentchat").addHandler(logging.NullHandler())
 logging.getLogger("autogen_core").addHandler(logging.NullHandler())
+
+class AutogenTermination(Section):
+    text: str | None = Field(
+        None, description="End when a team agent's message contains this text (AutoGen TextMentionTermination)."
+    )
+    max_messages: int | None = Field(
+        None, ge=1, description="End after this many messages, the task message included (AutoGen MaxMessageTermination)."
+    )
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> "AutogenTermination":
+        if self.text is None and self.max_messages is None:
+            raise ValueError("give text, max_messages or both (either one ends the team), or the team may never stop")
+        return self
+
+
+class AutogenTopology(Section):
+    kind: Literal["autogen"]
+    team: Literal["round_robin", "selector", "swarm"] | None = Field(
+        None, description="Build an AgentChat team from the YAML agents: RoundRobinGroupChat, SelectorGroupChat or Swarm "
+        "(each agent an AssistantAgent with its role as system message and its tools). Exactly one of team and factory."
+    )
+    factory: str | None = Field(
+        None, description="'package.module:function' that receives one model client per agent name (a dict) and returns "
+        "an AgentChat team: your own team code, with mas's clients where it created its model clients."
+    )
+    participants: tuple[str, ...] = Field(
+        (), description="team only: the agents of the team, in speaking order for round_robin (the first speaks first); "
+        "() = every agent except the selector."
+    )
+    selector: str | None = Field(
+        None, description="team: selector only: the agent whose model picks the next speaker (its policy says whether it "
+        "trains); it is not a participant."
+    )
+    selector_prompt: str | None = Field(
+        None, description="team: selector only: AutoGen's selector prompt with {roles}, {participants} and {history}; "
+        "None = AutoGen's default."
+    )
+    allow_repeated_speaker: bool = Field(False, description="team: selector only: may the same agent speak twice in a row.")
+    handoffs: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="team: swarm only: the agents each agent may hand off to (a transfer_to_<name> "
+        "tool call); the first participant speaks first."
+    )
+    termination: AutogenTermination | None = Field(
+        None, description="team only (a factory's team has its own): when the team stops, by a text mention or a message count."
+    )
+    max_turns: int | None = Field(None, ge=1, description="team only: AutoGen's bound on agent turns per episode; None = none.")
+    max_model_calls: int = Field(64, ge=1, description=MAX_MODEL_CALLS_HELP)
+
 
 YAML_ONLY = ("participants", "selector", "selector_prompt", "allow_repeated_speaker", "handoffs", "termination", "max_turns")
 
@@ -305,3 +361,118 @@ class AutogenTeam:
 
 def build_autogen(cfg: Any) -> AutogenTeam:
     return AutogenTeam(cfg)
+
+
+def autogen_shape(topology: Any, agents: list[str]) -> tuple[str | None, list[tuple[str, tuple[str, ...] | None]]]:
+    """An AutoGen team's selector agent (None: none) and its text terminations ``(text, sources or None)``.
+
+    A YAML team says them in its config.  A factory's team is built once, with clients that
+    cannot answer (as ``mas validate`` does), and read: the selector's mas client and the
+    ``TextMentionTermination``s of its termination condition (``|``/``&`` combinations walked).
+    These are AutoGen's private attributes; where they are missing the teacher finds nothing
+    there and goes by the words the agents' prompts ask for."""
+    if topology.factory is None:
+        term = topology.termination
+        return topology.selector, ([(term.text, None)] if term is not None and term.text is not None else [])
+    from autogen_agentchat.conditions import TextMentionTermination  # autogen is imported only for autogen teams
+
+    team = import_ref(topology.factory)(ClientMap({n: _client(None, n) for n in agents}))
+    selector = getattr(getattr(team, "_model_client", None), "agent", None)
+    words: list[tuple[str, tuple[str, ...] | None]] = []
+
+    def walk(cond: Any) -> None:
+        text = getattr(cond, "_termination_text", None) if isinstance(cond, TextMentionTermination) else None
+        if text is None and isinstance(cond, TextMentionTermination):  # an AutoGen that renamed it: its public config
+            try:
+                text = (cond.dump_component().config or {}).get("text")
+            except Exception:  # noqa: BLE001 - unreadable: go by the prompts' words, as documented
+                text = None
+        if text:
+            sources = getattr(cond, "_sources", None)
+            words.append((text, tuple(sources) if sources else None))
+        for child in getattr(cond, "_conditions", None) or ():
+            walk(child)
+
+    walk(getattr(team, "_termination_condition", None))
+    return selector if selector in agents else None, words
+
+
+@register_topology
+class Autogen:
+    name = "autogen"
+    config = AutogenTopology
+    build = staticmethod(build_autogen)
+
+    def agents(self, topo: AutogenTopology) -> dict[str, str] | None:
+        return None  # who speaks is decided by AutoGen (and a factory's code) as the team runs
+
+    def last_speakers(self, topo: AutogenTopology) -> list[str]:
+        return []
+
+    def last_speaker_note(self, topo: AutogenTopology) -> str | None:
+        return None
+
+    def main_agent(self, topo: AutogenTopology) -> str | None:
+        return None
+
+    def parts(self, topo: AutogenTopology) -> tuple[str, ...] | None:
+        return None
+
+    def transcript_order(self, topo: AutogenTopology) -> list[str] | None:
+        return None
+
+    def turn_limit(self, topo: AutogenTopology) -> int:
+        return topo.max_model_calls  # every turn is a model call, and the cap ends the episode
+
+    def refs(self, topo: AutogenTopology, names: list[str]) -> list[Issue]:
+        return []  # the participants and the selector are checked with the team (``errors``)
+
+    def errors(self, cfg: Any) -> list[Issue]:
+        return autogen_errors(cfg.topology, cfg.agent_names)
+
+    def protocol_errors(self, cfg: Any) -> list[Issue]:
+        return []
+
+    def warnings(self, cfg: Any) -> list[Issue]:
+        return []
+
+    def drawing(self, cfg: Any) -> Drawing:
+        """A YAML AutoGen team as who may speak after whom; a factory's team as one box (it is code)."""
+        t, names = cfg.topology, cfg.agent_names
+        start, end = registry.START, registry.END
+        bound = f"at most {t.max_turns} turns" if t.max_turns else ""
+        if t.factory is not None:  # code: one box, and the agents whose model clients it is given
+            box = f"factory {t.factory}"
+            edges = [Edge(start, box, "task")] + [Edge(box, a, "model calls") for a in names]
+            note = (f"the team is built in code by {t.factory}: who speaks when is decided there and cannot be drawn "
+                    f"from the config; mas gives it model clients for {', '.join(names)}")
+            return Drawing([start, box, *names, end], edges + [Edge(box, end, "its termination")], {a: a for a in names},
+                           bound=bound, note=note)
+        members = participants_of(t, names)
+        term = t.termination
+        stop = " or ".join(([f"'{term.text}' said"] if term.text else [])
+                           + ([f"{term.max_messages} messages"] if term.max_messages else [])) if term else ""
+        if t.team == "round_robin":
+            edges = [Edge(start, members[0])] + [Edge(a, b, "next") for a, b in zip(members, members[1:])]
+            edges += [Edge(members[-1], members[0], "next round")] if len(members) > 1 else []
+        elif t.team == "selector":
+            edges = [Edge(start, t.selector)] + [e for m in members for e in (Edge(t.selector, m, "picks"), Edge(m, t.selector, "said"))]
+        else:  # swarm
+            edges = [Edge(start, members[0])] + [Edge(a, b, "handoff") for a, bs in t.handoffs.items() for b in bs]
+        edges += [Edge(m, end, stop) for m in members]
+        nodes = [start, *([t.selector] if t.team == "selector" else []), *members, end]
+        return Drawing(nodes, edges, {n: n for n in nodes[1:-1]}, bound=bound)
+
+    def teacher(self, cfg: Any, knobs: dict[str, float], demo_env: Any) -> Any:
+        """The selector team on arithmetic with specialists named for their operations: ``SelectorTeacher``;
+        any other AutoGen team: the generic framework teacher, which reads each request's messages."""
+        t = cfg.topology
+        if t.team == "selector" and cfg.env.name == "synthetic_math":
+            specialists = t.participants or tuple(a.name for a in cfg.agents if a.name != t.selector)
+            try:
+                return SelectorTeacher(selector=t.selector or "", specialist_for=specialists_by_op(specialists),
+                                       p_misroute=float(knobs.get("p_misroute", 0.4)))
+            except NoTeacher:
+                pass  # specialists not named for their operations: the generic teacher
+        selector, terminations = autogen_shape(t, cfg.agent_names)
+        return framework_teacher(cfg, demo_env(), knobs, selector, tuple(terminations))

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, TypedDict
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command
 
-from mas.rollout.engine import EpisodeContext, Outcome
+from mas.types import EpisodeContext, Outcome
 from mas.types import Turn
 
 

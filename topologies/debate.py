@@ -13,11 +13,24 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from langgraph.graph import END, START, StateGraph
+from typing import Any, Literal
 
-from mas.config.schema import DebateTopology
+from langgraph.graph import END, START, StateGraph
+from pydantic import Field
+
 from mas.envs.math.verify import answer_key
 from mas.topologies.base import CompiledTopology, TeamState, ctx_of, routed, visible
+import mas.topologies.registry as registry
+from mas.topologies.registry import Drawing, Edge, Issue, register_topology
+from mas.topologies.teaching import DebateTeacher, NoTeacher
+from mas.types import Section
+
+
+class DebateTopology(Section):
+    kind: Literal["debate"]
+    debaters: tuple[str, ...] = Field(min_length=2, description="Agents that answer in parallel each round.")
+    rounds: int = Field(2, ge=1, description="Rounds; from round 2 each debater sees the others' previous answers.")
+    aggregator: str | None = Field(None, description="Agent that reads the last round and answers; None = majority vote.")
 
 
 def _round_prompt(question: str, others: list[tuple[str, str]]) -> str:
@@ -69,3 +82,67 @@ def build_debate(cfg: DebateTopology) -> CompiledTopology:
     g.add_edge(START, "round")
     g.add_edge("aggregate", END)
     return CompiledTopology(g.compile(), recursion_limit=2 * cfg.rounds + 10)
+
+
+@register_topology
+class Debate:
+    name = "debate"
+    config = DebateTopology
+    build = staticmethod(build_debate)
+
+    def agents(self, topo: DebateTopology) -> dict[str, str]:
+        used = dict.fromkeys(topo.debaters, "debaters")
+        if topo.aggregator is not None:
+            used.setdefault(topo.aggregator, "aggregator")
+        return used
+
+    def last_speakers(self, topo: DebateTopology) -> list[str]:
+        return [topo.aggregator or topo.debaters[-1]]
+
+    def last_speaker_note(self, topo: DebateTopology) -> str | None:
+        if topo.aggregator is not None:
+            return None
+        return f"in this debate (majority vote) debater {topo.debaters[-1]!r} speaks last in every episode"
+
+    def main_agent(self, topo: DebateTopology) -> str | None:
+        return None
+
+    def parts(self, topo: DebateTopology) -> tuple[str, ...] | None:
+        return None
+
+    def transcript_order(self, topo: DebateTopology) -> list[str] | None:
+        return None
+
+    def turn_limit(self, topo: DebateTopology) -> int:
+        return topo.rounds * len(topo.debaters) + (1 if topo.aggregator else 0)
+
+    def refs(self, topo: DebateTopology, names: list[str]) -> list[Issue]:
+        return registry.unknown_agent_refs(names, ("debaters", topo.debaters), ("aggregator", topo.aggregator))
+
+    def errors(self, cfg: Any) -> list[Issue]:
+        return []
+
+    def protocol_errors(self, cfg: Any) -> list[Issue]:
+        return []
+
+    def warnings(self, cfg: Any) -> list[Issue]:
+        return []
+
+    def drawing(self, cfg: Any) -> Drawing:
+        t = cfg.topology
+        edges = [Edge(registry.START, d) for d in t.debaters]
+        if t.rounds > 1:
+            later = "round 2" if t.rounds == 2 else f"rounds 2..{t.rounds}"
+            edges += [Edge(d, d, f"{later}: reads the others") for d in t.debaters]
+        final = t.aggregator or "majority vote"
+        edges += [Edge(d, final, f"round {t.rounds} answers") for d in t.debaters]
+        edges.append(Edge(final, registry.END, "ANSWER"))
+        agent_of = {d: d for d in t.debaters}
+        if t.aggregator:
+            agent_of[t.aggregator] = t.aggregator
+        return Drawing([registry.START, *t.debaters, final, registry.END], edges, agent_of)
+
+    def teacher(self, cfg: Any, knobs: dict[str, float], demo_env: Any) -> Any:
+        if cfg.env.name != "synthetic_math":
+            raise NoTeacher(f"topology {self.name!r} on env {cfg.env.name!r}")
+        return DebateTeacher(p_direct=float(knobs.get("p_direct", 0.6)), judge=cfg.topology.aggregator or "")

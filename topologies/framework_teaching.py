@@ -55,10 +55,10 @@ from typing import Any
 
 from mas.agents.parsers import parse_answer
 from mas.agents.tools import parse_tool_calls, tool_call_text
-from mas.config.refs import import_ref
+from mas.envs import build_env
 from mas.rollout.backends.base import GenRequest
 from mas.topologies.adapters import describe_tools, tool_schema
-from mas.topologies.teaching import ChainTeacher, chain_steps, slipped
+from mas.topologies.teaching import ChainTeacher, NoTeacher, chain_steps, slipped
 from mas.types import Task
 
 HANDOFF = "transfer_to_"  # the name of a handoff tool, AutoGen's and LangGraph's: transfer_to_<agent>
@@ -196,43 +196,6 @@ def said_by(lines: list[str], agents: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
-def autogen_shape(topology: Any, agents: list[str]) -> tuple[str | None, list[tuple[str, tuple[str, ...] | None]]]:
-    """An AutoGen team's selector agent (None: none) and its text terminations ``(text, sources or None)``.
-
-    A YAML team says them in its config.  A factory's team is built once, with clients that
-    cannot answer (as ``mas validate`` does), and read: the selector's mas client and the
-    ``TextMentionTermination``s of its termination condition (``|``/``&`` combinations walked).
-    These are AutoGen's private attributes; where they are missing the teacher finds nothing
-    there and goes by the words the agents' prompts ask for."""
-    if topology.factory is None:
-        term = topology.termination
-        return topology.selector, ([(term.text, None)] if term is not None and term.text is not None else [])
-    from autogen_agentchat.conditions import TextMentionTermination
-
-    from mas.topologies.autogen import ClientMap
-    from mas.topologies.autogen_client import MasModelClient
-
-    team = import_ref(topology.factory)(ClientMap({n: MasModelClient(None, n) for n in agents}))
-    selector = getattr(getattr(team, "_model_client", None), "agent", None)
-    words: list[tuple[str, tuple[str, ...] | None]] = []
-
-    def walk(cond: Any) -> None:
-        text = getattr(cond, "_termination_text", None) if isinstance(cond, TextMentionTermination) else None
-        if text is None and isinstance(cond, TextMentionTermination):  # an AutoGen that renamed it: its public config
-            try:
-                text = (cond.dump_component().config or {}).get("text")
-            except Exception:  # noqa: BLE001 - unreadable: go by the prompts' words, as documented
-                text = None
-        if text:
-            sources = getattr(cond, "_sources", None)
-            words.append((text, tuple(sources) if sources else None))
-        for child in getattr(cond, "_conditions", None) or ():
-            walk(child)
-
-    walk(getattr(team, "_termination_condition", None))
-    return selector if selector in agents else None, words
-
-
 @dataclass(frozen=True)
 class FrameworkTeacher:
     """The generic teacher of an AutoGen or LangGraph team (module docstring): every agent speaks,
@@ -325,11 +288,13 @@ class FrameworkTeacher:
         return list(dict.fromkeys([*team, *(w for w in asked_words(system) if w not in self.members)]))
 
 
-def framework_teacher(cfg: Any, env: Any, knobs: Mapping[str, float]) -> FrameworkTeacher:
+def framework_teacher(cfg: Any, env: Any, knobs: Mapping[str, float], selector: str | None = None,
+                      terminations: tuple[tuple[str, tuple[str, ...] | None], ...] = ()) -> FrameworkTeacher:
     """The framework teacher of ``cfg``'s AutoGen or LangGraph team, reading its tasks from ``env``
-    (the teacher's own task stream).  Knobs: ``p_skip`` (0.5) and ``p_slip`` (0.5)."""
+    (the teacher's own task stream).  ``selector``: the agent that picks speakers (a router), if
+    the team has one; ``terminations``: its text terminations ``(text, sources or None)``.  Knobs:
+    ``p_skip`` (0.5) and ``p_slip`` (0.5)."""
     names = [a.name for a in cfg.agents]
-    selector, terminations = (autogen_shape(cfg.topology, names) if cfg.topology.kind == "autogen" else (None, []))
     routers = tuple(a.name for a in cfg.agents if a.name == selector or a.parser == "raw")
     return FrameworkTeacher(
         book=TaskBook(env, first=max(cfg.trainer.warmup.episodes, 1)),
@@ -340,6 +305,33 @@ def framework_teacher(cfg: Any, env: Any, knobs: Mapping[str, float]) -> Framewo
         p_skip=float(knobs.get("p_skip", 0.5)),
         p_slip=float(knobs.get("p_slip", 0.5)),
     )
+
+
+def _check_arithmetic(env: Any) -> None:
+    """The arithmetic teachers read their tasks from the messages: a custom task set must be arithmetic
+    (``NoTeacher`` when it is not)."""
+    for task in env.sample_tasks(20):
+        if _EXPRESSION.fullmatch(task.prompt.strip()) is None:
+            raise NoTeacher(f"the teacher plays arithmetic expressions such as 8-5; task {task.task_id!r} is {task.prompt[:60]!r}")
+
+
+def solver_checker_teacher(cfg: Any, knobs: Mapping[str, float]) -> FrameworkChainTeacher | None:
+    """A framework team of one answering and one verdict agent on arithmetic (``synthetic_math``,
+    or a custom task set of arithmetic expressions): ``ChainTeacher`` on the task read from the
+    framework's messages; None for any other team."""
+    by_parser = {p: [a.name for a in cfg.agents if a.parser == p] for p in ("answer", "verdict")}
+    env = cfg.env.name
+    if env not in ("synthetic_math", "custom") or len(cfg.agents) != 2 or any(len(n) != 1 for n in by_parser.values()):
+        return None
+    if env == "custom":
+        try:
+            _check_arithmetic(build_env(cfg.env))
+        except NoTeacher:
+            return None
+    solver, checker = by_parser["answer"][0], by_parser["verdict"][0]
+    chain = ChainTeacher(p_direct=float(knobs.get("p_direct", 0.6)), p_slip=float(knobs.get("p_slip", 0.3)),
+                         p_lazy=float(knobs.get("p_lazy", 0.8)), solver=solver)
+    return FrameworkChainTeacher(chain, solver=solver, checker=checker)
 
 
 # ---------------------------------------------------------------------------------------------

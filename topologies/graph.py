@@ -13,15 +13,43 @@ entry, no edge into END, nodes that cannot reach END, and cycles without ``max_t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 from langgraph.graph import END, START, StateGraph
+from pydantic import ConfigDict, Field
 
+from mas.agents.parsers import PARSER_LABELS, parsers_giving
 from mas.topologies.base import CompiledTopology, TeamState, ctx_of, latest_answer, routed, transcript
+import mas.topologies.registry as registry
+from mas.topologies.registry import Drawing, Edge, Issue, register_topology
+from mas.topologies.teaching import NoTeacher
+from mas.types import Section
 
 TERMINAL = "END"
 RESERVED_CHARS = ("|", ":")  # LangGraph's namespace separators
+
+
+class GraphNode(Section):
+    name: str = Field(description="Node name (unique).")
+    agent: str = Field(description="Agent that speaks at this node.")
+
+
+class GraphEdge(Section):
+    source: str = Field(alias="from", description="Node the edge leaves.")
+    target: str = Field(alias="to", description="Node the edge enters, or END.")
+    when: Literal["accept", "reject", "call", "answer"] | None = Field(
+        None, description="Take this edge only if the source turn's parsed label matches; None = default edge."
+    )
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class GraphTopology(Section):
+    kind: Literal["graph"]
+    entry: str = Field(description="First node.")
+    nodes: tuple[GraphNode, ...] = Field(min_length=1, description="Nodes; each is one agent turn.")
+    edges: tuple[GraphEdge, ...] = Field(description="Directed edges; END marks the terminal.")
+    max_turns: int | None = Field(None, ge=1, description="Turn bound; required if the graph has a cycle.")
 
 
 def graph_errors(cfg: Any) -> list[tuple[tuple, Any, str]]:
@@ -129,3 +157,77 @@ def build_graph(cfg: Any) -> CompiledTopology:
         g.add_node(name, routed(make_node(name), route), destinations=labels)
     bound = cfg.max_turns or (len(cfg.nodes) + 1)
     return CompiledTopology(g.compile(), recursion_limit=2 * bound + 10)
+
+
+@register_topology
+class Graph:
+    name = "graph"
+    config = GraphTopology
+    build = staticmethod(build_graph)
+
+    def agents(self, topo: GraphTopology) -> dict[str, str]:
+        return {n.agent: "nodes" for n in topo.nodes}
+
+    def last_speakers(self, topo: GraphTopology) -> list[str]:
+        agent_of = {n.name: n.agent for n in topo.nodes}
+        has_default = {e.source for e in topo.edges if e.when is None}
+        ends = {e.source for e in topo.edges if e.target == TERMINAL} | (set(agent_of) - has_default)
+        return sorted({agent_of[n] for n in ends if n in agent_of})
+
+    def last_speaker_note(self, topo: GraphTopology) -> str | None:
+        return None
+
+    def main_agent(self, topo: GraphTopology) -> str | None:
+        return None
+
+    def parts(self, topo: GraphTopology) -> tuple[str, ...] | None:
+        return None
+
+    def transcript_order(self, topo: GraphTopology) -> list[str] | None:
+        return None
+
+    def turn_limit(self, topo: GraphTopology) -> int:  # its turn bound, or one visit per node when it has no cycle
+        return topo.max_turns or len(topo.nodes)
+
+    def refs(self, topo: GraphTopology, names: list[str]) -> list[Issue]:
+        return [(("topology", "nodes", i, "agent"), n.agent, f"unknown agent; valid: {names}")
+                for i, n in enumerate(topo.nodes) if n.agent not in names]
+
+    def errors(self, cfg: Any) -> list[Issue]:
+        return graph_errors(cfg.topology)
+
+    def protocol_errors(self, cfg: Any) -> list[Issue]:
+        """An edge labelled with something its source's parser never gives is never taken."""
+        topo, errs = cfg.topology, []
+        index = {a.name: i for i, a in enumerate(cfg.agents)}
+        agent_of = {n.name: n.agent for n in topo.nodes}
+        for i, e in enumerate(topo.edges):
+            agent = agent_of.get(e.source)
+            if e.when is None or agent not in index:
+                continue
+            parser = cfg.agents[index[agent]].parser
+            labels = PARSER_LABELS.get(parser)
+            if labels is not None and e.when not in labels:
+                errs.append((("topology", "edges", i, "when"), e.when,
+                             f"node {e.source!r} is agent {agent!r}, whose parser {parser!r} only gives "
+                             f"{sorted(labels)}: this edge is never taken; use a parser that gives {e.when!r} "
+                             f"({parsers_giving(e.when)}) or another label"))
+        return errs
+
+    def warnings(self, cfg: Any) -> list[Issue]:
+        return []
+
+    def drawing(self, cfg: Any) -> Drawing:
+        t = cfg.topology
+        # a node's default edge is taken when none of its conditional edges matches
+        conditional = {e.source for e in t.edges if e.when}
+        edges = [Edge(registry.START, t.entry)] + [
+            Edge(e.source, e.target, e.when or ("otherwise" if e.source in conditional else "")) for e in t.edges
+        ]
+        nodes = [registry.START, *(n.name for n in t.nodes), registry.END]
+        bound = f"at most {t.max_turns} node visits" if t.max_turns else ""  # a graph counts visits
+        return Drawing(nodes, edges, {n.name: n.agent for n in t.nodes}, bound=bound)
+
+    def teacher(self, cfg: Any, knobs: dict[str, float], demo_env: Any) -> Any:
+
+        raise NoTeacher(f"topology {self.name!r} on env {cfg.env.name!r}")

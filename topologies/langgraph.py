@@ -22,14 +22,39 @@ engine's ``ReplayDivergence`` at the first frozen turn that differs, naming agen
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Literal
 
-from mas.rollout.engine import EpisodeContext, Outcome
+from pydantic import Field
+
 from mas.config.refs import RefError, import_ref
+from mas.topologies.adapters import MAX_MODEL_CALLS_HELP
+from mas.topologies.framework_teaching import framework_teacher, solver_checker_teacher
+import mas.topologies.registry as registry
+from mas.topologies.registry import Drawing, Edge, Issue, register_topology
+from mas.types import EpisodeContext, Outcome, Section
 
 from .langchain_model import BUILDING, EPISODE, MasChatModel, NotInEpisodeError, record_tool_messages
 
-__all__ = ["GraphInterrupted", "MasChatModel", "NotInEpisodeError", "UserGraph", "build_langgraph", "langgraph_errors"]
+__all__ = ["GraphInterrupted", "LangGraphTopology", "MasChatModel", "NotInEpisodeError", "UserGraph", "build_langgraph",
+           "langgraph_errors"]
+
+
+class LangGraphTopology(Section):
+    kind: Literal["langgraph"]
+    builder: str = Field(
+        description="'package.module:function' returning your LangGraph StateGraph (or a compiled graph); its nodes call "
+        "agents through mas.topologies.langgraph.MasChatModel(agent=...)."
+    )
+    input_key: str = Field("question", description="State key that receives the task's prompt.")
+    input_as: Literal["text", "messages"] = Field(
+        "text", description="text: the prompt as a string; messages: a list with one user message (for MessagesState graphs)."
+    )
+    answer_key: str = Field(
+        "answer", description="State key holding the team's answer at the end (a string or number; a message or a list of "
+        "messages gives the last message's text)."
+    )
+    recursion_limit: int = Field(25, ge=1, description="LangGraph's bound on super-steps per episode (its default is 25).")
+    max_model_calls: int = Field(64, ge=1, description=MAX_MODEL_CALLS_HELP)
 
 
 class GraphInterrupted(RuntimeError):
@@ -218,3 +243,64 @@ class UserGraph:
 
 def build_langgraph(cfg: Any) -> UserGraph:
     return UserGraph(cfg)
+
+
+@register_topology
+class LangGraph:
+    name = "langgraph"
+    config = LangGraphTopology
+    build = staticmethod(build_langgraph)
+
+    def agents(self, topo: LangGraphTopology) -> dict[str, str] | None:
+        return None  # the graph's code decides which agents its nodes call
+
+    def last_speakers(self, topo: LangGraphTopology) -> list[str]:
+        return []
+
+    def last_speaker_note(self, topo: LangGraphTopology) -> str | None:
+        return None
+
+    def main_agent(self, topo: LangGraphTopology) -> str | None:
+        return None
+
+    def parts(self, topo: LangGraphTopology) -> tuple[str, ...] | None:
+        return None
+
+    def transcript_order(self, topo: LangGraphTopology) -> list[str] | None:
+        return None
+
+    def turn_limit(self, topo: LangGraphTopology) -> int:
+        return topo.max_model_calls  # every turn is a model call, and the cap ends the episode
+
+    def refs(self, topo: LangGraphTopology, names: list[str]) -> list[Issue]:
+        return []  # the agents the graph's models name are checked with the graph (``errors``)
+
+    def errors(self, cfg: Any) -> list[Issue]:
+        return langgraph_errors(cfg.topology, cfg.agent_names)
+
+    def protocol_errors(self, cfg: Any) -> list[Issue]:
+        return []
+
+    def warnings(self, cfg: Any) -> list[Issue]:
+        return []
+
+    def drawing(self, cfg: Any) -> Drawing:
+        """The user's compiled graph as LangGraph sees it: its nodes and (labelled) edges, each node
+        with the agent its code calls where that can be read from it (``node_agents``)."""
+        t = cfg.topology
+        graph = load_graph(t.builder)[0]
+        drawn = graph.get_graph()
+        name = {"__start__": registry.START, "__end__": registry.END}
+        nodes = [registry.START] + [name.get(n, n) for n in drawn.nodes if n not in name] + [registry.END]
+        edges = [Edge(name.get(e.source, e.source), name.get(e.target, e.target),
+                      str(e.data) if e.data else "conditional" if e.conditional else "") for e in drawn.edges]
+        agent_of = {n: agents[0] for n, agents in node_agents(graph).items() if len(agents) == 1}
+        note = (f"nodes and edges of the graph {t.builder} builds, each with the agent its code calls where that can "
+                f"be read from the code (MasChatModel for {', '.join(cfg.agent_names)}); answer from "
+                f"state['{t.answer_key}']")
+        return Drawing(nodes, edges, agent_of, note=note)
+
+    def teacher(self, cfg: Any, knobs: dict[str, float], demo_env: Any) -> Any:
+        """A solver/checker graph on arithmetic (two agents, one answering and one giving verdicts):
+        ``FrameworkChainTeacher``; any other graph: the generic framework teacher."""
+        return solver_checker_teacher(cfg, knobs) or framework_teacher(cfg, demo_env(), knobs)

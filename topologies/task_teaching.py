@@ -181,11 +181,3 @@ def _top_title(evidence: str) -> str | None:
     """The title of the first search result in a transcript (``1. <title>: <snippet>``)."""
     m = re.search(r"^1\. (.+?): ", evidence, re.MULTILINE)
     return m.group(1) if m else None
-
-
-def _check_arithmetic(env: Any) -> None:
-    """The arithmetic teachers read their tasks from the messages: a custom task set must be arithmetic
-    (``NoTeacher`` when it is not)."""
-    for task in env.sample_tasks(20):
-        if _EXPRESSION.fullmatch(task.prompt.strip()) is None:
-            raise NoTeacher(f"the teacher plays arithmetic expressions such as 8-5; task {task.task_id!r} is {task.prompt[:60]!r}")

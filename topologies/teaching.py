@@ -28,6 +28,7 @@ each is deliberate.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from collections import Counter
@@ -50,6 +51,30 @@ class NoTeacher(ValueError):
 # ---------------------------------------------------------------------------------------------
 # arithmetic as the teachers write it
 # ---------------------------------------------------------------------------------------------
+
+
+# how a specialist's name says which operation it does
+OPS = {"+": ("add", "plus", "sum"), "-": ("sub", "minus", "diff")}
+
+
+def specialists_by_op(specialists: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(operation, specialist) for ``+`` and ``-``: the first specialist whose name says it does it
+    (``adder``, ``sub_agent``); ``NoTeacher`` when one has none."""
+    out = []
+    for op, words in OPS.items():
+        name = next((s for s in specialists if any(w in s.lower() for w in words)), None)
+        if name is None:
+            raise NoTeacher(f"no specialist named for {op!r} among {list(specialists)}")
+        out.append((op, name))
+    return tuple(out)
+
+
+def renamed(teacher: Teacher, names: dict[str, str]) -> Teacher:
+    """``teacher`` asked as if the agents had the names it was written for (e.g. the team's
+    orchestrator under whatever name the YAML gives it)."""
+    if all(a == b for a, b in names.items()):
+        return teacher
+    return lambda req, rng: teacher(dataclasses.replace(req, agent=names.get(req.agent, req.agent)), rng)
 
 
 def chain_steps(expr: str) -> list[Step]:

@@ -40,21 +40,10 @@ from mas.errors import ModelLoadError
 from mas.models.hub import in_cache, is_local
 from mas.config.refs import RefError, import_ref
 from mas.models.sources import is_gguf_model, source_issue
-from mas.topologies.autogen import autogen_errors
-from mas.topologies.graph import graph_errors
-from mas.topologies.langgraph import langgraph_errors
+from mas.agents.parsers import PARSER_LABELS  # noqa: F401 - read here by tests and plugins
+from mas.topologies import kind_of
 
 Issue = tuple[tuple, Any, str]
-
-# The routing labels each built-in parser can give a turn (agents/parsers.py); an edge's
-# ``when`` and a topology's routing read these.  A parser not listed here is not checked.
-PARSER_LABELS: dict[str, frozenset[str]] = {
-    "answer": frozenset({"answer"}),
-    "orchestrator": frozenset({"call", "answer"}),
-    "verdict": frozenset({"accept", "reject", "answer"}),
-    "raw": frozenset({"answer"}),
-}
-
 
 def _installed(module: str) -> bool:
     if module in sys.modules:  # imported already (or blocked with None)
@@ -62,45 +51,14 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _parsers_giving(label: str) -> list[str]:
-    return sorted(p for p, labels in PARSER_LABELS.items() if label in labels)
-
-
 def topology_agents(topo: Any) -> dict[str, str] | None:
-    """Agent -> the topology field that uses it; None for a topology kind this module does not know."""
-    kind = getattr(topo, "kind", None)
-    used: dict[str, str] = {}
-    if kind == "orchestrator":
-        used[topo.orchestrator] = "orchestrator"
-        used.update({s: "specialists" for s in topo.specialists if s not in used})
-    elif kind == "debate":
-        used.update(dict.fromkeys(topo.debaters, "debaters"))
-        if topo.aggregator is not None:
-            used.setdefault(topo.aggregator, "aggregator")
-    elif kind == "chain":
-        used.update(dict.fromkeys(topo.sequence, "sequence"))
-    elif kind == "graph":
-        used.update({n.agent: "nodes" for n in topo.nodes})
-    else:
-        return None
-    return used
+    """Agent -> the topology field that uses it; None for a team whose agents are code (its kind says)."""
+    return kind_of(topo).agents(topo)
 
 
 def last_speakers(topo: Any) -> list[str]:
     """Agents that can take the last turn of an episode (where a topology makes that plain)."""
-    kind = getattr(topo, "kind", None)
-    if kind == "orchestrator":
-        return [topo.orchestrator]
-    if kind == "debate":
-        return [topo.aggregator or topo.debaters[-1]]
-    if kind == "chain":
-        return [topo.sequence[-1]]
-    if kind == "graph":
-        agent_of = {n.name: n.agent for n in topo.nodes}
-        has_default = {e.source for e in topo.edges if e.when is None}
-        ends = {e.source for e in topo.edges if e.target == "END"} | (set(agent_of) - has_default)
-        return sorted({agent_of[n] for n in ends if n in agent_of})
-    return []
+    return kind_of(topo).last_speakers(topo)
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,82 +96,25 @@ def check_config(cfg: RunConfig, source: str = "config") -> RunConfig:
 
 
 def topology_errors(cfg: RunConfig) -> list[Issue]:
-    """The topology's structure, as its module checks it: a graph's nodes and edges
-    (``graph_errors``), an AutoGen team's participants or factory (``autogen_errors``), the graph
-    a LangGraph builder returns (``langgraph_errors``, which imports and runs the builder)."""
-    topo, names = cfg.topology, cfg.agent_names
-    kind = getattr(topo, "kind", None)
-    if kind == "graph":
-        return graph_errors(topo)
-    if kind == "autogen":
-        return autogen_errors(topo, names)
-    if kind == "langgraph":
-        return langgraph_errors(topo, names)
-    return []
+    """The topology's structure, as its kind checks it: a graph's nodes and edges, an AutoGen
+    team's participants or factory, the graph a LangGraph builder returns (which imports and
+    runs the builder)."""
+    return kind_of(cfg.topology).errors(cfg)
 
 
 def config_errors(cfg: Any) -> list[Issue]:
-    """Parsers that cannot do their agent's job in the topology, and agents no topology node uses."""
-    agents = list(cfg.agents)
-    index = {a.name: i for i, a in enumerate(agents)}
+    """Parsers that cannot do their agent's job in the topology (its kind says which), and agents
+    no topology node uses."""
     topo = cfg.topology
-    errs: list[Issue] = []
-
-    def needs(agent: str, label: str, job: str) -> None:
-        if agent not in index:
-            return  # an unknown agent is reported by the reference checks
-        parser = agents[index[agent]].parser
-        labels = PARSER_LABELS.get(parser)
-        if labels is not None and label not in labels:
-            errs.append((("agents", index[agent], "parser"), parser,
-                         f"agent {agent!r} {job}, but parser {parser!r} never gives {label.upper()}; "
-                         f"valid: {_parsers_giving(label)}"))
-
-    kind = getattr(topo, "kind", None)
-    if kind == "orchestrator":
-        needs(topo.orchestrator, "call", "is topology.orchestrator and must delegate with CALL <agent>: <subtask> "
-              "(without it no specialist is ever called)")
-    elif kind == "chain" and topo.loop_to is not None:
-        judge = topo.verdict_from or topo.sequence[-1]
-        where = "topology.verdict_from" if topo.verdict_from else "the last agent of topology.sequence"
-        needs(judge, "reject", f"decides the loop back to topology.loop_to ({where}), so topology.loop_to is "
-              "never taken unless it says REJECT")
-    elif kind == "chain" and topo.parts:
-        errs += _parts_errors(topo, cfg.env)
-    elif kind == "graph":
-        agent_of = {n.name: n.agent for n in topo.nodes}
-        for i, e in enumerate(topo.edges):
-            agent = agent_of.get(e.source)
-            if e.when is None or agent not in index:
-                continue
-            parser = agents[index[agent]].parser
-            labels = PARSER_LABELS.get(parser)
-            if labels is not None and e.when not in labels:
-                errs.append((("topology", "edges", i, "when"), e.when,
-                             f"node {e.source!r} is agent {agent!r}, whose parser {parser!r} only gives "
-                             f"{sorted(labels)}: this edge is never taken; use a parser that gives {e.when!r} "
-                             f"({_parsers_giving(e.when)}) or another label"))
+    errs = kind_of(topo).protocol_errors(cfg)
     used = topology_agents(topo)
     if used is not None:
-        for i, a in enumerate(agents):
+        for i, a in enumerate(cfg.agents):
             if a.name not in used:
                 errs.append((("agents", i, "name"), a.name,
-                             f"no part of the topology ({kind}) uses this agent, so it would never speak; "
+                             f"no part of the topology ({topo.kind}) uses this agent, so it would never speak; "
                              f"add it to the topology or remove it"))
     return errs
-
-
-def _parts_errors(topo: Any, env: Any) -> list[Issue]:
-    """A ``parts`` chain needs one part per agent: an env that declares its parts per task
-    (``num_parts`` on its config: team_relay's ``size``, team_conjunctive's 2) must match."""
-    parts = getattr(env, "num_parts", None)  # envs whose tasks are not split into parts declare none
-    if parts is None or parts == len(topo.sequence):
-        return []
-    n, sized = len(topo.sequence), "size" in type(env).model_fields
-    source, fix = ("env.size", f"set env.size to {n} or list {parts} agents") if sized else (f"env {env.name!r}", f"list {parts} agents")
-    return [(("topology", "sequence"), list(topo.sequence),
-             f"topology.parts gives each of these {n} agents one part of the task, but {source} gives {parts} parts "
-             f"per task; {fix}")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,9 +141,7 @@ def config_warnings(cfg: Any) -> list[Issue]:
                 warns.append((("trainer", "alternate"), list(cfg.trainer.alternate),
                               f"policy {name!r} is trainable and used by agents but not listed here, so it never updates; "
                               f"add it, or make it kind: frozen"))
-    topo = cfg.topology
-    if getattr(topo, "kind", None) == "chain" and topo.verdict_from is not None and topo.loop_to is None:
-        warns.append((("topology", "verdict_from"), topo.verdict_from, "has no effect without topology.loop_to"))
+    warns += kind_of(cfg.topology).warnings(cfg)
     if cfg.trainer.eval_do_sample:
         warns.append((("trainer", "eval_do_sample"), True,
                       "deprecated and ignored: held-out accuracy is the greedy team's, and the sampled avg@k / pass@k "
@@ -262,10 +161,9 @@ def _sharp_exclude(cfg: Any) -> list[Issue]:
     if getattr(credit, "method", None) != "sharp" or credit.exclude is not None or credit.lambda_s == 0:
         return []
     last = last_speakers(cfg.topology)
-    topo = cfg.topology
-    if getattr(topo, "kind", None) == "debate" and topo.aggregator is None:
-        why = (f"in this debate (majority vote) debater {last[0]!r} speaks last in every episode, so SHARP drops it "
-               f"from the players")
+    note = kind_of(cfg.topology).last_speaker_note(cfg.topology)
+    if note is not None:
+        why = f"{note}, so SHARP drops it from the players"
     else:
         who = ", ".join(repr(a) for a in last) or "the agent of each episode's last turn"
         why = f"SHARP leaves out the agent who speaks last in each episode (here {who})"

@@ -1,6 +1,6 @@
-"""Plugins: envs, credit methods and parsers from other installed packages (entry points).
+"""Plugins: envs, credit methods, parsers and topologies from other installed packages (entry points).
 
-A package adds to mas through four entry-point groups, e.g. in its ``pyproject.toml``::
+A package adds to mas through five entry-point groups, e.g. in its ``pyproject.toml``::
 
     [project.entry-points."mas.envs"]
     my_env = "my_pkg.mas_env"                  # a module that calls mas.envs.register_env("my_env", ...)
@@ -14,12 +14,15 @@ A package adds to mas through four entry-point groups, e.g. in its ``pyproject.t
     [project.entry-points."mas.verifiers"]
     my_check = "my_pkg.checks:verify"          # a turn verifier (episode, turn) -> float | None
 
+    [project.entry-points."mas.topologies"]
+    my_kind = "my_pkg.topology"                # a module that registers kind "my_kind" with @register_topology
+
 Plugins are loaded once, when ``mas.config.schema`` is imported (before the config schema is built),
 so their names are valid in YAML and listed among the valid choices of ``mas validate``'s
 errors.  An entry point whose import fails, or that does not register the name it is listed
 under, is skipped with a warning (``load_errors()``); nothing else is affected.  A plugin
 module must not import ``mas.config.schema`` at import time (the schema is being built from it);
-``mas.envs``, ``mas.credit``, ``mas.agents.parsers`` and ``mas.types`` are fine.
+``mas.envs``, ``mas.credit``, ``mas.agents.parsers``, ``mas.topologies`` and ``mas.types`` are fine.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import warnings
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Callable
 
-GROUPS = ("mas.parsers", "mas.credit", "mas.envs", "mas.verifiers")
+GROUPS = ("mas.parsers", "mas.credit", "mas.envs", "mas.verifiers", "mas.topologies")
 _loaded: dict[str, list[str]] = {}  # group -> names loaded
 _errors: list[str] = []
 
@@ -53,6 +56,14 @@ def _registered_env(name: str, obj: Any) -> None:
         raise LookupError(f"importing it registered no env {name!r} (call mas.envs.register_env({name!r}, ...))")
 
 
+def _registered_topology(name: str, obj: Any) -> None:
+    from mas.topologies import topology_kinds
+
+    if name not in topology_kinds():
+        raise LookupError(f"importing it registered no topology kind {name!r} (decorate its class with "
+                          f"mas.topologies.register_topology)")
+
+
 def _register_verifier(name: str, obj: Any) -> None:
     from mas.envs.verifiers import register_verifier
 
@@ -64,6 +75,7 @@ _AFTER_LOAD: dict[str, Callable[[str, Any], None]] = {
     "mas.verifiers": _register_verifier,
     "mas.credit": _registered_credit,
     "mas.envs": _registered_env,
+    "mas.topologies": _registered_topology,
 }
 
 

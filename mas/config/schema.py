@@ -32,6 +32,8 @@ from mas.envs.verifiers import AUTO, verifier_names
 from mas.config.crossrefs import _credit_refs, _lora_family_refs, _sharding_refs, _tool_refs
 from mas.config.messages import CrossFieldErrors
 from mas.config.plugins import load_plugins
+from mas.topologies import kind_of, topology_config_union
+from mas.types import Section
 
 load_plugins()  # other packages' envs, credit methods and parsers join the registries the schema is built from
 
@@ -45,6 +47,12 @@ _MOVED: dict[str, tuple[str, ...]] = {
                             "_submodels", "_key_paths", "_valid_keys_at", "_union_tags", "_model_in"),
     "mas.config.crossrefs": ("_lora_family_refs", "_sharding_refs", "_tool_refs", "_credit_refs", "GROUP_NORMALISERS",
                              "group_relative"),
+    "mas.topologies.orchestrator": ("OrchestratorTopology",),
+    "mas.topologies.debate": ("DebateTopology",),
+    "mas.topologies.chain": ("ChainTopology",),
+    "mas.topologies.graph": ("GraphTopology", "GraphNode", "GraphEdge"),
+    "mas.topologies.autogen": ("AutogenTopology", "AutogenTermination"),
+    "mas.topologies.langgraph": ("LangGraphTopology",),
     "mas.config.loading": ("apply_overrides", "validate_config", "read_config_data", "load_config", "dump_config",
                            "_switches_kind", "_POLICY_KIND_KEYS", "_MISSING", "_switch_kind", "_check_policy_name",
                            "_list_index", "_partial_cross_ref_errors"),
@@ -56,10 +64,6 @@ def __getattr__(name: str) -> Any:
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(home), name)
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _learning_rate(lr: float | None) -> float | None:
@@ -282,153 +286,11 @@ class AgentConfig(Section):
 
 
 # --------------------------------------------------------------------------------------------
-# topologies
+# topologies and envs: each kind's config lives in its own module; the sections are their unions
 # --------------------------------------------------------------------------------------------
 
-
-class OrchestratorTopology(Section):
-    kind: Literal["orchestrator"]
-    orchestrator: str = Field(description="Agent that delegates and gives the final answer.")
-    specialists: tuple[str, ...] = Field(min_length=1, description="Agents the orchestrator may call by name.")
-    max_turns: int = Field(6, ge=1, description="Upper bound on agent turns per episode (all agents).")
-
-
-class DebateTopology(Section):
-    kind: Literal["debate"]
-    debaters: tuple[str, ...] = Field(min_length=2, description="Agents that answer in parallel each round.")
-    rounds: int = Field(2, ge=1, description="Rounds; from round 2 each debater sees the others' previous answers.")
-    aggregator: str | None = Field(None, description="Agent that reads the last round and answers; None = majority vote.")
-
-
-class ChainTopology(Section):
-    kind: Literal["chain"]
-    sequence: tuple[str, ...] = Field(min_length=1, description="Agents in order, e.g. [solver, verifier, reviser].")
-    loop_to: str | None = Field(
-        None, description="After the sequence, if verdict_from said REJECT, go back to this agent (Dr. MAS solver/verifier loop)."
-    )
-    verdict_from: str | None = Field(
-        None, description="Agent whose latest verdict decides the loop; None = the last agent of the sequence."
-    )
-    max_loops: int = Field(1, ge=0, description="How many times the loop may be taken.")
-    parts: bool = Field(
-        False,
-        description="Each agent of the sequence gets its own part of the task (task.meta['parts'][k] for the k-th "
-        "agent) as its whole user message 'Task: <part>', sees no other agent's message, and the team's answer is "
-        "every agent's answer in order, space-separated (a missing answer written as '?'). The env must give as "
-        "many parts as the sequence has agents (team_relay: env.size); no loop_to.",
-    )
-
-    @model_validator(mode="after")
-    def _parts_do_not_loop(self) -> "ChainTopology":
-        if self.parts and self.loop_to is not None:
-            raise ValueError(f"topology.loop_to ({self.loop_to!r}) cannot be used with topology.parts: true: each agent "
-                             "answers its own part once; remove loop_to, or set parts: false")
-        return self
-
-
-class GraphNode(Section):
-    name: str = Field(description="Node name (unique).")
-    agent: str = Field(description="Agent that speaks at this node.")
-
-
-class GraphEdge(Section):
-    source: str = Field(alias="from", description="Node the edge leaves.")
-    target: str = Field(alias="to", description="Node the edge enters, or END.")
-    when: Literal["accept", "reject", "call", "answer"] | None = Field(
-        None, description="Take this edge only if the source turn's parsed label matches; None = default edge."
-    )
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class GraphTopology(Section):
-    kind: Literal["graph"]
-    entry: str = Field(description="First node.")
-    nodes: tuple[GraphNode, ...] = Field(min_length=1, description="Nodes; each is one agent turn.")
-    edges: tuple[GraphEdge, ...] = Field(description="Directed edges; END marks the terminal.")
-    max_turns: int | None = Field(None, ge=1, description="Turn bound; required if the graph has a cycle.")
-
-
-class AutogenTermination(Section):
-    text: str | None = Field(
-        None, description="End when a team agent's message contains this text (AutoGen TextMentionTermination)."
-    )
-    max_messages: int | None = Field(
-        None, ge=1, description="End after this many messages, the task message included (AutoGen MaxMessageTermination)."
-    )
-
-    @model_validator(mode="after")
-    def _some_condition(self) -> "AutogenTermination":
-        if self.text is None and self.max_messages is None:
-            raise ValueError("give text, max_messages or both (either one ends the team), or the team may never stop")
-        return self
-
-
-class AutogenTopology(Section):
-    kind: Literal["autogen"]
-    team: Literal["round_robin", "selector", "swarm"] | None = Field(
-        None, description="Build an AgentChat team from the YAML agents: RoundRobinGroupChat, SelectorGroupChat or Swarm "
-        "(each agent an AssistantAgent with its role as system message and its tools). Exactly one of team and factory."
-    )
-    factory: str | None = Field(
-        None, description="'package.module:function' that receives one model client per agent name (a dict) and returns "
-        "an AgentChat team: your own team code, with mas's clients where it created its model clients."
-    )
-    participants: tuple[str, ...] = Field(
-        (), description="team only: the agents of the team, in speaking order for round_robin (the first speaks first); "
-        "() = every agent except the selector."
-    )
-    selector: str | None = Field(
-        None, description="team: selector only: the agent whose model picks the next speaker (its policy says whether it "
-        "trains); it is not a participant."
-    )
-    selector_prompt: str | None = Field(
-        None, description="team: selector only: AutoGen's selector prompt with {roles}, {participants} and {history}; "
-        "None = AutoGen's default."
-    )
-    allow_repeated_speaker: bool = Field(False, description="team: selector only: may the same agent speak twice in a row.")
-    handoffs: dict[str, tuple[str, ...]] = Field(
-        default_factory=dict, description="team: swarm only: the agents each agent may hand off to (a transfer_to_<name> "
-        "tool call); the first participant speaks first."
-    )
-    termination: AutogenTermination | None = Field(
-        None, description="team only (a factory's team has its own): when the team stops, by a text mention or a message count."
-    )
-    max_turns: int | None = Field(None, ge=1, description="team only: AutoGen's bound on agent turns per episode; None = none.")
-    # the cap on a framework team's model calls (topologies/adapters.py): a team that never terminates still ends
-    max_model_calls: int = Field(
-        64, ge=1, description="Model calls one episode may make (each call of a mas client; tool rounds mas runs inside "
-        "a call are bounded by the agent's max_tool_calls); the next call ends the episode as failed (fault "
-        "model_call_limit), so a team that never terminates ends. Raise it for teams that need more calls."
-    )
-
-
-class LangGraphTopology(Section):
-    kind: Literal["langgraph"]
-    builder: str = Field(
-        description="'package.module:function' returning your LangGraph StateGraph (or a compiled graph); its nodes call "
-        "agents through mas.topologies.langgraph.MasChatModel(agent=...)."
-    )
-    input_key: str = Field("question", description="State key that receives the task's prompt.")
-    input_as: Literal["text", "messages"] = Field(
-        "text", description="text: the prompt as a string; messages: a list with one user message (for MessagesState graphs)."
-    )
-    answer_key: str = Field(
-        "answer", description="State key holding the team's answer at the end (a string or number; a message or a list of "
-        "messages gives the last message's text)."
-    )
-    recursion_limit: int = Field(25, ge=1, description="LangGraph's bound on super-steps per episode (its default is 25).")
-    # the cap on a framework team's model calls (topologies/adapters.py): a team that never terminates still ends
-    max_model_calls: int = Field(
-        64, ge=1, description="Model calls one episode may make (each call of a mas client; tool rounds mas runs inside "
-        "a call are bounded by the agent's max_tool_calls); the next call ends the episode as failed (fault "
-        "model_call_limit), so a team that never terminates ends. Raise it for teams that need more calls."
-    )
-
-
-TopologyConfig = Annotated[
-    Union[OrchestratorTopology, DebateTopology, ChainTopology, GraphTopology, AutogenTopology, LangGraphTopology],
-    Field(discriminator="kind"),
-]
+# every registered kind's config (topologies/registry.py), e.g. ChainTopology in topologies/chain.py
+TopologyConfig = topology_config_union()
 EnvConfig = Annotated[Union[env_configs()], Field(discriminator="name")]  # type: ignore[valid-type]
 
 
@@ -701,7 +563,8 @@ class RunConfig(Section):
                 errors.append((("agents", i, "policy"), a.policy, f"unknown policy; valid: {policies}"))
             if names.count(a.name) > 1:
                 errors.append((("agents", i, "name"), a.name, "duplicate agent name"))
-        errors += _topology_refs(self.topology, names)
+        if self.topology is not None:  # (a partial config may lack one: loading._partial_cross_ref_errors)
+            errors += kind_of(self.topology).refs(self.topology, names)
         errors += _tool_refs(self.agents, getattr(self, "env", None), ENV_TOOLS)
         errors += _credit_refs(getattr(self, "credit", None), names, policies, getattr(self, "trainer", None))
         if errors:
@@ -711,39 +574,3 @@ class RunConfig(Section):
 
 # A check of what a validated config means, from a layer above this one: (YAML path, value found, message) per problem.
 ConfigCheck = Callable[["RunConfig"], list[tuple[tuple, Any, str]]]
-
-
-def _topology_refs(topo: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
-    """Agents named by the topology must exist.  The topology's structure (a graph's edges, an
-    AutoGen team, a LangGraph builder's graph) is checked by the topology modules, a layer up
-    (``mas.config.checks.topology_errors``)."""
-
-    def check(field: str, value: Any, idx: int | None = None) -> list:
-        if value is None or value in names:
-            return []
-        path = ("topology", field) if idx is None else ("topology", field, idx)
-        return [(path, value, f"unknown agent; valid: {names}")]
-
-    errs: list = []
-    if isinstance(topo, OrchestratorTopology):
-        errs += check("orchestrator", topo.orchestrator)
-        if topo.orchestrator in topo.specialists:
-            errs.append((("topology", "specialists"), list(topo.specialists), "the orchestrator cannot be its own specialist"))
-        for i, s in enumerate(topo.specialists):
-            errs += check("specialists", s, i)
-    elif isinstance(topo, DebateTopology):
-        for i, s in enumerate(topo.debaters):
-            errs += check("debaters", s, i)
-        errs += check("aggregator", topo.aggregator)
-    elif isinstance(topo, ChainTopology):
-        for i, s in enumerate(topo.sequence):
-            errs += check("sequence", s, i)
-        for field in ("loop_to", "verdict_from"):
-            value = getattr(topo, field)
-            if value is not None and value not in topo.sequence:
-                errs.append((("topology", field), value, f"not in sequence; valid: {list(topo.sequence)}"))
-    elif isinstance(topo, GraphTopology):
-        for i, n in enumerate(topo.nodes):
-            errs += [(("topology", "nodes", i, "agent"), n.agent, f"unknown agent; valid: {names}")] if n.agent not in names else []
-    return errs
-

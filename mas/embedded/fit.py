@@ -17,8 +17,12 @@ from .formats import FORMATS, Format
 
 PARSE_THRESHOLD = 0.5  # a warm-started agent parses > 90% of its turns; a foreign one about 0%
 
-# the format whose prompts to suggest for a team of each built-in topology kind
-PRIMARY_FORMAT = {"orchestrator": "orchestrator", "debate": "debate", "chain": "chain", "graph": "graph"}
+
+
+def primary_format(kind: str) -> Format | None:
+    """The format whose prompts to suggest for a team of topology ``kind``: the first one warm-started
+    in that kind of topology (None: the embedded model never saw one)."""
+    return next((f for f in FORMATS.values() if any(t.kind == kind for t in f.topologies)), None)
 
 
 def embedded_agents(cfg: Any) -> list[Any]:
@@ -66,7 +70,7 @@ def fit_warnings(cfg: Any, counts: dict[str, tuple[int, int]], when: str) -> lis
                        f"sampling.max_new_tokens is below the {spec.max_new_tokens} it needs")
             out.append(f"{head}; {why}; use a hub model, or the team of {fmt.configs[0]}")
             continue
-        suggestion = FORMATS.get(PRIMARY_FORMAT.get(kind, ""))
+        suggestion = primary_format(kind)
         hint = _prompts(suggestion) if suggestion else f"the prompts of those configs"
         out.append(f"{head}; it was warm-started only on the teams of {configs}, and this role is none of theirs; "
                    f"use a hub model (policies.{agent.policy}.model), or these prompts: {hint}")

@@ -19,13 +19,18 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from mas.config.schema import ChainTopology, DebateTopology, GraphTopology, OrchestratorTopology
 from mas.envs.math.synthetic import SyntheticMathConfig
 from mas.envs.research.facts import FactsConfig
 from mas.envs.team import TeamConjunctiveConfig, TeamRelayConfig, TeamSaboteurConfig
+from mas.topologies.registry import topology_config
 
-from .teachers import (ChainTeacher, DebateTeacher, GraphTeacher, OrchestratorTeacher, RelayTeacher, FactsTeacher,
-                       SaboteurTeacher)
+from mas.topologies.teaching import (ChainTeacher, DebateTeacher, GraphTeacher, OrchestratorTeacher, RelayTeacher, FactsTeacher,
+                                     SaboteurTeacher)
+
+
+def _team(**fields: Any) -> Any:
+    """A format's topology, written as its YAML section would be."""
+    return topology_config(fields)
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ ORCHESTRATOR = Format(
         adder=("You are the adder.", "answer", 8),
         subtractor=("You are the subtractor.", "answer", 8),
     ),
-    topologies=(OrchestratorTopology(kind="orchestrator", orchestrator="orchestrator",
+    topologies=(_team(kind="orchestrator", orchestrator="orchestrator",
                                      specialists=("adder", "subtractor"), max_turns=6),),
     env=_ARITHMETIC,
     teacher=OrchestratorTeacher(p_direct=0.6),
@@ -135,8 +140,8 @@ DEBATE = Format(
         judge=("You are the judge. Give the debaters' answer: ANSWER: n.", "answer", 8),
     ),
     topologies=(
-        DebateTopology(kind="debate", debaters=("alpha", "beta", "gamma"), rounds=2, aggregator=None),
-        DebateTopology(kind="debate", debaters=("alpha", "beta", "gamma"), rounds=2, aggregator="judge"),
+        _team(kind="debate", debaters=("alpha", "beta", "gamma"), rounds=2, aggregator=None),
+        _team(kind="debate", debaters=("alpha", "beta", "gamma"), rounds=2, aggregator="judge"),
     ),
     env=_ARITHMETIC,
     teacher=DebateTeacher(p_direct=0.6),
@@ -151,7 +156,7 @@ CHAIN = Format(
         solver=("You are the solver. End with ANSWER: n. If the verifier rejected it, work it out.", "answer", 24),
         verifier=("You are the verifier. Reply ACCEPT or REJECT.", "verdict", 24),
     ),
-    topologies=(ChainTopology(kind="chain", sequence=("solver", "verifier"), loop_to="solver", max_loops=1),),
+    topologies=(_team(kind="chain", sequence=("solver", "verifier"), loop_to="solver", max_loops=1),),
     env=_ARITHMETIC,
     teacher=ChainTeacher(p_direct=0.6, p_slip=0.3, p_lazy=0.8),
     episodes=1000,
@@ -166,7 +171,7 @@ GRAPH = Format(
         worker=("You are the worker. Write the next step as a+b=c.", "raw", 10),
         answerer=("You are the answerer. Give ANSWER: n.", "answer", 8),
     ),
-    topologies=(GraphTopology.model_validate({
+    topologies=(topology_config({
         "kind": "graph", "entry": "check",
         "nodes": [{"name": "check", "agent": "checker"}, {"name": "work", "agent": "worker"},
                   {"name": "answer", "agent": "answerer"}],
@@ -196,7 +201,7 @@ CONJUNCTIVE = Format(
         left=("You solve part A. End with ANSWER: n.", "answer", 24),
         right=("You solve part B. End with ANSWER: n.", "answer", 24),
     ),
-    topologies=(ChainTopology(kind="chain", sequence=("left", "right"), parts=True),),
+    topologies=(_team(kind="chain", sequence=("left", "right"), parts=True),),
     env=TeamConjunctiveConfig(name="team_conjunctive"),
     teacher=RelayTeacher(p_direct=0.2),
     episodes=800,
@@ -212,7 +217,7 @@ RELAY = Format(
     description="N specialists each see and solve only their own part; right only if every part is (any N up to 8)",
     configs=("configs/team_relay_n2.yaml", "configs/team_relay_n4.yaml", "configs/team_relay_n8.yaml"),
     agents=_agents(**dict.fromkeys(_RELAY_AGENTS, _RELAY_ROLE)),
-    topologies=(ChainTopology(kind="chain", sequence=_RELAY_AGENTS, parts=True),),
+    topologies=(_team(kind="chain", sequence=_RELAY_AGENTS, parts=True),),
     env=TeamRelayConfig(name="team_relay", size=len(_RELAY_AGENTS)),
     teacher=RelayTeacher(p_direct=0.2),
     episodes=100,
@@ -227,7 +232,7 @@ SABOTEUR = Format(
         solver=("You solve the task. End with ANSWER: n.", "answer", 24),
         reviewer=("You are the reviewer. Reply ACCEPT, or REJECT and ANSWER: n.", "verdict", 10),
     ),
-    topologies=(ChainTopology(kind="chain", sequence=("solver", "reviewer")),),
+    topologies=(_team(kind="chain", sequence=("solver", "reviewer")),),
     env=TeamSaboteurConfig(name="team_saboteur"),
     teacher=SaboteurTeacher(p_direct=0.6, p_overrule=0.6),
     episodes=800,
@@ -269,7 +274,7 @@ FACTS = Format(
                     'or read with {"title": t}.', "raw", 96, ("search", "read"), 4),
         answerer=("You are the answerer. Reply ANSWER: city.", "answer", 16),
     ),
-    topologies=(ChainTopology(kind="chain", sequence=("researcher", "answerer")),),
+    topologies=(_team(kind="chain", sequence=("researcher", "answerer")),),
     env=_FACTS_ENV,
     worlds=FACTS_WORLDS,
     teacher=FactsTeacher(p_direct=0.6, p_detour=0.3),

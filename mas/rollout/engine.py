@@ -55,7 +55,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from collections.abc import Awaitable, Mapping
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Callable, Literal
 
 
 from mas.agents.agent import Agent
@@ -71,15 +71,17 @@ from mas.types import (
     Episode,
     EpisodeGroup,
     InterventionRequest,
+    Outcome,
     ReplayRequest,
     Request,
     Results,
     Task,
+    TOOL_LABEL,
+    Topology,
     Turn,
 )
 
 MASK_TEXT = "[masked]"
-TOOL_LABEL = "tool"  # parsed label of a turn whose tool calls ran (the agent is called again)
 
 # what can go wrong in a rollout, counted per step in the metrics ("faults")
 FAULT_KINDS: dict[str, str] = {
@@ -393,7 +395,8 @@ def _settle(fut: asyncio.Future, result: Any = None, error: BaseException | None
 
 
 class EpisodeContext:
-    """What a topology node needs to call agents inside one episode."""
+    """What a topology node needs to call agents inside one episode: the engine's implementation of
+    the protocol ``mas.types.EpisodeContext`` that topologies are written against."""
 
     def __init__(
         self,
@@ -580,16 +583,6 @@ class EpisodeContext:
         if budget > 0:
             turn.parsed = {"label": TOOL_LABEL, "tool_calls": len(records)}
             turn.valid = all(r["valid"] for r in records)
-
-
-@dataclass
-class Outcome:
-    answer: str | None
-    truncated: bool = False
-
-
-class Topology(Protocol):
-    async def run(self, ctx: EpisodeContext) -> Outcome: ...
 
 
 # ---------------------------------------------------------------------------------------------

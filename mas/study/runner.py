@@ -86,6 +86,7 @@ from mas.config.checks import meaning_errors
 from mas.config.loading import apply_overrides, read_config_data, validate_config
 from mas.config.messages import ConfigError
 from mas.runtime.ray_cluster import start_local_ray
+from mas.topologies import kind_of
 from mas.training.callbacks import RunControl
 
 BudgetKind = Literal["steps", "tokens", "seconds"]
@@ -138,8 +139,8 @@ class Job:
 
 
 def is_parts_team(topology: Any) -> bool:
-    """A team of specialists, one per part of the task: a chain with ``topology.parts``."""
-    return getattr(topology, "kind", None) == "chain" and bool(topology.parts)
+    """A team of specialists, one per part of the task (a chain with ``topology.parts``: its kind says)."""
+    return kind_of(topology).parts(topology) is not None
 
 
 def team_size(cfg: Any) -> int:
@@ -154,12 +155,13 @@ def _credit_block(data: dict, method: str, sets: tuple[str, ...], cfg: Any) -> d
     block = dict(base) if base.get("method") == method else {"method": method}
     parts = is_parts_team(cfg.topology)
     if method == "c3" and "fanout" not in block:
-        later = [2] * (len(cfg.topology.sequence) - 1) if parts else [4]
+        later = [2] * (len(kind_of(cfg.topology).parts(cfg.topology)) - 1) if parts else [4]
         block["fanout"] = [cfg.trainer.group_size, *later]
     if method == "sharp" and "exclude" not in block and parts:
         block["exclude"] = []
-    if method == "m_grpo" and "main_agent" not in block and cfg.topology.kind == "orchestrator":
-        block["main_agent"] = cfg.topology.orchestrator
+    main = kind_of(cfg.topology).main_agent(cfg.topology)
+    if method == "m_grpo" and "main_agent" not in block and main is not None:
+        block["main_agent"] = main
     for item in sets:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError("--credit-set", [f"{item!r}: expected METHOD.key=value (e.g. c3.fanout=[8,2])"])
@@ -213,7 +215,8 @@ def not_applicable(method: str, cfg: Any) -> str | None:
             return (f"{why}; in a team of specialists a removed specialist leaves its part unanswered, so every "
                     "counterfactual scores 0 and tells the credit nothing")
         return f"{why}; this team has {len(cfg.agents)} agents, and only the first would get counterfactual credit"
-    if method == "m_grpo" and cfg.topology.kind != "orchestrator" and getattr(cfg.credit, "main_agent", None) is None:
+    if (method == "m_grpo" and kind_of(cfg.topology).main_agent(cfg.topology) is None
+            and getattr(cfg.credit, "main_agent", None) is None):
         return (f"M-GRPO is hierarchical: a main agent (planner, orchestrator) and the sub-agents it calls "
                 f"(credit/mgrpo.py); this {cfg.topology.kind} team has none (name one with --credit-set m_grpo.main_agent=...)")
     if method == "critic" and getattr(cfg.credit, "critic", None) is None:

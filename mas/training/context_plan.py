@@ -29,6 +29,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from mas.topologies import kind_of
+
 TASK_SAMPLE = 16  # training tasks whose questions are measured (and searched)
 CHAT_OVERHEAD = 32  # tokens of chat template around the messages (role markers, separators)
 
@@ -60,11 +62,10 @@ def longest_tool_response(env: Any, env_cfg: Any, tasks: list) -> str:
     return longest
 
 
-def _order(cfg: Any) -> list[str]:
-    """The agents in the order a chain runs them; other topologies: the config's order, and no
-    agent is counted as hearing another's reply."""
-    seq = getattr(cfg.topology, "sequence", None)
-    return list(seq) if seq else [a.name for a in cfg.agents]
+def _order(cfg: Any) -> list[str] | None:
+    """The agents in the order they speak where each reads every earlier reply (a chain, as its
+    kind says); None for other topologies, where no agent is counted as hearing another's reply."""
+    return kind_of(cfg.topology).transcript_order(cfg.topology)
 
 
 def context_bounds(cfg: Any, tokenizer_of: Callable[[str], Any], positions_of: Callable[[str], int | None],
@@ -75,10 +76,11 @@ def context_bounds(cfg: Any, tokenizer_of: Callable[[str], Any], positions_of: C
     tasks = env.sample_tasks(TASK_SAMPLE)
     response_text = longest_tool_response(env, cfg.env, tasks) if any(a.tools for a in cfg.agents) else ""
     block = f"<tool_response>\n{response_text}\n</tool_response>"
-    chain = getattr(cfg.topology, "kind", None) == "chain"
+    order = _order(cfg)
+    chain = order is not None
     heard_tokens, heard_results = 0, 0  # in a chain: what the agents before this one wrote, and their tool results
     rows = []
-    for name in _order(cfg):
+    for name in order or [a.name for a in cfg.agents]:
         agent = cfg.agent(name)
         tok, positions = tokenizer_of(agent.policy), positions_of(agent.policy)
         reply = agent.sampling.max_new_tokens

@@ -11,10 +11,10 @@ from mas.topologies.framework_teaching import (  # noqa: F401
     _key,
     _occurs,
     asked_words,
-    autogen_shape,
     framework_teacher,
     offered_tools,
     prefixed,
     said_by,
     transcript,
 )
+from mas.topologies.autogen import autogen_shape  # noqa: F401,E402

@@ -24,7 +24,6 @@ accuracy after it (``summary["warmup"]``, ``{"eval": "warmup"}`` in metrics.json
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from collections.abc import Callable
@@ -33,24 +32,16 @@ from typing import Any
 
 from mas.agents.prompts import render_prompt
 from mas.rollout.backends.scripted import ScriptedBackend
-from mas.config.schema import (AutogenTopology, ChainTopology, ConfigError, DebateTopology, LangGraphTopology, OrchestratorTopology,
-                        RunConfig)
+from mas.config.messages import ConfigError
+from mas.config.schema import RunConfig
 from mas.rollout.engine import Engine
 from mas.envs import build_env
 from mas.training.memory import release_freed_memory
 from mas.training.sft import Demonstration
-from mas.topologies import build_topology
-from mas.topologies.framework_teaching import FrameworkChainTeacher, SelectorTeacher, framework_teacher
-from mas.topologies.task_teaching import ResearchTeacher, SolutionChainTeacher, _check_arithmetic, gsm8k_solutions, hotpotqa_facts
-from mas.topologies.teaching import (ChainTeacher, DebateTeacher, FactsTeacher, NoTeacher, OrchestratorTeacher, RelayTeacher,
-                                     SaboteurTeacher, Teacher)
-# the real-model teams' teachers and their readers live in topologies/ now (a topology kind owns its scripted
-# teacher); re-exported here so that their old import path still works
-from mas.topologies.framework_teaching import arithmetic_task, chain_transcript, claimed_answer  # noqa: F401
-from mas.topologies.task_teaching import Facts  # noqa: F401
+from mas.topologies import build_topology, kind_of
+from mas.topologies.teaching import NoTeacher, Teacher
 
 DEMO_STREAM = 1_000_003  # the teacher's task stream: the env's seed plus this (training split, apart from the run's)
-OPS = {"+": ("add", "plus", "sum"), "-": ("sub", "minus", "diff")}  # how a specialist's name says what it does
 
 
 def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
@@ -74,88 +65,10 @@ def scripted_teacher(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
       framework built (who routes, who hands off, who answers); weakness ``p_skip``/``p_slip``.
     """
     try:
-        return _teacher_of(cfg, knobs)
+        return kind_of(cfg.topology).teacher(cfg, knobs, lambda: build_env(demo_env_config(cfg)))
     except NoTeacher as e:
         raise ConfigError("config", [f"trainer.warmup: no scripted teacher for this team ({e}); give "
                                      "trainer.warmup.demonstrations, a JSONL file of {agent, messages, completion}"]) from None
-
-
-def _teacher_of(cfg: RunConfig, knobs: dict[str, float]) -> Teacher:
-    """``scripted_teacher``'s choice; ``NoTeacher`` when the team has none."""
-    top, env = cfg.topology, getattr(cfg.env, "name", None)
-    p_direct = float(knobs.get("p_direct", 0.6))
-
-    def unsupported(why: str) -> NoTeacher:
-        return NoTeacher(why)
-
-    def routes(specialists: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-        out = []
-        for op, words in OPS.items():
-            name = next((s for s in specialists if any(w in s.lower() for w in words)), None)
-            if name is None:
-                raise unsupported(f"no specialist named for {op!r} among {list(specialists)}")
-            out.append((op, name))
-        return tuple(out)
-
-    if env == "synthetic_math" and isinstance(top, OrchestratorTopology):
-        teacher = OrchestratorTeacher(p_direct=p_direct, specialist_for=routes(top.specialists))
-        return _renamed(teacher, {top.orchestrator: "orchestrator"})
-    if env == "synthetic_math" and isinstance(top, DebateTopology):
-        return DebateTeacher(p_direct=p_direct, judge=top.aggregator or "")
-    if env == "synthetic_math" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
-        return ChainTeacher(p_direct=p_direct, p_slip=float(knobs.get("p_slip", 0.3)),
-                            p_lazy=float(knobs.get("p_lazy", 0.8)), solver=top.sequence[0])
-    if env in ("team_conjunctive", "team_relay", "team_fork") and isinstance(top, ChainTopology) and top.parts:
-        return RelayTeacher(p_direct=float(knobs.get("p_direct", 0.2)))  # each specialist sees only its own part
-    if env == "team_saboteur" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
-        return SaboteurTeacher(p_direct=p_direct, p_overrule=float(knobs.get("p_overrule", 0.6)), reviewer=top.sequence[1])
-    if env == "gsm8k" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
-        return SolutionChainTeacher(solutions=gsm8k_solutions(cfg.env), p_direct=p_direct, p_slip=float(knobs.get("p_slip", 0.3)),
-                                    p_lazy=float(knobs.get("p_lazy", 0.8)), solver=top.sequence[0], verifier=top.sequence[1])
-    if env == "hotpotqa" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
-        researcher = cfg.agent(top.sequence[0])
-        if not {"search", "read"} <= set(researcher.tools):
-            raise unsupported(f"the first agent of the chain, {researcher.name!r}, needs the tools search and read")
-        return ResearchTeacher(questions=hotpotqa_facts(cfg.env), researcher=researcher.name, p_direct=p_direct)
-    if env == "facts" and isinstance(top, ChainTopology) and len(top.sequence) == 2:
-        researcher = cfg.agent(top.sequence[0])
-        if not {"search", "read"} <= set(researcher.tools):
-            raise unsupported(f"the first agent of the chain, {researcher.name!r}, needs the tools search and read")
-        return FactsTeacher(researcher=researcher.name, p_direct=p_direct, p_detour=float(knobs.get("p_detour", 0.3)))
-    if isinstance(top, AutogenTopology) and top.team == "selector" and env == "synthetic_math":
-        specialists = top.participants or tuple(a.name for a in cfg.agents if a.name != top.selector)
-        if _fits(lambda: routes(specialists)):  # else the generic teacher below
-            return SelectorTeacher(selector=top.selector or "", specialist_for=routes(specialists),
-                                   p_misroute=float(knobs.get("p_misroute", 0.4)))
-    by_parser = {p: [a.name for a in cfg.agents if a.parser == p] for p in ("answer", "verdict")}
-    # a solver/checker graph on arithmetic; any other framework team gets the generic teacher below
-    if (isinstance(top, LangGraphTopology) and env in ("synthetic_math", "custom") and len(cfg.agents) == 2
-            and all(len(names) == 1 for names in by_parser.values())
-            and (env != "custom" or _fits(lambda: _check_arithmetic(build_env(cfg.env))))):
-        solver, checker = by_parser["answer"][0], by_parser["verdict"][0]
-        chain = ChainTeacher(p_direct=p_direct, p_slip=float(knobs.get("p_slip", 0.3)), p_lazy=float(knobs.get("p_lazy", 0.8)),
-                             solver=solver)
-        return FrameworkChainTeacher(chain, solver=solver, checker=checker)
-    if isinstance(top, (AutogenTopology, LangGraphTopology)):  # any other framework team: the generic teacher
-        return framework_teacher(cfg, build_env(demo_env_config(cfg)), knobs)
-    raise unsupported(f"topology {top.kind!r} on env {env!r}")
-
-
-def _fits(check: Callable[[], Any]) -> bool:
-    """Whether a specific teacher's requirement holds (``check`` raises ``NoTeacher`` when it does not)."""
-    try:
-        check()
-    except NoTeacher:
-        return False
-    return True
-
-
-def _renamed(teacher: Teacher, names: dict[str, str]) -> Teacher:
-    """``teacher`` asked as if the agents had the names it was written for (e.g. the team's
-    orchestrator under whatever name the YAML gives it)."""
-    if all(a == b for a, b in names.items()):
-        return teacher
-    return lambda req, rng: teacher(dataclasses.replace(req, agent=names.get(req.agent, req.agent)), rng)
 
 
 def demo_env_config(cfg: RunConfig) -> Any:

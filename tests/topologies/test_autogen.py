@@ -329,7 +329,7 @@ def test_autogen_warnings_do_not_print_between_the_progress_lines():
     import subprocess
     import sys
 
-    code = ("import logging, topologies.autogen; "
+    code = ("import logging, mas.topologies.autogen; "
             "logging.getLogger('autogen_agentchat').warning('Model failed to select a speaker')")
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert quiet.stderr == ""
