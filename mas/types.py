@@ -63,6 +63,12 @@ class Turn:
     # version of the policy's weights that sampled it (updates + loads; None: not sampled, or a
     # backend without versions).  The learner's version minus this is the turn's staleness.
     weight_version: int | None = None
+    # the sampling it was drawn with (temperature 0: greedy); None: not sampled here (masked,
+    # removed, or recorded before turns kept it).  Replays copy their source's.  The learner
+    # scores a turn at its own temperature, so this, not the config, is what TIS and the update read.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

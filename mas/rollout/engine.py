@@ -549,7 +549,8 @@ class EpisodeContext:
             parsed, valid = agent.parse(res.text)
             turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
                         parsed=parsed, valid=valid, finish_reason=res.finish_reason,
-                        trainable=self.trainable[agent.policy], weight_version=res.weight_version)
+                        trainable=self.trainable[agent.policy], weight_version=res.weight_version,
+                        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
             if run_tools and agent.tools and has_tool_call(res.text) and not _calls_any(res.text, framework_tools):
                 await self._run_tools(agent.name, turn, tool_budget)
         self.episode.turns.append(turn)

@@ -256,7 +256,9 @@ def training_batches(team: Team, groups: list[EpisodeGroup], credit: Credit, act
     keep = credit.train_mask.tolist() if credit.train_mask is not None else [True] * n
     for (ep, turn), adv, kept in zip(flatten_turns(groups), credit.advantages.tolist(), keep):
         if kept and turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
-            temperature = team.agents[turn.agent].sampling.temperature
+            # the temperature the turn was drawn at (the engine records it); a turn recorded before turns
+            # kept their sampling falls back to its agent's configured one
+            temperature = turn.temperature if turn.temperature is not None else team.agents[turn.agent].sampling.temperature
             samples[turn.policy].append(TrainSample(turn.prompt_ids, turn.completion_ids, turn.logprobs, adv, temperature))
             if turn.weight_version is not None:
                 staleness[turn.policy].append(active[turn.policy].version - turn.weight_version)
