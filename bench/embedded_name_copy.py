@@ -25,7 +25,7 @@ model that copies by "the token after the one I just wrote" has dozens of candid
 
 ``surname`` counts calls whose query holds the surname (enough for BM25: every surname names
 one person); ``exact`` counts the query equal to the name.  Nothing is asserted: the counts go
-to docs/benchmarks.md.
+to docs/benchmarks/research_stage.md.
 """
 
 from __future__ import annotations

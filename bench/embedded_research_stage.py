@@ -30,7 +30,7 @@ misses a held-out surname at its first letter, the token after a lone space, and
 ``--worlds`` other generated worlds (fresh names only: no person of ``cpu_facts``'s world), each
 agent invocation one sequence at its own length (the build's research stage does the same with
 the flawed teacher and the pool replayed beside it: ``mas/embedded/build.py``), saving the model
-and measuring every ``--every`` steps.  Nothing is asserted; the figures go to docs/benchmarks.md.
+and measuring every ``--every`` steps.  Nothing is asserted; the figures go to docs/benchmarks/research_stage.md.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ were measured with the second.  This compares the two on what they produce for t
 
     python bench/embedded_tokenizer.py [--configs quickstart cpu_debate ...]
 
-Nothing here is asserted: the counts go to docs/benchmarks.md.
+Nothing here is asserted: the counts go to docs/benchmarks/embedded.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ wall time and peak resident memory of each.
 
     python bench/eval_batching.py [--configs configs/smol_debate.yaml ...] [--set key=value ...]
 
-Nothing here is asserted: the numbers go to docs/benchmarks.md with the machine they came from.
+Nothing here is asserted: the numbers go to docs/benchmarks/memory.md with the machine they came from.
 """
 
 from __future__ import annotations

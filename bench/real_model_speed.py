@@ -25,7 +25,7 @@ On CUDA each side of (2) runs once untimed first (kernel and allocator set-up), 
 timed to a synchronised device.  Each learner's ``memory_plan`` (which memory savers its
 ``auto`` settings chose, and the estimate) is printed with its timing.
 
-Nothing here is asserted: the numbers go to docs/benchmarks.md with the machine they came from.
+Nothing here is asserted: the numbers go to docs/benchmarks/memory.md with the machine they came from.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ process's peak so far, for both, and the ratio of their mean step times.
 
     python bench/rss_per_step.py [--config configs/smol_orchestrator.yaml] [--steps 6] [--set key=value ...]
 
-Nothing here is asserted: the numbers go to docs/benchmarks.md with the machine they came from.
+Nothing here is asserted: the numbers go to docs/benchmarks/memory.md with the machine they came from.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ memory from a heap glibc keeps.  ``--keep-phase-heap`` turns the release that en
 and each evaluation into a no-op, as before that fix, for a side-by-side run.  A census takes a
 second or so on a large heap.
 
-Nothing here is asserted: the numbers go to docs/benchmarks.md with the machine they came from.
+Nothing here is asserted: the numbers go to docs/benchmarks/memory.md with the machine they came from.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def empty_cache(tmp_path, monkeypatch) -> Path:
 
 def test_the_shipped_artifact_is_the_current_recipe_and_verifies():
     """Fails when a format, a teacher's knob or a recipe number changed and the artifact was not
-    rebuilt: run `mas build-embedded --ship` (README, "The embedded model")."""
+    rebuilt: run `mas build-embedded --ship` (docs/embedded.md)."""
     manifest = json.loads((ARTIFACT_DIR / MANIFEST).read_text())
     assert manifest["recipe_key"] == Recipe().key(), (
         f"the shipped embedded model was built from recipe {manifest['recipe_key']}, the recipe is now "

@@ -45,7 +45,7 @@ def test_sigterm_while_the_engine_generates_stops_the_run_and_leaves_no_engine_p
 
     run = tmp_path / "run"
     # float32: what is tested is the stop, not the dtype, and a CPU without bfloat16 kernels runs a
-    # bfloat16 LoRA step ~12x slower (docs/benchmarks.md, "Test suite")
+    # bfloat16 LoRA step ~12x slower (docs/benchmarks/test_suite.md)
     backends = [f"policies.{p}.{k}" for p in ("planner", "adder", "subtractor") for k in ("backend=vllm", "dtype=float32")]
     cmd = [sys.executable, "-m", "mas.cli", "train", str(REPO / "configs" / "smol_orchestrator.yaml"), *backends,
            "trainer.steps=50", "trainer.batch_size=2", "trainer.group_size=2", "trainer.eval_size=0",

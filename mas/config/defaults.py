@@ -15,7 +15,7 @@ The bands are deliberately coarse: a default that learns, not a tuned value.
 The embedded model (``model: embedded``) has its own rate, ``EMBEDDED_LR``: the rate the
 shipped embedded teams give their worker policies (the quickstart's workers), at which its
 policies change where 1e-6 changes nothing; it is also the first band's rate, where a
-0.2M-parameter model falls.  It is not tuned per team: docs/benchmarks.md ("Default learning
+0.2M-parameter model falls.  It is not tuned per team: docs/benchmarks/embedded.md ("Default learning
 rate") has what it does on the quickstart team.
 """
 
@@ -37,7 +37,7 @@ LR_BANDS: tuple[tuple[float, float], ...] = (
     (math.inf, 2e-7),
 )
 LORA_FACTOR = 10.0
-EMBEDDED_LR = 1e-4  # the embedded model's rate (docs/benchmarks.md, "Default learning rate")
+EMBEDDED_LR = 1e-4  # the embedded model's rate (docs/benchmarks/embedded.md, "Default learning rate")
 
 
 def default_lr(kind: str, parameters: int | None) -> float:

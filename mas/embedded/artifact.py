@@ -142,7 +142,7 @@ def load_tokenizer(folder: Path):
     one the files name, and ``Qwen2Tokenizer`` adds its unknown token ``<|endoftext|>`` as id
     384, which the model has no embedding for, and swaps in Qwen's normaliser and pre-tokenizer.
     Those gave the same ids on every teacher turn the model was built from and the same greedy
-    held-out episodes on every embedded config (docs/benchmarks.md), so the shipped figures hold."""
+    held-out episodes on every embedded config (docs/benchmarks/embedded.md), so the shipped figures hold."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast.from_pretrained(folder)

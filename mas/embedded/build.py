@@ -223,7 +223,7 @@ def _research_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
     (learning without forgetting, arXiv:1606.09282): the model is held to the base's own
     next-token distributions on those turns.  Replaying the turns' labels instead trained the
     pool further, which raised every arithmetic config's start (the quickstart's 0.290 -> 0.405,
-    greedy) and cut what RL had left to gain (docs/benchmarks.md)."""
+    greedy) and cut what RL had left to gain (docs/benchmarks/research_stage.md)."""
     from transformers import AutoModelForCausalLM
 
     model, tok, base = _base_model(recipe, log)

@@ -30,13 +30,13 @@ class Recipe:
     hidden_size: int = 96
     num_layers: int = 2
     num_heads: int = 4
-    steps: int = 6000  # six formats need about 3x the quickstart-only model's 2,000 steps (docs/benchmarks.md)
+    steps: int = 6000  # six formats need about 3x the quickstart-only model's 2,000 steps (docs/benchmarks/embedded_recipe.md)
     batch_size: int = 32
     lr: float = 3e-3
     # A second stage from the finished warm start (the recipe with ``extend=()``, its ``base``):
     # ``extend_steps`` more steps at ``extend_lr`` over the same pool plus these formats' turns.
     # A format added to the pool itself reshuffles every other format's start by tens of points
-    # (docs/benchmarks.md); added here it moves them by a few.  Empty: one stage, and the key
+    # (docs/benchmarks/embedded_recipe.md); added here it moves them by a few.  Empty: one stage, and the key
     # is the one the recipe had before stages existed.
     extend: tuple[tuple[str, int], ...] = (("saboteur_solver", 400),)
     extend_steps: int = 600
@@ -51,7 +51,7 @@ class Recipe:
     # ``positions``.  Empty: no third stage, and the key is the one the recipe had before it existed.
     # Shipped: 19,200 episodes of cpu_facts's team over 40 other worlds (FACTS), the flawed
     # teacher's: it leaves every arithmetic config's gain within 3 points and gives the model the
-    # 2,048 positions cpu_facts needs, but copies few names (docs/benchmarks.md, "The embedded
+    # 2,048 positions cpu_facts needs, but copies few names (docs/benchmarks/research_stage.md, "The embedded
     # build's research stage"); it is the first half of the route that taught the copy.
     research: tuple[tuple[str, int], ...] = (("facts", 19200),)
     research_steps: int = 4000

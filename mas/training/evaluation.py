@@ -69,7 +69,7 @@ def evaluate(team, size: int, seed: int, abort: Callable[[], bool] | None = None
     faults, _ = team.engine.take_faults()
     # the evaluation's generate calls (KV caches and logits of up to hundreds of rows) leave a
     # fragmented heap that glibc keeps; without this, the warm-up or evaluation that follows
-    # grows on top of it (docs/benchmarks.md, "Soak")
+    # grows on top of it (docs/benchmarks/memory.md, "Soak")
     release_freed_memory()
     return {**out, "faults": faults}
 

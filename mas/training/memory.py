@@ -7,7 +7,7 @@ started (``getrusage``'s ``ru_maxrss``): what a machine must hold for the run so
 ``release_freed_memory`` asks glibc's allocator to return the free pages it keeps
 (``malloc_trim``): a step's tensors of every size leave a fragmented heap behind them, which
 glibc keeps for reuse, so a long run's resident set grew by tens of MB a step
-(docs/benchmarks.md).  The warm-up and every held-out evaluation end with it too, so a phase
+(docs/benchmarks/memory.md).  The warm-up and every held-out evaluation end with it too, so a phase
 does not start on the heap the one before left.  ``live_tensors`` counts what is really held:
 the torch tensors Python objects keep alive, and the bytes of their distinct storages.
 """

@@ -523,7 +523,7 @@ def check_regression(summary: dict, now: dict, logger: RunLogger, step: int) -> 
     logger.warn(f"greedy held-out accuracy fell from {found['start']:.3f} at the start to {found['now']:.3f} after step "
                 f"{step} ({100 * found['change']:+.1f} points; noise floor ±{100 * found['floor']:.1f} on these "
                 f"{found['tasks']} tasks): RL is making the deployed (greedy) team worse; trainer.keep_best keeps the best "
-                f"checkpoint, and docs/benchmarks.md ('Greedy regression') says what helps", kind="greedy_regression", step=step)
+                f"checkpoint, and docs/benchmarks/team_size.md ('Greedy regression') says what helps", kind="greedy_regression", step=step)
 
 
 def keep_if_best(team: Team, summary: dict, run_dir: Path, step: int, result: dict) -> None:

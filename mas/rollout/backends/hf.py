@@ -28,7 +28,7 @@ tokens of Qwen2.5's 151,936-token vocabulary.  Two bounds:
   token holds during generate (its keys and values in every layer, and one layer's prefill
   activations).  A greedy row's tokens depend on nothing but its own prompt, so the cut
   changes no result; sampled groups are not cut by default, since a cut changes which random
-  numbers each row draws.  On CPU smaller calls are no slower per row (docs/benchmarks.md).
+  numbers each row draws.  On CPU smaller calls are no slower per row (docs/benchmarks/memory.md).
 * the logprobs are read step by step (the sampled token's logit and a logsumexp of each [B, V]
   step, each step released once read): besides generate's own kept logits, only [B, S] floats
   and one step's [B, V] temporaries are allocated, never a stacked [B, S, V] tensor.
@@ -150,7 +150,7 @@ def prompt_token_bytes(model: torch.nn.Module) -> int | None:
     in every layer's cache, and the prefill's activations of one layer at a time (hidden states and
     norms, the MLP's intermediate, float32 upcasts included), in the weights' dtype.  Measured on
     SmolLM2-135M in bfloat16 (50 KB here): 41-46 KB a prompt token for 16,000-40,000 tokens in
-    one call (docs/benchmarks.md).  None: the model's config does not say its shape."""
+    one call (docs/benchmarks/memory.md).  None: the model's config does not say its shape."""
     hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
     cfg = getattr(hf_model, "config", None)
     layers, hidden = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "hidden_size", None)
