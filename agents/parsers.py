@@ -6,7 +6,7 @@ Every parser returns ``(parsed, valid)``.  ``parsed`` may hold:
     verdict  "accept" or "reject"
     label    the routing label used by graph edges: "answer", "call", "accept" or "reject"
 
-Formats (also documented in the README):
+Formats (also documented in docs/topologies.md):
     answer        an answer marker, then the answer; without one, the text's final answer if it
                   reads as one number (the math verifier's reading, ``envs/math/verify.py``: "x =
                   3/4" gives 3/4, "the sum of 3 and 4 is 7" gives 7, "5, not 6" gives nothing),

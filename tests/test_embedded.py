@@ -265,10 +265,10 @@ def test_a_research_stage_has_its_own_key_and_the_two_stage_recipe_keeps_its_old
     three = Recipe().varied(["research.facts=19200"])
     assert three == Recipe()  # the project's recipe: the shipped artifact is this build
     assert three.research and three.base() == dataclasses.replace(three, research=())
-    # the two-stage build's key, which the shipped figures before the research stage name (docs/benchmarks.md)
+    # the two-stage build's key, which the shipped figures before the research stage name (docs/benchmarks/archive.md)
     assert three.base().key() == "851c280c22da" and three.base().base().key() == "49feff5a05f4"
     # pinned: a change to the facts format or its teacher is a new research build (the builds in
-    # docs/benchmarks.md, 7275deab8cc7 and b5b378912523, had the teacher reply with a sentence)
+    # docs/benchmarks/research_stage.md, 7275deab8cc7 and b5b378912523, had the teacher reply with a sentence)
     assert three.key() == "c29fdeb610b3"
     for change in ("research_steps=10", "research_lr=0.001", "research_batch_size=4", "positions=1024", "research.facts=100",
                    "research_first_turns=8", "research_later_turns=32"):

@@ -270,7 +270,7 @@ class RelayTeacher:
     (0.67^8 ≈ 4%), and each specialist has a short answer left to unlearn.  (Measured on the
     build ``58b7f71d68ff``: greedy, a specialist works its part out and is right on about 88%
     of held-out parts.  Sampled, a specialist is right on about 63-65% of its parts on
-    ``49feff5a05f4`` and 71-73% on the shipped two-stage ``851c280c22da``: docs/benchmarks.md,
+    ``49feff5a05f4`` and 71-73% on the shipped two-stage ``851c280c22da``: docs/benchmarks/team_size.md,
     team size.)"""
 
     p_direct: float = 0.2
@@ -346,7 +346,7 @@ class FactsTeacher:
     its context shows (the organisation, in its own reply).  On that sentence it copied the
     organisation and then wrote a city from its prior: 1 in 40 held-out replies right after 3,000
     steps of whole-path demonstrations; replying with the city alone, 38 in 40 after 250 more
-    (docs/benchmarks.md, "The embedded build's research stage")."""
+    (docs/benchmarks/research_stage.md, "The embedded build's research stage")."""
 
     p_direct: float = 0.6
     p_detour: float = 0.3

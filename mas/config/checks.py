@@ -260,7 +260,7 @@ def _cpu_has_native(dtype: str) -> bool:
 def machine_warnings(cfg: Any) -> list[Issue]:
     """Policies that run on this machine, but slowly: bfloat16 or float16 weights on a CPU that has
     no instructions for them (measured on a 2-core AVX2 CPU: a bfloat16 SmolLM2 run 12x slower
-    than float32, docs/benchmarks.md)."""
+    than float32, docs/benchmarks/test_suite.md)."""
     warns: list[Issue] = []
     for name, p in cfg.policies.items():
         if p.backend == "openai" or p.dtype not in ("bfloat16", "float16"):

@@ -189,7 +189,7 @@ GRAPH = Format(
 # them (the checker's flaw included).  In GRAPH the worker writes steps in 40% of the episodes
 # only, and the build it gave miscopied operands ("9-1+3": "8-1=7"), which held cpu_graph to
 # +10 points; these 400 episodes (800 worker turns, 4% of the pool) raised it to +59.5
-# (docs/benchmarks.md, with the other configs and a second build seed).
+# (docs/benchmarks/embedded_recipe.md, with the other configs and a second build seed).
 GRAPH_WORKER = GRAPH.one_agent("worker", "graph_worker", "the graph's worker writes every step (its turns only)",
                                GraphTeacher(p_direct=0.0), episodes=400)
 
@@ -243,14 +243,14 @@ SABOTEUR = Format(
 # the reviewer keeps its designed flaw.  Taught in the recipe's second stage (``Recipe.extend``,
 # episodes=0 keeps it out of the pooled warm start): on the one-stage build the solver's worked
 # answers were right 88% of the time, which held team_saboteur to +61.5; the second stage took
-# it to +69.0 and moved the other configs by 0.5 to 7 points (docs/benchmarks.md).  In the
+# it to +69.0 and moved the other configs by 0.5 to 7 points (docs/benchmarks/embedded_recipe.md).  In the
 # pooled warm start the same turns reshuffled every other format's start by tens of points.
 SABOTEUR_SOLVER = SABOTEUR.one_agent("solver", "saboteur_solver", "the saboteur team's solver works every answer out (its turns only)",
                                      SaboteurTeacher(p_direct=0.0, p_overrule=0.6), episodes=0)
 
 # cpu_facts's team: a researcher with BM25 search and read over a generated world, then an
 # answerer (envs/research/facts.py).  The 0.22M model does not copy a name it has not seen into a
-# tool call unless it is taught on thousands of fresh names (docs/benchmarks.md: copying appears
+# tool call unless it is taught on thousands of fresh names (docs/benchmarks/research_stage.md: copying appears
 # after about 2,500 steps of first calls with a new name each, never on one world's 400 names),
 # so the teacher plays FACTS_WORLDS, 40 worlds of other corpus seeds with 499 training chains
 # each: every person and organisation it copies is one of about 20,000.  None of them is a
@@ -287,7 +287,7 @@ FACTS = Format(
 # stage's episodes read, and 4,000 steps taught the first call's copy alone (30% of held-out
 # people); those weights trained further on the whole path copied every name within 3,000 steps.
 # A stage of this format alone, from the two-stage model, did not: 5,000 steps copied 1 held-out
-# person in 40 (docs/benchmarks.md, "The embedded build's research stage").  cpu_facts's own
+# person in 40 (docs/benchmarks/research_stage.md, "The embedded build's research stage").  cpu_facts's own
 # warm-up teaches FACTS's flaws either way, so RL has the second hop to find.
 FACTS_PATH = replace(FACTS, name="facts_path", description="the facts team's researcher takes the whole path every time",
                      teacher=FactsTeacher(p_direct=0.0, p_detour=0.0), min_teacher_reward=0.9)
