@@ -32,6 +32,7 @@ from mas.config.refs import RefError, check_ref_syntax, import_ref
 from mas.types import Episode, Task
 
 from .jsonl import read_jsonl
+from .registry import register_env
 from .splits import Splits
 
 __all__ = ["CustomEnv", "CustomEnvConfig", "RewardError"]
@@ -174,3 +175,6 @@ class CustomEnv:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.splits.load_state_dict(state)
+
+
+register_env("custom", CustomEnvConfig, CustomEnv)

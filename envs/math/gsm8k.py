@@ -22,6 +22,7 @@ from mas.types import Episode, Task
 
 from ..splits import Splits, SplitTasks
 from ..jsonl import read_jsonl
+from ..registry import register_env
 from .verify import gsm8k_final_answer, read_number, score_answer
 
 __all__ = ["GSM8KConfig", "GSM8KEnv", "load_jsonl", "SAMPLE_DIR"]
@@ -183,3 +184,6 @@ class GSM8KEnv(SplitTasks):
                  "hf": f"datasets: {c.hf_dataset} ({c.hf_config})"}[c.source]
         return {"name": "gsm8k", "source": where, "train_size": f"{self.num_train} ({c.train_split})",
                 "eval_size": f"{self.num_eval} ({c.eval_split})"}
+
+
+register_env("gsm8k", GSM8KConfig, GSM8KEnv)  # no turn verifier: only the outcome of a GSM8K problem is checkable

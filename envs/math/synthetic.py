@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from mas.types import Episode, Task, Turn
 
 from ..base import check_env_state
+from ..registry import register_env
+from ..verifiers import register_verifier
 from .turns import verify_math_turn
 from .verify import score_answer
 
@@ -235,3 +237,7 @@ class SyntheticMathEnv:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._cursor = check_env_state(state, self._stream_id())
 
+
+
+register_env("synthetic_math", SyntheticMathConfig, SyntheticMathEnv)
+register_verifier("synthetic_math", verify_math_turn)

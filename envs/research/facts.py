@@ -49,7 +49,9 @@ from mas.types import Episode, Task, Turn
 
 from ..splits import Splits, SplitTasks
 from .metrics import answer_scores
-from .search import Corpus, Paragraph, build_tools
+from ..registry import register_env
+from ..verifiers import register_verifier
+from .search import TOOL_NAMES, Corpus, Paragraph, build_tools
 from .turns import observed_titles, verify_search_turn
 
 __all__ = ["Chain", "FactsConfig", "FactsEnv", "QUESTION", "World", "generate_world", "support_scores"]
@@ -236,3 +238,7 @@ class FactsEnv(SplitTasks):
         return {"name": "facts", "source": f"generated two-hop facts (corpus_seed {c.corpus_seed})",
                 "train_size": f"{self.num_train} questions", "eval_size": f"{self.num_eval} questions (unseen people)",
                 "corpus": f"{len(self.corpus)} paragraphs (BM25), reward {c.reward}"}
+
+
+register_env("facts", FactsConfig, FactsEnv, tools=TOOL_NAMES)
+register_verifier("facts", verify_search_turn)

@@ -33,14 +33,15 @@ from mas.types import Episode, Task, Turn
 from ..splits import Splits, SplitTasks
 from ..jsonl import read_jsonl
 from .metrics import answer_scores
-from .search import Corpus, Paragraph, build_tools
+from ..registry import register_env
+from ..verifiers import register_verifier
+from .search import TOOL_NAMES, Corpus, Paragraph, build_tools
 from .turns import verify_search_turn
 
 __all__ = ["HotpotQAConfig", "HotpotQAEnv", "SAMPLE_DIR", "TOOL_NAMES", "load_questions", "normalise_row"]
 
 SAMPLE_DIR = Path(__file__).parent / "data"
 _SAMPLE_SPLITS = ("train", "validation")
-TOOL_NAMES = ("search", "read")
 
 
 class HotpotQAConfig(BaseModel):
@@ -221,3 +222,7 @@ class HotpotQAEnv(SplitTasks):
         return {"name": "hotpotqa", "source": where, "train_size": f"{self.num_train} questions ({c.train_split})",
                 "eval_size": f"{self.num_eval} questions ({c.eval_split})",
                 "corpus": f"{len(self.corpus)} paragraphs (BM25), reward {c.reward}"}
+
+
+register_env("hotpotqa", HotpotQAConfig, HotpotQAEnv, tools=TOOL_NAMES)
+register_verifier("hotpotqa", verify_search_turn)

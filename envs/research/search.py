@@ -36,7 +36,9 @@ import numpy as np
 
 from mas.agents.tools import ToolError, ToolParam, ToolSpec
 
-__all__ = ["Corpus", "Paragraph", "build_tools"]
+__all__ = ["Corpus", "Paragraph", "TOOL_NAMES", "build_tools"]
+
+TOOL_NAMES = ("search", "read")  # the tools build_tools makes: what a research env offers its agents
 
 
 @dataclass(frozen=True)

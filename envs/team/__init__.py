@@ -10,10 +10,11 @@ a per-agent method can; ``configs/team_*.yaml`` are the teams they are designed 
 records its ground truth of who did their job on ``episode.info["designed"]`` (``envs/base.py``).
 """
 
+# they register in this order (envs/__init__.py); fork.py imports relay.py, so the relay comes before it
 from .conjunctive import TeamConjunctiveConfig, TeamConjunctiveEnv
-from .fork import TeamForkConfig, TeamForkEnv
-from .relay import TeamRelayConfig, TeamRelayEnv
 from .saboteur import TeamSaboteurConfig, TeamSaboteurEnv
+from .relay import TeamRelayConfig, TeamRelayEnv
+from .fork import TeamForkConfig, TeamForkEnv
 
 __all__ = ["TeamConjunctiveConfig", "TeamConjunctiveEnv", "TeamForkConfig", "TeamForkEnv", "TeamRelayConfig", "TeamRelayEnv", "TeamSaboteurConfig",
            "TeamSaboteurEnv"]

@@ -43,7 +43,9 @@ from mas.types import Episode, Task, Turn
 
 from ..base import check_env_state, designed_outcomes
 from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
-from .relay import part_judgements, right, verify_part_turn
+from ..registry import register_env
+from ..verifiers import register_verifier
+from .parts import part_judgements, right, verify_part_turn
 
 __all__ = ["TeamConjunctiveConfig", "TeamConjunctiveEnv", "answer_integers"]
 
@@ -157,3 +159,7 @@ class TeamConjunctiveEnv:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         cursor = check_env_state(state, self._stream_id())
         self.parts.load_state_dict({**self.parts.state_dict(), "cursor": 2 * cursor})
+
+
+register_env("team_conjunctive", TeamConjunctiveConfig, TeamConjunctiveEnv)
+register_verifier("team_conjunctive", verify_part_turn)

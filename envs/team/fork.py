@@ -39,7 +39,10 @@ from mas.types import Episode, Task, Turn
 
 from ..base import designed_outcomes
 from ..math.synthetic import Op
-from .relay import TeamRelayConfig, TeamRelayEnv, decision_of, part_judgements, part_words, right, verify_part_turn
+from ..registry import register_env
+from ..verifiers import register_verifier
+from .parts import decision_of, part_judgements, part_words, right, verify_part_turn
+from .relay import TeamRelayConfig, TeamRelayEnv
 
 __all__ = ["TeamForkConfig", "TeamForkEnv"]
 
@@ -119,3 +122,7 @@ class TeamForkEnv:
         if state.get("env") != "team_fork":
             raise ValueError(f"the saved task stream is env {state.get('env')!r}'s; this env is 'team_fork'")
         self.relay.load_state_dict({**state, "env": "team_relay"})
+
+
+register_env("team_fork", TeamForkConfig, TeamForkEnv)
+register_verifier("team_fork", verify_part_turn)

@@ -40,6 +40,8 @@ from mas.types import Episode, Task, Turn
 from ..base import check_env_state, designed_outcomes, spoke
 from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
 from ..math.verify import numbers_match, score_answer
+from ..registry import register_env
+from ..verifiers import register_verifier
 
 __all__ = ["TeamSaboteurConfig", "TeamSaboteurEnv", "designed", "first_answer", "judgements", "verify_saboteur_turn"]
 
@@ -147,3 +149,7 @@ class TeamSaboteurEnv:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         cursor = check_env_state(state, self._stream_id())
         self.tasks.load_state_dict({**self.tasks.state_dict(), "cursor": cursor})
+
+
+register_env("team_saboteur", TeamSaboteurConfig, TeamSaboteurEnv)
+register_verifier("team_saboteur", verify_saboteur_turn)

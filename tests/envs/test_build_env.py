@@ -1,5 +1,6 @@
 """build_env dispatch and the discriminated env config union."""
 
+import json
 import subprocess
 import sys
 from typing import Annotated, Union
@@ -44,3 +45,39 @@ def test_build_env_unknown_name_lists_choices():
 def test_import_is_light():
     code = "import sys, mas.envs; assert 'datasets' not in sys.modules, 'datasets imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+BUILT_IN = ["synthetic_math", "gsm8k", "hotpotqa", "facts", "team_conjunctive", "team_saboteur", "team_relay", "team_fork",
+            "custom"]
+
+
+@pytest.mark.parametrize("first", ["mas.envs", "mas.envs.team.fork", "mas.envs.custom", "mas.agents.parsers"])
+def test_built_in_envs_register_in_a_fixed_order_whatever_is_imported_first(first):
+    """Each built-in registers itself when its module is imported; the order (the schema's union, its
+    error messages) is the package inits' import order, not whichever module a program reaches first."""
+    code = f"import json, {first}, mas.envs as e; print(json.dumps([e.env_names(), [c.__name__ for c in e.env_configs()]]))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    names, configs = json.loads(out)
+    assert names == BUILT_IN
+    assert configs == [c.__name__ for c in ENV_CONFIGS]
+
+
+def test_each_built_in_registers_its_config_builder_and_tools_from_its_own_module():
+    from mas.envs import ENV_TOOLS, env_configs, env_names
+    from mas.envs.registry import _BUILDERS
+
+    assert env_names()[:len(BUILT_IN)] == BUILT_IN and env_configs()[:len(BUILT_IN)] == ENV_CONFIGS
+    for name, config_cls in zip(BUILT_IN, ENV_CONFIGS):
+        assert config_cls.model_fields["name"].annotation.__args__ == (name,)
+        assert _BUILDERS[name].__module__ == config_cls.__module__  # one module holds the env and its registration
+    assert ENV_TOOLS["hotpotqa"] == ENV_TOOLS["facts"] == ("search", "read")
+    assert all(ENV_TOOLS[n] == () for n in BUILT_IN if n not in ("hotpotqa", "facts"))
+
+
+def test_registering_a_name_twice_is_an_error():
+    from mas.envs import register_env
+
+    with pytest.raises(ValueError, match="'team_relay' is already registered"):
+        register_env("team_relay", GSM8KConfig, GSM8KEnv)
+    with pytest.raises(TypeError, match=r"must be a pydantic model declaring `name: Literal\['chess'\]`"):
+        register_env("chess", GSM8KConfig, GSM8KEnv)
