@@ -33,7 +33,7 @@ from ..verifiers import register_verifier
 from .turns import verify_math_turn
 from .verify import score_answer
 
-__all__ = ["SyntheticMathConfig", "SyntheticMathEnv", "is_heldout", "make_task", "render"]
+__all__ = ["SyntheticMathConfig", "SyntheticMathEnv", "chains_summary", "is_heldout", "make_task", "render", "stream_id"]
 
 Op = Literal["+", "-", "*"]
 
@@ -120,6 +120,20 @@ def make_task(operands: list[int], ops: list[str]) -> Task:
         answer=str(acc),
         meta={"operands": list(operands), "ops": list(ops), "steps": steps},
     )
+
+
+def chains_summary(cfg: Any) -> str:
+    """How the chains of ``cfg`` (this config, or a team env's with the same fields) are drawn,
+    as ``describe()`` says it: ``2 ops over 0..9, ops +-``."""
+    return f"{cfg.num_ops} ops over 0..{cfg.max_operand}, ops {''.join(cfg.ops)}"
+
+
+def stream_id(env: str, cfg: Any, **extra: Any) -> dict[str, Any]:
+    """Everything that shapes the chain stream of ``cfg`` (this config, or a team env's with the
+    same fields), for a state dict: a resume with other values must fail.  ``extra`` is what else
+    shapes an env's tasks (a relay's size), after the env's name."""
+    return {"env": env, **extra, "seed": cfg.seed, "num_ops": cfg.num_ops, "max_operand": cfg.max_operand,
+            "ops": list(cfg.ops), "heldout_fraction": cfg.heldout_fraction}
 
 
 def is_heldout(expr: str, heldout_fraction: float) -> bool:
@@ -221,22 +235,16 @@ class SyntheticMathEnv:
         c = self.cfg
         return {
             "name": "synthetic_math",
-            "source": f"generated arithmetic chains ({c.num_ops} ops over 0..{c.max_operand}, ops {''.join(c.ops)})",
+            "source": f"generated arithmetic chains ({chains_summary(c)})",
             "train_size": f"{self._space} distinct chains minus the held-out fraction {c.heldout_fraction}",
             "eval_size": "held-out chains (disjoint from training by hash)",
         }
 
-    def _stream_id(self) -> dict[str, Any]:
-        c = self.cfg  # everything that shapes the task stream: a resume with other values must fail
-        return {"env": "synthetic_math", "seed": c.seed, "num_ops": c.num_ops, "max_operand": c.max_operand,
-                "ops": list(c.ops), "heldout_fraction": c.heldout_fraction}
-
     def state_dict(self) -> dict[str, Any]:
-        return {**self._stream_id(), "cursor": self._cursor}
+        return {**stream_id("synthetic_math", self.cfg), "cursor": self._cursor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._cursor = check_env_state(state, self._stream_id())
-
+        self._cursor = check_env_state(state, stream_id("synthetic_math", self.cfg))
 
 
 register_env("synthetic_math", SyntheticMathConfig, SyntheticMathEnv)

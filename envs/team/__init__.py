@@ -8,6 +8,9 @@ reward is the fraction of parts right.
 Each module's docstring says what an episode-level baseline cannot tell apart there and what
 a per-agent method can; ``configs/team_*.yaml`` are the teams they are designed for.  Each
 records its ground truth of who did their job on ``episode.info["designed"]`` (``envs/base.py``).
+Their tasks are made of ``synthetic_math`` chains (``chains.py``: the stream, splits, state dict and
+description they share); ``parts.py`` judges the parts of a parts task.  Each module registers
+its env and turn verifier when imported.
 """
 
 # they register in this order (envs/__init__.py); fork.py imports relay.py, so the relay comes before it

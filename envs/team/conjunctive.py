@@ -35,16 +35,17 @@ removed turn did not; a later turn, such as a reporter's, has no designed job).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mas.types import Episode, Task, Turn
+from mas.types import Episode, Task
 
-from ..base import check_env_state, designed_outcomes
-from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
+from ..base import designed_outcomes
+from ..math.synthetic import Op
 from ..registry import register_env
 from ..verifiers import register_verifier
+from .chains import ChainTeamEnv
 from .parts import part_judgements, right, verify_part_turn
 
 __all__ = ["TeamConjunctiveConfig", "TeamConjunctiveEnv", "answer_integers"]
@@ -91,17 +92,20 @@ def _results(text: str | None) -> list[str]:
     return _RESULT.findall(text or "")[:16]
 
 
-class TeamConjunctiveEnv:
+class TeamConjunctiveEnv(ChainTeamEnv):
     """Env over :class:`TeamConjunctiveConfig`; see the module docstring."""
 
-    def __init__(self, cfg: TeamConjunctiveConfig) -> None:
-        self.cfg = cfg
-        self.parts = SyntheticMathEnv(SyntheticMathConfig(
-            name="synthetic_math", num_ops=cfg.num_ops, max_operand=cfg.max_operand, ops=cfg.ops,
-            heldout_fraction=cfg.heldout_fraction, seed=cfg.seed))
+    name = "team_conjunctive"
+    description = {
+        "source": "pairs of generated arithmetic chains ({chains}); reward 1 only if both parts are right",
+        "train_size": "pairs of training chains",
+        "eval_size": "pairs of held-out chains (disjoint from training part by part)",
+    }
+    eval_shortage = "held-out pairs"
 
     @staticmethod
-    def _pair(a: Task, b: Task) -> Task:
+    def _join(chains: list[Task]) -> Task:
+        a, b = chains
         return Task(
             task_id=f"conj-{a.prompt}|{b.prompt}",
             prompt=f"A: {a.prompt} B: {b.prompt}",
@@ -109,21 +113,6 @@ class TeamConjunctiveEnv:
             meta={"parts": [a.prompt, b.prompt], "answers": [a.answer, b.answer],
                   "steps": [a.meta["steps"], b.meta["steps"]]},
         )
-
-    def sample_tasks(self, n: int) -> list[Task]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        parts = self.parts.sample_tasks(2 * n)
-        return [self._pair(parts[2 * i], parts[2 * i + 1]) for i in range(n)]
-
-    def eval_tasks(self, n: int) -> list[Task]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        try:
-            parts = self.parts.eval_tasks(2 * n)
-        except ValueError as e:
-            raise ValueError(f"asked for {n} held-out pairs, which need {2 * n} held-out chains: {e}") from None
-        return [self._pair(parts[2 * i], parts[2 * i + 1]) for i in range(n)]
 
     def score(self, episode: Episode) -> float:
         got = _results(episode.answer)
@@ -134,31 +123,7 @@ class TeamConjunctiveEnv:
         episode.info["designed"] = designed_outcomes(part_judgements(episode, gold))  # the first two turns: parts A and B
         return float(part_a and part_b)
 
-    def verify_turn(self, episode: Episode, turn: Turn) -> float | None:
-        return verify_part_turn(episode, turn)
-
-    def describe(self) -> dict[str, Any]:
-        """Data source and size, for the reporting checklist."""
-        c = self.cfg
-        return {
-            "name": "team_conjunctive",
-            "source": f"pairs of generated arithmetic chains ({c.num_ops} ops over 0..{c.max_operand}, ops {''.join(c.ops)}); "
-                      "reward 1 only if both parts are right",
-            "train_size": "pairs of training chains",
-            "eval_size": "pairs of held-out chains (disjoint from training part by part)",
-        }
-
-    def _stream_id(self) -> dict[str, Any]:
-        c = self.cfg
-        return {"env": "team_conjunctive", "seed": c.seed, "num_ops": c.num_ops, "max_operand": c.max_operand,
-                "ops": list(c.ops), "heldout_fraction": c.heldout_fraction}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**self._stream_id(), "cursor": self.parts.state_dict()["cursor"] // 2}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        cursor = check_env_state(state, self._stream_id())
-        self.parts.load_state_dict({**self.parts.state_dict(), "cursor": 2 * cursor})
+    verify_turn = staticmethod(verify_part_turn)  # each specialist's own part
 
 
 register_env("team_conjunctive", TeamConjunctiveConfig, TeamConjunctiveEnv)

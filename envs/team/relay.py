@@ -44,10 +44,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mas.types import Episode, Task, Turn
 
-from ..base import check_env_state, designed_outcomes
-from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
+from ..base import designed_outcomes
+from ..math.synthetic import Op, stream_id
 from ..registry import register_env
 from ..verifiers import register_verifier
+from .chains import ChainTeamEnv
 from .parts import MISSING, decision_of, first_word, part_judgements, part_words, right, verify_part_turn
 
 # the parts' helpers (parts.py) stay importable from here, where they were first written
@@ -80,14 +81,17 @@ class TeamRelayConfig(BaseModel):
         return self.size
 
 
-class TeamRelayEnv:
+class TeamRelayEnv(ChainTeamEnv):
     """Env over :class:`TeamRelayConfig`; see the module docstring."""
 
-    def __init__(self, cfg: TeamRelayConfig) -> None:
-        self.cfg = cfg
-        self.parts = SyntheticMathEnv(SyntheticMathConfig(
-            name="synthetic_math", num_ops=cfg.num_ops, max_operand=cfg.max_operand, ops=cfg.ops,
-            heldout_fraction=cfg.heldout_fraction, seed=cfg.seed))
+    name = "team_relay"
+    description = {
+        "source": "{size} generated arithmetic chains per task ({chains}), one per specialist; reward 1 only if every "
+                  "part is right",
+        "train_size": "strings of {size} training chains",
+        "eval_size": "strings of {size} held-out chains (disjoint from training part by part)",
+    }
+    eval_shortage = "held-out tasks of {size} parts"
 
     @staticmethod
     def _join(parts: list[Task]) -> Task:
@@ -99,63 +103,29 @@ class TeamRelayEnv:
                   "steps": [p.meta["steps"] for p in parts]},
         )
 
-    def _tasks(self, chains: list[Task]) -> list[Task]:
-        n = self.cfg.size
-        return [self._join(chains[i:i + n]) for i in range(0, len(chains), n)]
+    def _stream_id(self) -> dict[str, Any]:
+        return stream_id(self.name, self.cfg, size=self.cfg.size)
 
-    def sample_tasks(self, n: int) -> list[Task]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        return self._tasks(self.parts.sample_tasks(self.cfg.size * n))
-
-    def eval_tasks(self, n: int) -> list[Task]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        try:
-            chains = self.parts.eval_tasks(self.cfg.size * n)
-        except ValueError as e:
-            raise ValueError(f"asked for {n} held-out tasks of {self.cfg.size} parts, which need "
-                             f"{self.cfg.size * n} held-out chains: {e}") from None
-        return self._tasks(chains)
-
-    def score(self, episode: Episode) -> float:
+    @staticmethod
+    def _judge(episode: Episode) -> tuple[list[bool], list[tuple[Turn, bool]], dict[str, str]]:
+        """Whether each word of the team's answer is right (none is in place when the answer has a
+        word too many or too few), each specialist turn's own part, and each one's branch."""
         gold = episode.task.meta["answers"]
         words = part_words(episode.answer)
-        complete = len(words) == len(gold)  # an answer with a word too many or too few has no part in place
+        complete = len(words) == len(gold)
         parts = [complete and right(words[k], g) for k, g in enumerate(gold)]
         judged = part_judgements(episode)
-        decisions = {t.agent: decision_of(t) for t, _ in judged}
+        return parts, judged, {t.agent: decision_of(t) for t, _ in judged}
+
+    def score(self, episode: Episode) -> float:
+        parts, judged, decisions = self._judge(episode)
         episode.info["scores"] = {**{f"part_{k + 1}": float(ok) for k, ok in enumerate(parts)},
-                                  "at_once": sum(d == "at_once" for d in decisions.values()) / len(gold)}
+                                  "at_once": sum(d == "at_once" for d in decisions.values()) / len(parts)}
         episode.info["designed"] = designed_outcomes(judged)
         episode.info["decisions"] = decisions
         return float(all(parts))
 
-    def verify_turn(self, episode: Episode, turn: Turn) -> float | None:
-        return verify_part_turn(episode, turn)
-
-    def describe(self) -> dict[str, Any]:
-        """Data source and size, for the reporting checklist."""
-        c = self.cfg
-        return {
-            "name": "team_relay",
-            "source": f"{c.size} generated arithmetic chains per task ({c.num_ops} ops over 0..{c.max_operand}, "
-                      f"ops {''.join(c.ops)}), one per specialist; reward 1 only if every part is right",
-            "train_size": f"strings of {c.size} training chains",
-            "eval_size": f"strings of {c.size} held-out chains (disjoint from training part by part)",
-        }
-
-    def _stream_id(self) -> dict[str, Any]:
-        c = self.cfg
-        return {"env": "team_relay", "size": c.size, "seed": c.seed, "num_ops": c.num_ops, "max_operand": c.max_operand,
-                "ops": list(c.ops), "heldout_fraction": c.heldout_fraction}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**self._stream_id(), "cursor": self.parts.state_dict()["cursor"] // self.cfg.size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        cursor = check_env_state(state, self._stream_id())
-        self.parts.load_state_dict({**self.parts.state_dict(), "cursor": self.cfg.size * cursor})
+    verify_turn = staticmethod(verify_part_turn)  # each specialist's own part
 
 
 register_env("team_relay", TeamRelayConfig, TeamRelayEnv)

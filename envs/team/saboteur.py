@@ -31,17 +31,18 @@ masked or removed turn did not do its job.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mas.types import Episode, Task, Turn
+from mas.types import Episode, Turn
 
-from ..base import check_env_state, designed_outcomes, spoke
-from ..math.synthetic import Op, SyntheticMathConfig, SyntheticMathEnv
+from ..base import designed_outcomes, spoke
+from ..math.synthetic import Op
 from ..math.verify import numbers_match, score_answer
 from ..registry import register_env
 from ..verifiers import register_verifier
+from .chains import ChainTeamEnv
 
 __all__ = ["TeamSaboteurConfig", "TeamSaboteurEnv", "designed", "first_answer", "judgements", "verify_saboteur_turn"]
 
@@ -101,20 +102,15 @@ class TeamSaboteurConfig(BaseModel):
     seed: int = Field(default=0, ge=0, description="Seed of the training task stream.")
 
 
-class TeamSaboteurEnv:
-    """Env over :class:`TeamSaboteurConfig`; see the module docstring."""
+class TeamSaboteurEnv(ChainTeamEnv):
+    """Env over :class:`TeamSaboteurConfig`; see the module docstring.  A task is one chain."""
 
-    def __init__(self, cfg: TeamSaboteurConfig) -> None:
-        self.cfg = cfg
-        self.tasks = SyntheticMathEnv(SyntheticMathConfig(
-            name="synthetic_math", num_ops=cfg.num_ops, max_operand=cfg.max_operand, ops=cfg.ops,
-            heldout_fraction=cfg.heldout_fraction, seed=cfg.seed))
-
-    def sample_tasks(self, n: int) -> list[Task]:
-        return self.tasks.sample_tasks(n)
-
-    def eval_tasks(self, n: int) -> list[Task]:
-        return self.tasks.eval_tasks(n)
+    name = "team_saboteur"
+    description = {
+        "source": "generated arithmetic chains ({chains}); the final answer is the most recent one",
+        "train_size": "synthetic_math's training chains",
+        "eval_size": "held-out chains (disjoint from training by hash)",
+    }
 
     def score(self, episode: Episode) -> float:
         reward = score_answer(episode)
@@ -124,31 +120,7 @@ class TeamSaboteurEnv:
         episode.info["designed"] = designed(episode)
         return reward
 
-    def verify_turn(self, episode: Episode, turn: Turn) -> float | None:
-        return verify_saboteur_turn(episode, turn)
-
-    def describe(self) -> dict[str, Any]:
-        """Data source and size, for the reporting checklist."""
-        c = self.cfg
-        return {
-            "name": "team_saboteur",
-            "source": f"generated arithmetic chains ({c.num_ops} ops over 0..{c.max_operand}, ops {''.join(c.ops)}); "
-                      "the final answer is the most recent one",
-            "train_size": "synthetic_math's training chains",
-            "eval_size": "held-out chains (disjoint from training by hash)",
-        }
-
-    def _stream_id(self) -> dict[str, Any]:
-        c = self.cfg
-        return {"env": "team_saboteur", "seed": c.seed, "num_ops": c.num_ops, "max_operand": c.max_operand,
-                "ops": list(c.ops), "heldout_fraction": c.heldout_fraction}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**self._stream_id(), "cursor": self.tasks.state_dict()["cursor"]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        cursor = check_env_state(state, self._stream_id())
-        self.tasks.load_state_dict({**self.tasks.state_dict(), "cursor": cursor})
+    verify_turn = staticmethod(verify_saboteur_turn)  # the solver's answer, each reviewer's verdict
 
 
 register_env("team_saboteur", TeamSaboteurConfig, TeamSaboteurEnv)
