@@ -43,7 +43,7 @@ around a marker is read from a bounded window; everything else is plain string s
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from mas.envs.math.verify import MAX_ANSWER_CHARS, unmarked_answer
 
@@ -76,6 +76,41 @@ _QUOTE = re.compile(r"[ \t]*-[ \t]+[A-Za-z][\w-]{0,30}:")
 _NAMED = re.compile(r" is (?:also |indeed )?the (?:final |correct )?answer\b", re.IGNORECASE)
 
 Parsed = tuple[dict[str, Any], bool]
+
+# Every parser by name: the built-ins below register themselves beside their functions, in this
+# order (answer, orchestrator, verdict, raw), before any plugin's.
+PARSERS: dict[str, Callable[[str], Parsed]] = {}
+
+# The routing labels each parser can give a turn, where its registration says; a topology's routing
+# (a graph edge's ``when``, an orchestrator's CALL, a chain's REJECT) reads these, and its kind
+# checks that an agent's parser can give what its place in the topology needs.  A parser not
+# listed here (a plugin's registered without labels) is not checked.
+PARSER_LABELS: dict[str, frozenset[str]] = {}
+
+
+def register_parser(name: str, fn: Callable[[str], Parsed], labels: Iterable[str] | None = None) -> None:
+    """Add a parser ``fn(text) -> (parsed, valid)`` under ``name`` (a plugin's, see mas/config/plugins.py),
+    with the routing ``labels`` it can give, if known (``PARSER_LABELS``).  Registering a name twice is a
+    ValueError."""
+    if name in PARSERS:
+        raise ValueError(f"parser {name!r} is already registered")
+    if not callable(fn):
+        raise TypeError(f"parser {name!r} must be a function text -> (parsed dict, valid), got {type(fn).__name__}")
+    if isinstance(labels, str):
+        raise TypeError(f"parser {name!r}: labels is a collection of labels, e.g. {{{labels!r}}}, got the string {labels!r}")
+    PARSERS[name] = fn
+    if labels is not None:
+        PARSER_LABELS[name] = frozenset(labels)
+
+
+def parser_names() -> list[str]:
+    """Registered parser names (built-in first)."""
+    return list(PARSERS)
+
+
+def parsers_giving(label: str) -> list[str]:
+    """The parsers registered with ``label`` among their labels (the built-ins), sorted."""
+    return sorted(p for p, labels in PARSER_LABELS.items() if label in labels)
 
 
 def _clean(answer: str) -> str:
@@ -264,6 +299,9 @@ def parse_answer(text: str) -> Parsed:
     return {}, False
 
 
+register_parser("answer", parse_answer, labels={"answer"})
+
+
 def parse_orchestrator(text: str) -> Parsed:
     call = _call_marker(text)
     marker = _answer_marker(text)
@@ -272,6 +310,9 @@ def parse_orchestrator(text: str) -> Parsed:
     if marker is not None and marker[1]:
         return {"answer": marker[1], "label": "answer"}, True
     return {}, False
+
+
+register_parser("orchestrator", parse_orchestrator, labels={"call", "answer"})
 
 
 def _judgement(text: str) -> str | None:
@@ -315,46 +356,12 @@ def parse_verdict(text: str) -> Parsed:
     return out, True
 
 
+register_parser("verdict", parse_verdict, labels={"accept", "reject", "answer"})
+
+
 def parse_raw(text: str) -> Parsed:
     text = text.strip()
     return ({"answer": text, "label": "answer"}, True) if text else ({}, False)
 
 
-PARSERS: dict[str, Callable[[str], Parsed]] = {
-    "answer": parse_answer,
-    "orchestrator": parse_orchestrator,
-    "verdict": parse_verdict,
-    "raw": parse_raw,
-}
-
-
-def register_parser(name: str, fn: Callable[[str], Parsed]) -> None:
-    """Add a parser ``fn(text) -> (parsed, valid)`` under ``name`` (a plugin's, see mas/config/plugins.py).
-    Registering a name twice is a ValueError."""
-    if name in PARSERS:
-        raise ValueError(f"parser {name!r} is already registered")
-    if not callable(fn):
-        raise TypeError(f"parser {name!r} must be a function text -> (parsed dict, valid), got {type(fn).__name__}")
-    PARSERS[name] = fn
-
-
-def parser_names() -> list[str]:
-    """Registered parser names (built-in first)."""
-    return list(PARSERS)
-
-
-# The routing labels each built-in parser can give a turn; a topology's routing (a graph edge's
-# ``when``, an orchestrator's CALL, a chain's REJECT) reads these, and its kind checks that an
-# agent's parser can give what its place in the topology needs.  A parser not listed here (a
-# plugin's) is not checked.
-PARSER_LABELS: dict[str, frozenset[str]] = {
-    "answer": frozenset({"answer"}),
-    "orchestrator": frozenset({"call", "answer"}),
-    "verdict": frozenset({"accept", "reject", "answer"}),
-    "raw": frozenset({"answer"}),
-}
-
-
-def parsers_giving(label: str) -> list[str]:
-    """The built-in parsers that can give ``label``, sorted."""
-    return sorted(p for p, labels in PARSER_LABELS.items() if label in labels)
+register_parser("raw", parse_raw, labels={"answer"})

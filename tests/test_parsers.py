@@ -8,11 +8,42 @@ import subprocess
 
 import pytest
 
-from mas.agents.parsers import PARSERS, parse_answer, parse_orchestrator, parse_raw, parse_verdict
+from mas.agents.parsers import (PARSER_LABELS, PARSERS, parse_answer, parse_orchestrator, parse_raw, parse_verdict,
+                                parsers_giving, register_parser)
 
 
 def test_registry_names_every_parser():
     assert PARSERS == {"answer": parse_answer, "orchestrator": parse_orchestrator, "verdict": parse_verdict, "raw": parse_raw}
+    assert list(PARSER_LABELS) == list(PARSERS)  # each built-in registers its labels beside its function
+    assert PARSER_LABELS["orchestrator"] == {"call", "answer"} and PARSER_LABELS["verdict"] == {"accept", "reject", "answer"}
+    assert parsers_giving("answer") == ["answer", "orchestrator", "raw", "verdict"] and parsers_giving("call") == ["orchestrator"]
+
+
+@pytest.fixture
+def registry_restored():
+    before, labels = dict(PARSERS), dict(PARSER_LABELS)
+    yield
+    PARSERS.clear()
+    PARSERS.update(before)
+    PARSER_LABELS.clear()
+    PARSER_LABELS.update(labels)
+
+
+def test_register_parser_adds_after_the_built_ins_and_refuses_a_name_twice(registry_restored):
+    def shout(text):
+        return {"answer": text.upper(), "label": "answer"}, True
+
+    register_parser("shout", shout)  # a plugin without labels: its routing is not checked
+    assert list(PARSERS)[-1] == "shout" and "shout" not in PARSER_LABELS
+    register_parser("whisper", shout, labels=["answer"])
+    assert PARSER_LABELS["whisper"] == {"answer"} and "whisper" in parsers_giving("answer")
+    with pytest.raises(ValueError, match="'answer' is already registered"):
+        register_parser("answer", shout)
+    with pytest.raises(TypeError, match="must be a function"):
+        register_parser("loud", "not callable")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="labels is a collection"):
+        register_parser("loud", shout, labels="answer")
+    assert "loud" not in PARSERS
 
 
 # --------------------------------------------------------------------------------------------
