@@ -141,10 +141,11 @@ def test_a_plugin_env_parser_and_credit_method_run(plugin_path, tmp_path):
         from mas.config.schema import load_config
         from mas.agents.agent import build_agents
         from mas.credit import get_credit
-        from mas.envs import build_env
+        from mas.envs import ENV_CONFIGS, build_env, env_configs, env_names
         from mas.envs.verifiers import resolve_verifier
         from mas.types import Turn
         cfg = load_config("good.yaml")
+        assert env_names()[-1] == "coin_env" and env_configs()[:-1] == ENV_CONFIGS  # plugins after the built-ins
         assert cfg.verifier.name == "heads_turn"
         verify = resolve_verifier(cfg.verifier.name, None)
         assert verify(None, Turn("caller", "main", 0, None, [], [], [], [], "Heads!")) == 1.0
