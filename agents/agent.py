@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Callable
 
 from mas.agents.parsers import PARSERS, Parsed
-from mas.agents.tools import ToolSpec, tools_prompt
+from mas.tools import ToolSpec, tools_prompt
 from mas.config.schema import AgentConfig, SamplingConfig
 
 

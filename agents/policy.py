@@ -30,6 +30,7 @@ from typing import Any, TYPE_CHECKING, Callable, Iterator, Literal
 import torch
 from torch import nn
 
+from mas.models.devices import resolve_device
 from mas.models.sources import ModelLoadError, gguf_folder, is_gguf_model, is_gguf_path, is_wheel_model, model_key
 
 if TYPE_CHECKING:
@@ -45,19 +46,6 @@ _DTYPES: dict[str, torch.dtype | str] = {
 }
 # LoRA parameter containers in peft (…q_proj.lora_A.<adapter>.weight, …lora_embedding_A.<adapter>)
 _LORA_CONTAINERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector")
-
-
-def resolve_device(device: str) -> torch.device:
-    """'auto' -> cuda if available, else cpu; anything else is passed to ``torch.device``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise ModelLoadError(f"device {device!r}: {e}; valid: auto, cpu, cuda, cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {device!r}: CUDA is not available on this machine; use 'auto' or 'cpu'")
-    return dev
 
 
 def _is_adapter_param(name: str, adapter: str) -> bool:

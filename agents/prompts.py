@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mas.rollout.backends.base import completion_stop_ids  # the backends stop on them; still importable from here
 
 PLAIN_MESSAGE = "### {role}\n{content}\n"
 PLAIN_GENERATION_PROMPT = "### assistant\n"

@@ -92,7 +92,7 @@ def main() -> None:
     from mas.embedded.artifact import load_embedded
     from mas.envs.research.facts import QUESTION, generate_world
     from mas.models.tiny import sft_batch
-    from mas.agents.tools import tool_call_text
+    from mas.tools import tool_call_text
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

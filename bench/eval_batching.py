@@ -34,7 +34,7 @@ def child(config: str, overrides: list[str], whole: bool, out: Path) -> None:
     torch.set_num_threads(1)
     import mas.rollout.backends.hf as hf
     from mas.api import load_team
-    from mas.training.memory import peak_rss_mb
+    from mas.process.memory import peak_rss_mb
 
     if whole:
         hf.default_prompt_budget = lambda device: 2**62  # the bound lifted: every task in one call

@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from rollout_throughput import raw_generate  # noqa: E402  (the same replay of the engine's batches)
 
 from mas.config.schema import load_config  # noqa: E402
-from mas.training.learner import PAD_ID  # noqa: E402
-from mas.rollout.scoring import pack, passes  # noqa: E402
+from mas.learning.learner import PAD_ID  # noqa: E402
+from mas.learning.logprobs import pack, passes  # noqa: E402
 from mas.training.team import build_team  # noqa: E402
 from mas.training.trainer import rollout, training_batches  # noqa: E402
 

@@ -38,7 +38,7 @@ every policy on the vLLM backend and compares, on the batches its rollouts sent,
 backend against the hf backend (``transformers`` generate) on the same weights, side by side
 in one process: completion tokens per second of each, the engine's start-up time, and
 ``--parity`` the largest and mean difference of each side's sampling logprobs from the
-learner's recompute (``mas.rollout.scoring.turn_logprobs``), i.e. what the PPO ratio starts from.
+learner's recompute (``mas.learning.logprobs.turn_logprobs``), i.e. what the PPO ratio starts from.
 
     python bench/rollout_throughput.py [--config configs/quickstart.yaml] [--steps 3] [--device cpu]
                                        [--threads N] [--repeat N] [--gc-freeze] [--breakdown]
@@ -184,7 +184,7 @@ def backend_side_by_side(team, batches: list[list], repeat: int, parity: bool) -
     """The vLLM backend against the hf backend on the same weights and the same recorded batches
     (see the module docstring).  Each batch is sent whole to each backend, as the engine sent it."""
     from mas.rollout.backends.hf import HFBackend
-    from mas.rollout.scoring import turn_logprobs
+    from mas.learning.logprobs import turn_logprobs
 
     vllm_backend = team.backend
     hf = HFBackend(team.policies)

@@ -1,7 +1,7 @@
 """Resident memory between training steps, with and without handing freed memory back.
 
 Trains one config twice, side by side in two fresh processes (one torch thread each): as
-shipped, where every step starts with ``mas.training.memory.release_freed_memory`` (glibc's
+shipped, where every step starts with ``mas.process.memory.release_freed_memory`` (glibc's
 ``malloc_trim``), and with that call replaced by a no-op.  After each step it prints the
 resident set as the next step finds it (after the release, where there is one) and the
 process's peak so far, for both, and the ratio of their mean step times.
@@ -30,7 +30,7 @@ def child(config: str, overrides: list[str], keep: bool, out: Path) -> None:
     torch.set_num_threads(1)
     import mas
     import mas.training.trainer
-    from mas.training.memory import peak_rss_mb, release_freed_memory, rss_mb
+    from mas.process.memory import peak_rss_mb, release_freed_memory, rss_mb
 
     if keep:
         mas.training.trainer.release_freed_memory = lambda: False

@@ -4,7 +4,7 @@ The research env's BM25 ``search`` and ``read`` tools (over the shipped HotpotQA
 called with the same arguments three ways:
 
     in-process       the tool function called directly (no limits: how tools ran before)
-    sandbox pool     ``mas.rollout.sandbox.Sandbox``: forked worker processes that stay up, with a time
+    sandbox pool     ``mas.process.sandbox.Sandbox``: forked worker processes that stay up, with a time
                      limit, a memory limit and no network (how the engine runs them)
     fresh process    a new forked process per call with the same limits (the pool's alternative)
 
@@ -57,7 +57,7 @@ def main() -> None:
 
     from mas.envs.math import verify
     from mas.envs.research import HotpotQAConfig, HotpotQAEnv
-    from mas.rollout.sandbox import Sandbox
+    from mas.process.sandbox import Sandbox
 
     env = HotpotQAEnv(HotpotQAConfig(name="hotpotqa"))
     search, read = env.tools["search"].fn, env.tools["read"].fn

@@ -35,7 +35,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 def batch(vocab: int, n: int = 16, seed: int = 0):
-    from mas.training.learner import TrainSample
+    from mas.learning.learner import TrainSample
 
     g = torch.Generator().manual_seed(seed)
     return [TrainSample(torch.randint(5, vocab, (24,), generator=g).tolist(), torch.randint(5, vocab, (16,), generator=g).tolist(),
@@ -48,8 +48,8 @@ def measure(rank: int, world: int, port: int, model: str, kind: str, dtype: str,
     torch.set_num_threads(1)
     from mas.agents.policy import build_policies
     from mas.config.schema import OptimConfig, PolicyConfig
-    from mas.training.learner import Learner
-    from mas.training.memory import peak_rss_mb, rss_mb
+    from mas.learning.learner import Learner
+    from mas.process.memory import peak_rss_mb, rss_mb
 
     handle = build_policies({"p": PolicyConfig(kind=kind, model=model, dtype=dtype, device="cpu")})["p"]
     lr = 1e-4 if kind == "lora" or model == "embedded" else 1e-5

@@ -1,7 +1,7 @@
 """Soak: the resident memory of one long training run, step by step.
 
 Trains one config in a fresh child process (one torch thread) and records, after every step
-(``on_step_end``), the resident set (``mas.training.memory.rss_mb``) as the step leaves it (what
+(``on_step_end``), the resident set (``mas.process.memory.rss_mb``) as the step leaves it (what
 ``memory.rss_mb`` in metrics.jsonl says), the resident set after ``release_freed_memory`` (what
 the trainer does first in the next step, done here so the last step gets it too) and the
 process's peak so far (``peak_rss_mb``); and the same after each phase before RL: the team
@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tensor_census() -> dict[str, float]:
-    """Live torch tensors (``mas.training.memory.live_tensors``) and the resident set's kinds."""
-    from mas.training.memory import live_tensors
+    """Live torch tensors (``mas.process.memory.live_tensors``) and the resident set's kinds."""
+    from mas.process.memory import live_tensors
 
     count, nbytes = live_tensors()
     return {"tensors": count, "tensor_mb": nbytes / 2**20, **resident_kinds()}
@@ -73,7 +73,7 @@ def child(config: str, overrides: list[str], every: int, census: bool, trim: boo
     import mas.training.evaluation
     import mas.training.trainer as trainer
     import mas.training.warmup
-    from mas.training.memory import peak_rss_mb, release_freed_memory, rss_mb
+    from mas.process.memory import peak_rss_mb, release_freed_memory, rss_mb
 
     if keep_phases:  # as before the fix: the warm-up and evaluations keep the heap they freed
         for module in (mas.training.evaluation, mas.training.warmup):

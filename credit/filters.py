@@ -7,7 +7,7 @@ groups that have one.  DAPO's dynamic sampling (arXiv 2503.14476, "dynamic sampl
 only groups with 0 < accuracy < 1 and samples more until the batch is full; this is the
 filtering half: the constant groups are dropped from the update (``Credit.train_mask``) and
 counted, no group is re-sampled, so the update's divisor is that of the groups that remain
-(the loss aggregation's, ``mas.training.learner.loss_norm``, over the kept turns).
+(the loss aggregation's, ``mas.learning.learner.loss_norm``, over the kept turns).
 
 Shapes: B task groups, E episodes, N flattened turns.
 """

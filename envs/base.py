@@ -4,7 +4,7 @@ An env is composed into the training step (``Env.sample_tasks`` -> rollout -> ``
 never subclassed: any object with these methods is an env.
 
 An env that offers tools to its agents (HotpotQA's ``search`` and ``read``) also has a
-``tools`` attribute: a mapping of tool name to ``mas.agents.tools.ToolSpec``; the names are
+``tools`` attribute: a mapping of tool name to ``mas.tools.ToolSpec``; the names are
 listed in ``mas.envs.ENV_TOOLS`` so that configs are checked before anything is built.
 ``score`` may record named scores on ``episode.info["scores"]`` (HotpotQA: em and f1), which
 evaluation reports average.

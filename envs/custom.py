@@ -14,7 +14,7 @@ scores (kept on ``episode.info["scores"]`` and averaged by evaluation, as Hotpot
 f1).  A reward function that raises, returns NaN/inf or something else marks that episode
 failed with the reason; it is scored 0 and the step goes on, as for the built-in envs.
 
-References are imported with the current directory first on ``sys.path`` (``mas/config/refs.py``);
+References are imported with the current directory first on ``sys.path`` (``mas/refs.py``);
 relative file paths are read from the current directory.
 """
 
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mas.config.refs import RefError, check_ref_syntax, import_ref
+from mas.refs import RefError, check_ref_syntax, import_ref
 from mas.types import Episode, Task
 
 from .jsonl import read_jsonl

@@ -23,7 +23,7 @@ Where a verifier comes from (``verifier.name`` in the run config):
 * ``none``: no verifier;
 * a registered name: the built-in verifiers below, or one a package registers with
   :func:`register_verifier` (from a ``mas.verifiers`` entry point, ``mas/config/plugins.py``);
-* ``"package.module:function"``: a function of the user's, imported as ``mas.config.refs`` does.
+* ``"package.module:function"``: a function of the user's, imported as ``mas.refs`` does.
 
 Built in (``envs/math/turns.py``, ``envs/team/*``, ``envs/research/hotpotqa.py``):
 
@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from mas.config.refs import import_ref
+from mas.refs import import_ref
 from mas.types import Episode, Turn
 
 __all__ = ["AUTO", "NONE", "VERIFIED", "TurnVerifier", "check_score", "get_verifier", "register_verifier",
@@ -119,7 +119,7 @@ def resolve_verifier(name: str, env: Any) -> TurnVerifier | None:
     """The verifier ``verifier.name`` asks for with this ``env`` (module docstring), or None.
 
     ``auto`` is the env's ``verify_turn`` (None where it has none); a ``module:function``
-    reference is imported (``mas.config.refs``: a ``RefError`` says what is missing); an unknown
+    reference is imported (``mas.refs``: a ``RefError`` says what is missing); an unknown
     registered name is a KeyError listing the valid names."""
     if name == NONE:
         return None

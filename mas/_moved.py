@@ -17,23 +17,40 @@ import sys
 import warnings
 from types import ModuleType
 
-# old name under mas. -> new name under mas.; a package's submodules follow it
+# old name under mas. -> new name under mas.; a package's submodules follow it.  The flat names are
+# from before mas/ was grouped by folder; the dotted ones from before the learning and process
+# floors got folders of their own (and the rollout's scoring was renamed logprobs, so that it is
+# not read as the env's score).
 MOVED: dict[str, str] = {
-    **{name: f"config.{name}" for name in ("checks", "defaults", "safe_yaml", "refs", "plugins")},
+    **{name: f"config.{name}" for name in ("checks", "defaults", "safe_yaml", "plugins")},
     **{name: f"models.{name}" for name in ("sources", "hub", "gguf", "tiny")},
-    **{name: f"rollout.{name}" for name in ("engine", "scoring", "sandbox", "backends")},
-    **{name: f"training.{name}" for name in ("team", "trainer", "learner", "sft", "warmup", "checkpoint", "signals",
-                                             "metrics", "memory", "callbacks", "fault_points", "rundir")},
+    **{name: f"rollout.{name}" for name in ("engine", "backends")},
+    **{name: f"training.{name}" for name in ("team", "trainer", "warmup", "checkpoint", "signals", "metrics",
+                                             "callbacks", "rundir")},
+    **{name: f"learning.{name}" for name in ("learner", "sft", "memory_plan")},
+    **{name: f"process.{name}" for name in ("fault_points", "memory", "sandbox")},
+    "scoring": "learning.logprobs",
+    **{f"training.{name}": f"learning.{name}" for name in ("learner", "sft", "memory_plan")},
+    **{f"training.{name}": f"process.{name}" for name in ("fault_points", "memory")},
+    "rollout.scoring": "learning.logprobs",
+    "rollout.sandbox": "process.sandbox",
+    "config.refs": "refs",
+    "agents.tools": "tools",
 }
 
 
 def new_name(fullname: str) -> str | None:
-    """Where the module once called ``fullname`` lives now (None: it did not move)."""
+    """Where the module once called ``fullname`` lives now (None: it did not move): the longest
+    moved name it starts with, and the rest of its path under the new name."""
     root, _, rest = fullname.partition(".")
-    head, _, tail = rest.partition(".")
-    if root != "mas" or head not in MOVED:
+    if root != "mas" or not rest:
         return None
-    return f"mas.{MOVED[head]}" + (f".{tail}" if tail else "")
+    parts = rest.split(".")
+    for i in range(len(parts), 0, -1):
+        old = ".".join(parts[:i])
+        if old in MOVED:
+            return f"mas.{MOVED[old]}" + "".join(f".{p}" for p in parts[i:])
+    return None
 
 
 def _importer_level() -> int:

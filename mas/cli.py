@@ -76,9 +76,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def print_plan(path: str, cfg, args: argparse.Namespace) -> int:
-    """``mas validate --plan``: the memory plan (``mas.training.memory_plan``); 1 where it does not fit."""
+    """``mas validate --plan``: the memory plan (``mas.learning.memory_plan``); 1 where it does not fit."""
     from mas.models.sources import ModelLoadError
-    from mas.training.memory_plan import PROMPT_TOKENS, plan_run, render
+    from mas.learning.memory_plan import PROMPT_TOKENS, plan_run, render
 
     try:
         plans = plan_run(cfg, device=args.device, devices=args.devices, prompt_tokens=args.prompt_tokens or PROMPT_TOKENS)

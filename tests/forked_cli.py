@@ -72,7 +72,7 @@ runpy.run_module("mas.cli", run_name="__main__", alter_sys=True)
 # what `mas train` imports on its way (its lazy imports, and the libraries they pull in)
 TRAIN_IMPORTS = ("mas.training.trainer", "mas.training.team", "mas.training.checkpoint", "mas.training.signals",
                  "mas.training.rundir", "mas.training.callbacks", "mas.config.checks", "mas.runtime.local",
-                 "mas.runtime.policy_state", "mas.training.learner", "mas.rollout.engine", "mas.embedded.build",
+                 "mas.runtime.policy_state", "mas.learning.learner", "mas.rollout.engine", "mas.embedded.build",
                  "accelerate", "accelerate.checkpointing", "peft", "ray", "jsonschema", "safetensors.torch",
                  "torch.utils.tensorboard", "transformers.optimization", "transformers.trainer_pt_utils",
                  "transformers.models.auto.modeling_auto", "transformers.models.qwen2.modeling_qwen2",

@@ -32,7 +32,7 @@ def build(row: dict) -> str:
 def parsers() -> dict:
     """Every function that reads model output (text in, something small out)."""
     from mas.agents.parsers import parse_answer, parse_orchestrator, parse_raw, parse_verdict
-    from mas.agents.tools import parse_tool_calls
+    from mas.tools import parse_tool_calls
     from mas.credit.critic import parse_credit_json, parse_process_score
     from mas.envs.math.verify import answer_key, numbers_match, read_answer, unmarked_answer
     from mas.envs.research.metrics import f1_score

@@ -1,6 +1,6 @@
 """The padded reference of the learner's packed PPO path (STYLE.md habit 3).
 
-``mas.training.learner`` scores an update batch packed (every distinct token through the model
+``mas.learning.learner`` scores an update batch packed (every distinct token through the model
 once, completion tokens as a flat [K] list) and takes the PPO-clip surrogate over those tokens
 (``ppo_clip_tokens``).  This module does the same the obvious way, one right-padded row per turn:
 ``collate`` pads the turns, ``token_logprobs`` scores each row whole, ``ppo_clip_loss`` applies the
@@ -26,8 +26,8 @@ import math
 import torch
 from torch import nn
 
-from mas.rollout.scoring import TokenLogprob
-from mas.training.learner import LOSS_AGGS, PAD_ID, TrainSample, kl_penalty, loss_norm
+from mas.learning.logprobs import TokenLogprob
+from mas.learning.learner import LOSS_AGGS, PAD_ID, TrainSample, kl_penalty, loss_norm
 
 
 def collate(samples: list[TrainSample], pad_id: int = PAD_ID) -> dict[str, torch.Tensor]:
@@ -136,7 +136,7 @@ def ppo_clip_loss(
     max_tokens: int | None = None,
     kl_estimator: str = "k3",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip surrogate with an optional KL term, ``kl_estimator`` (mas.training.learner's docstring).
+    """PPO-clip surrogate with an optional KL term, ``kl_estimator`` (mas.learning.learner's docstring).
 
     ``norm`` divides the aggregated sum; by default it is ``loss_norm`` of this call's turns
     (``max_tokens`` is dr_grpo's constant).  Pass the whole update batch's divisor when

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mas.agents.parsers import PARSERS
-from mas.config.checks import PARSER_LABELS
+from mas.agents.parsers import PARSER_LABELS
 from mas.cli import main
 from mas.config.schema import ConfigError, load_config
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from mas.agents.tools import ToolParam, ToolSpec
+from mas.tools import ToolParam, ToolSpec
 from mas.cli import main
 from mas.config.schema import load_config
 from mas.training.context_plan import CHAT_OVERHEAD, context_bounds, longest_tool_response

@@ -352,7 +352,7 @@ def test_the_research_worlds_name_no_person_of_cpu_facts_world():
 
 
 def test_research_teacher_copies_every_name_from_what_it_has_read(tok):
-    from mas.agents.tools import parse_tool_calls
+    from mas.tools import parse_tool_calls
     from mas.embedded.formats import FACTS
     from mas.envs.research.facts import generate_world
 
@@ -408,7 +408,7 @@ def test_the_whole_path_format_searches_reads_and_searches_again_in_every_episod
 
 
 def tool_call(call):
-    from mas.agents.tools import tool_call_text
+    from mas.tools import tool_call_text
 
     return tool_call_text(*call)
 

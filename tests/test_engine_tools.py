@@ -229,7 +229,7 @@ def test_an_engine_without_the_named_tools_refuses_to_start(tiny_tokenizer, env)
 def test_a_rendered_call_is_what_the_parser_reads_back_with_its_text_literal():
     """``tool_call_text`` is the one renderer (teachers, framework adapters, prompt examples):
     the parser gets the name and arguments back, and a non-ASCII title stays as it reads."""
-    from mas.agents.tools import parse_tool_calls, tool_call_text
+    from mas.tools import parse_tool_calls, tool_call_text
 
     text = tool_call_text("read", {"title": "Émile Zola", "k": 2})
     assert text == '<tool_call>{"name": "read", "arguments": {"title": "Émile Zola", "k": 2}}</tool_call>'

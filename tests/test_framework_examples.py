@@ -16,7 +16,7 @@ from test_config import uncommented_keys
 
 import mas
 from mas.cli import main
-from mas.agents.tools import has_tool_call, parse_tool_calls
+from mas.tools import has_tool_call, parse_tool_calls
 from mas.rollout.backends.base import GenRequest
 from mas.topologies.adapters import describe_tools, tool_schema
 from mas.topologies.framework_teaching import FrameworkTeacher, TaskBook, asked_words, offered_tools, prefixed

@@ -2,7 +2,7 @@
 
 A quickstart-sized run (the embedded warm-started team, so rewards and gradients are real; 4
 steps of 2 tasks x 4 episodes, a checkpoint after every step) is started as a subprocess and
-stopped with SIGKILL at the points below, each one named through ``mas.training.fault_points`` so the
+stopped with SIGKILL at the points below, each one named through ``mas.process.fault_points`` so the
 kill lands exactly there, including inside a checkpoint that is half written.  After each kill:
 
 * ``checkpoints/latest`` names a complete checkpoint, of a step before the one that was

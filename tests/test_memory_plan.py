@@ -1,4 +1,4 @@
-"""Memory savers chosen from an estimate (``mas.training.memory_plan.plan_memory_savers``), on CPU with fake
+"""Memory savers chosen from an estimate (``mas.learning.memory_plan.plan_memory_savers``), on CPU with fake
 free-memory budgets.
 
 A model shaped like SmolLM2-135M in bfloat16 (30 layers, width 576, vocabulary 49,152), passes
@@ -19,8 +19,8 @@ from torch import nn
 
 from mas.agents.policy import PolicyHandle
 from mas.config.schema import OptimConfig
-from mas.training.learner import Learner
-from mas.training.memory_plan import CPU_PASS_BUDGET, pass_budget_cap, plan_memory_savers
+from mas.learning.learner import Learner
+from mas.learning.memory_plan import CPU_PASS_BUDGET, pass_budget_cap, plan_memory_savers
 
 GiB = 2**30
 
@@ -81,7 +81,7 @@ def test_a_model_without_shape_keeps_both_savers_under_auto():
 def test_the_learner_applies_the_plan_with_the_devices_free_memory(tiny_model, tiny_tokenizer, monkeypatch, free, on):
     """The learner reads the device's free memory (faked here) and switches the model's
     checkpointing on only when the plan says so; the config's own values still win."""
-    monkeypatch.setattr("mas.training.memory_plan.free_memory_bytes", lambda device: free)
+    monkeypatch.setattr("mas.learning.memory_plan.free_memory_bytes", lambda device: free)
     policy = PolicyHandle("p", "full", tiny_model, tiny_tokenizer, "cpu")
     learner = Learner(policy, OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0, "token_mean")
     assert learner.memory_plan.budget == min(free // 2, CPU_PASS_BUDGET)
@@ -113,7 +113,7 @@ def test_the_cpu_budget_keeps_a_smollm2_pass_of_1024_tokens_saver_free(tokens, c
 
 
 def test_the_learner_caps_the_budget_on_the_cpu(tiny_model, tiny_tokenizer, monkeypatch):
-    monkeypatch.setattr("mas.training.memory_plan.free_memory_bytes", lambda device: 64 * GiB)
+    monkeypatch.setattr("mas.learning.memory_plan.free_memory_bytes", lambda device: 64 * GiB)
     learner = Learner(PolicyHandle("p", "full", tiny_model, tiny_tokenizer, "cpu"), OptimConfig(lr=1e-3), 10, 0.2, 0.2, 0.0,
                       "token_mean")
     assert learner.memory_plan.budget == CPU_PASS_BUDGET == 2 * GiB

@@ -1,4 +1,4 @@
-"""The memory plan before launch (mas.training.memory_plan, `mas validate --plan`): each part
+"""The memory plan before launch (mas.learning.memory_plan, `mas validate --plan`): each part
 against sizes computed by hand for a tiny model, the peak, the advice, and the command."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from transformers import AutoConfig
 
 from mas.cli import main
 from mas.config.schema import validate_config
-from mas.training.memory_plan import ACTIVATION_ELEMENTS, LOGIT_COPIES, DevicePlan, GiB, parse_device, plan_run
+from mas.learning.memory_plan import ACTIVATION_ELEMENTS, LOGIT_COPIES, DevicePlan, GiB, parse_device, plan_run
 
 
 def tiny_shape(model_dir):

@@ -59,6 +59,26 @@ def test_the_config_keeps_its_public_path():
         mas.config.nope  # noqa: B018
 
 
+def test_the_learning_and_process_floors_answer_their_old_paths():
+    """Modules that moved into mas/learning and mas/process (and the renamed log-prob scoring, the
+    ground-floor tools and refs) are the same modules under their old dotted paths, with a warning."""
+    import mas.learning.learner
+    import mas.learning.logprobs
+    import mas.process.sandbox
+    import mas.refs
+    import mas.tools
+
+    for old, new in (("mas.training.learner", mas.learning.learner), ("mas.rollout.scoring", mas.learning.logprobs),
+                     ("mas.rollout.sandbox", mas.process.sandbox), ("mas.config.refs", mas.refs),
+                     ("mas.agents.tools", mas.tools)):
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to {new.__name__}"):
+            assert importlib.import_module(old) is new
+    assert _moved.new_name("mas.training.memory_plan") == "mas.learning.memory_plan"
+    assert _moved.new_name("mas.training.memory") == "mas.process.memory"
+    assert _moved.new_name("mas.training.trainer") is None  # it did not move
+
+
 def test_a_module_that_never_existed_is_still_an_import_error():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("mas.engine.nope")
@@ -81,7 +101,7 @@ def test_an_old_path_warns_once_at_the_line_that_imports_it():
     """Each old name says where the module went, pointed at the importing line (not at the import
     machinery), and once: the alias stays in sys.modules."""
     sys.modules.pop("mas.scoring", None)
-    with pytest.warns(DeprecationWarning, match=r"mas\.scoring moved to mas\.rollout\.scoring") as caught:
+    with pytest.warns(DeprecationWarning, match=r"mas\.scoring moved to mas\.learning\.logprobs") as caught:
         importlib.import_module("mas.scoring")
     assert [Path(w.filename).name for w in caught] == [Path(__file__).name]
     with warnings.catch_warnings():

@@ -22,7 +22,7 @@ import yaml
 
 from mas.cli import main
 from mas.config.checks import meaning_errors
-from mas.config.refs import RefError, extra_providing, import_ref
+from mas.refs import RefError, extra_providing, import_ref
 from mas.config.schema import ConfigError, apply_overrides, group_relative, validate_config
 from mas.credit.batch import build_credit_batch
 from mas.credit.registry import _REGISTRY, run_credit

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mas.rollout.sandbox import Sandbox, SandboxMemoryError, SandboxTimeout
+from mas.process.sandbox import Sandbox, SandboxMemoryError, SandboxTimeout
 
 
 def add(a, b):

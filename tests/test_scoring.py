@@ -1,7 +1,7 @@
-"""mas.rollout.scoring: the prefix-tree packing of turns, and chunked log-probabilities.
+"""mas.learning.logprobs: the prefix-tree packing of turns, and chunked log-probabilities.
 
 Packed scoring must give the per-token log-probabilities and gradients that scoring every
-turn on its own gives (``mas.training.learner.token_logprobs`` over ``collate``, the reference), to
+turn on its own gives (``mas.learning.learner.token_logprobs`` over ``collate``, the reference), to
 float tolerance, while running each distinct token through the model once.
 """
 
@@ -13,9 +13,9 @@ import random
 import pytest
 import torch
 
-from mas.training.learner import TrainSample
+from mas.learning.learner import TrainSample
 from ppo_reference import collate, token_logprobs
-from mas.rollout.scoring import distinct_tokens, pack, passes, split_model, token_logprobs_packed
+from mas.learning.logprobs import distinct_tokens, pack, passes, split_model, token_logprobs_packed
 from mas.models.tiny import tiny_causal_lm
 
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from mas.agents.parsers import parse_answer, parse_verdict
-from mas.agents.tools import parse_tool_calls, tool_results_message
+from mas.tools import parse_tool_calls, tool_results_message
 from mas.rollout.backends.base import GenRequest
 from mas.topologies.teaching import ChainTeacher, FactsTeacher
 from mas.envs.math.gsm8k import SAMPLE_DIR, GSM8KConfig

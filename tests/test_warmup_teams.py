@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mas.agents.tools import has_tool_call
+from mas.tools import has_tool_call
 from mas.config.schema import apply_overrides, validate_config
 from mas.training.team import build_team
 from mas.training.warmup import scripted_teacher, teacher_demonstrations, warm_up

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 # the built-in kinds register themselves on import, in this order (the schema's union lists them so)
-from mas.topologies import orchestrator, debate, chain, graph, autogen, langgraph  # noqa: F401,E401
+from mas.topologies import orchestrator, debate, chain, graph, autogen, langgraph, endpoint  # noqa: F401,E401
 from mas.topologies.registry import (Drawing, Edge, get_topology, kind_of, register_topology, topology_config_union,
                                      topology_kinds)
 

@@ -12,7 +12,7 @@ The rules, the same for both frameworks:
   messages are joined into one (several agents speaking in a row read as one transcript), and
   empty messages are left out, so an agent removed by an intervention is not seen.
 * Tools.  The framework runs the tools (an AutoGen ``FunctionTool``, a LangGraph
-  ``ToolNode``); the model writes calls in the format of ``mas.agents.tools``,
+  ``ToolNode``); the model writes calls in the format of ``mas.tools``,
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.  Tools the agent's role does not
   describe already (the env's tools do) are described in the system message.  A generation
   with calls is a tool turn (label ``tool``); its calls and, once the framework ran them, their
@@ -39,7 +39,7 @@ import concurrent.futures
 from dataclasses import dataclass
 from typing import Any
 
-from mas.agents.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls, tool_call_text, tools_prompt
+from mas.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls, tool_call_text, tools_prompt
 from mas.types import TOOL_LABEL, EpisodeContext
 from mas.types import Turn
 
@@ -82,7 +82,7 @@ def describe_tools(schemas: list[dict[str, Any]]) -> str:
 
 
 def tool_results_text(results: list[str]) -> str:
-    """The user message that hands a round of tool results back (as ``mas.agents.tools`` does)."""
+    """The user message that hands a round of tool results back (as ``mas.tools`` does)."""
     return "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
 
 

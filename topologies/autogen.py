@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from mas.config.refs import RefError, import_ref
+from mas.refs import RefError, import_ref
 from mas.topologies.adapters import MAX_MODEL_CALLS_HELP
 from mas.topologies.framework_teaching import SelectorTeacher, framework_teacher
 import mas.topologies.registry as registry
@@ -239,7 +239,7 @@ def _client(calls: Any, agent: str) -> Any:
 
 
 def env_tool(spec: Any, ctx: EpisodeContext) -> Any:
-    """An env tool (``mas.agents.tools.ToolSpec``) as an AutoGen tool: same arguments, same checks,
+    """An env tool (``mas.tools.ToolSpec``) as an AutoGen tool: same arguments, same checks,
     same observation; an invalid call raises, so AutoGen reports it as an error result.  It runs
     as the engine runs env tools: in the episode's tool runner (the sandbox), in a worker thread,
     with the batcher told (a batch waits for it, so batches do not depend on the tool's speed)."""
@@ -248,7 +248,7 @@ def env_tool(spec: Any, ctx: EpisodeContext) -> Any:
     from autogen_core.tools import BaseTool
     from pydantic import BaseModel, create_model
 
-    from mas.agents.tools import ToolCall, run_tool_call
+    from mas.tools import ToolCall, run_tool_call
 
     types = {"str": str, "int": int}
     fields = {p.name: (types[p.type], ... if p.required else p.default) for p in spec.params}

@@ -40,12 +40,12 @@ from autogen_core.models import (
 )
 from autogen_core.tools import Tool, ToolSchema
 
-from mas.agents.tools import tool_call_text
+from mas.tools import tool_call_text
 from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
 MODEL_INFO: ModelInfo = {
     "vision": False,
-    "function_calling": True,  # in the <tool_call> format of mas.agents.tools
+    "function_calling": True,  # in the <tool_call> format of mas.tools
     "json_output": False,
     "family": ModelFamily.UNKNOWN,  # a SelectorGroupChat then sends its prompt as a user message
     "structured_output": False,

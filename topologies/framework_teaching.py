@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mas.agents.parsers import parse_answer
-from mas.agents.tools import parse_tool_calls, tool_call_text
+from mas.tools import parse_tool_calls, tool_call_text
 from mas.envs import build_env
 from mas.rollout.backends.base import GenRequest
 from mas.topologies.adapters import describe_tools, tool_schema

@@ -39,7 +39,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
-from mas.agents.tools import tool_call_text
+from mas.tools import tool_call_text
 from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
 EPISODE: ContextVar[EpisodeCalls | None] = ContextVar("mas_episode", default=None)  # set per run by kind: langgraph

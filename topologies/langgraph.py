@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from mas.config.refs import RefError, import_ref
+from mas.refs import RefError, import_ref
 from mas.topologies.adapters import MAX_MODEL_CALLS_HELP
 from mas.topologies.framework_teaching import framework_teacher, solver_checker_teacher
 import mas.topologies.registry as registry

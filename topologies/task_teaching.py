@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mas.agents.parsers import parse_answer
-from mas.agents.tools import calls_spent, tool_call_text
+from mas.tools import calls_spent, tool_call_text
 from mas.envs import build_env
 from mas.envs.math.verify import gsm8k_final_answer, numbers_match, read_number
 from mas.rollout.backends.base import GenRequest

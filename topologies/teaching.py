@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mas.agents.tools import OPEN, calls_spent, parse_tool_calls, tool_call_text
+from mas.tools import OPEN, calls_spent, parse_tool_calls, tool_call_text
 from mas.rollout.backends.base import GenRequest
 
 Teacher = Callable[[GenRequest, random.Random], str]  # a request and the episode's RNG -> the reply text

@@ -47,7 +47,7 @@ raises ValueError (a silent False would make every episode look like a failure).
 **Bounds.** A span longer than ``MAX_ANSWER_CHARS`` or a number longer than ``MAX_DIGITS``
 digits is not read.  math-verify's own time limit is ``signal.alarm``: it works only on the
 main thread (elsewhere it raises), in whole seconds, and cannot stop work stuck in C
-(big-integer arithmetic); so math-verify runs in a ``mas.rollout.sandbox.Sandbox`` worker process,
+(big-integer arithmetic); so math-verify runs in a ``mas.process.sandbox.Sandbox`` worker process,
 killed after ``LATEX_TIMEOUT_S`` (the answer then reads as none and scores 0), whatever
 thread or event loop the reward is computed on.
 """
@@ -427,7 +427,7 @@ def _latex_sandbox():
         if "sandbox" not in _LATEX:
             import math_verify  # noqa: F401 - loaded once in this process, inherited by the workers
 
-            from mas.rollout.sandbox import Sandbox
+            from mas.process.sandbox import Sandbox
 
             _LATEX["sandbox"] = Sandbox({"latex_number": _latex_number_local}, timeout_s=LATEX_TIMEOUT_S,
                                         memory_mb=LATEX_MEMORY_MB, workers=1, name="math verifier")
@@ -435,7 +435,7 @@ def _latex_sandbox():
 
 
 def _latex_number(latex: str) -> Fraction | None:
-    from mas.rollout.sandbox import SandboxError
+    from mas.process.sandbox import SandboxError
 
     try:
         out = _latex_sandbox()("latex_number", latex)

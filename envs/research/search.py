@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mas.agents.tools import ToolError, ToolParam, ToolSpec
+from mas.tools import ToolError, ToolParam, ToolSpec
 
 __all__ = ["Corpus", "Paragraph", "TOOL_NAMES", "build_tools"]
 

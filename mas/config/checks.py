@@ -31,16 +31,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mas.agents.policy import resolve_device
 from mas.config.messages import ConfigError, issue_lines
 from mas.config.schema import RunConfig
 from mas.envs import build_env
 from mas.envs.verifiers import verifier_names
 from mas.errors import ModelLoadError
+from mas.models.devices import resolve_device
 from mas.models.hub import in_cache, is_local
-from mas.config.refs import RefError, import_ref
+from mas.refs import RefError, import_ref
 from mas.models.sources import is_gguf_model, source_issue
-from mas.agents.parsers import PARSER_LABELS  # noqa: F401 - read here by tests and plugins
 from mas.topologies import kind_of
 
 Issue = tuple[tuple, Any, str]

@@ -117,7 +117,7 @@ class OptimConfig(Section):
     packing: bool = Field(
         True, description="Score each conversation once: the update batch's turns are laid out as a prefix tree (a growing "
         "conversation, a shared system prompt and task), so every distinct token runs through the model once, with a tree "
-        "attention mask (mas/rollout/scoring.py). false: one sequence per turn, micro_batch_size turns per pass (for debugging).")
+        "attention mask (mas/learning/logprobs.py). false: one sequence per turn, micro_batch_size turns per pass (for debugging).")
     micro_batch_tokens: int = Field(
         4096, ge=16, description="With packing: most token positions per forward/backward pass (rows x their longest, padding "
         "included); a packed row never exceeds it unless one turn alone does. Gradients accumulate over passes.")
@@ -125,13 +125,13 @@ class OptimConfig(Section):
         "auto", description="Completion tokens whose full-vocabulary logits are made at once, under activation "
         "checkpointing, so [tokens, vocab] logits never sit in memory for a whole micro-batch. null: all at once. auto: "
         "1024 where one pass's activations and float32 logits (3 x tokens x vocab x 4 bytes) would not fit in half the "
-        "device's free memory (on CPU, in at most 2 GiB), else all at once (mas.training.learner.plan_memory_savers).")
+        "device's free memory (on CPU, in at most 2 GiB), else all at once (mas.learning.learner.plan_memory_savers).")
     gradient_checkpointing: Literal["auto"] | bool = Field(
         "auto", description="Recompute the decoder layers' activations in backward instead of keeping them (transformers' "
         "gradient checkpointing, non-reentrant), at about half a forward-backward more compute. auto: on only where one "
         "pass's activations (estimated from the model's depth, width and dtype and micro_batch_tokens) and logits would "
         "not fit in half the device's free memory (on CPU, in at most 2 GiB) even with chunked logits "
-        "(mas.training.learner.plan_memory_savers).")
+        "(mas.learning.learner.plan_memory_savers).")
 
     _lr = field_validator("lr")(_learning_rate)
 
@@ -277,11 +277,11 @@ class AgentConfig(Section):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters for training rollouts.")
     tools: tuple[str, ...] = Field(
         (), description="Tools of the env this agent may call before it replies (hotpotqa: search, read); () = none. "
-        "Calls use the <tool_call>{json}</tool_call> format; each generation is one turn (see agents/tools.py)."
+        "Calls use the <tool_call>{json}</tool_call> format; each generation is one turn (see mas/tools.py)."
     )
     max_tool_calls: int = Field(4, ge=1, description="Most tool calls per invocation; after them the agent must reply.")
     tools_prompt: bool = Field(
-        True, description="Append the tools' signatures, the call format and the budget to the role (agents/tools.py); false "
+        True, description="Append the tools' signatures, the call format and the budget to the role (mas/tools.py); false "
         "where the role says it in fewer words (a small model warm-started on the protocol, whose prompts it keeps short).")
 
 
@@ -462,7 +462,7 @@ class RuntimeConfig(Section):
     )
     tool_timeout_s: float = Field(
         30.0, gt=0, description="Wall-clock limit of one tool call; past it the tool's worker process is killed and the call "
-        "is an error observation (tools run in worker processes with no network: mas/rollout/sandbox.py)."
+        "is an error observation (tools run in worker processes with no network: mas/process/sandbox.py)."
     )
     tool_memory_mb: int = Field(
         1024, ge=16, description="Memory (address space) one tool worker may add to what it started with; an allocation past "

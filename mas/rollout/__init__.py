@@ -1,2 +1,2 @@
-"""The rollout: the engine that plays joint episodes, the packed scoring of their turns, the
-sandbox that tools run in, and the backends that sample agent turns (``backends/``)."""
+"""The rollout: the engine that plays joint episodes, and the backends that sample agent turns
+(``backends/``)."""

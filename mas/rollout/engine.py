@@ -16,7 +16,7 @@ their observations on that Turn, and calls the agent again with the observations
 to its messages, until it replies without a tool call or its ``max_tool_calls`` are spent;
 the topology gets the final turn.  A replayed turn reuses its recorded calls and
 observations (the tools are not run again), so a replay is faithful whatever the tool does.
-Tool functions run in a ``mas.rollout.sandbox.Sandbox`` (worker processes with a time limit, a memory
+Tool functions run in a ``mas.process.sandbox.Sandbox`` (worker processes with a time limit, a memory
 limit and no network), off the event loop, so a slow tool holds up only its own episode.
 A masked or removed tool-using agent occupies as many turn positions as its recorded
 invocation did (all but the last are 'removed' placeholders), so the other agents' turns
@@ -60,11 +60,11 @@ from typing import Any, Callable, Literal
 
 from mas.agents.agent import Agent
 from mas.agents.prompts import PromptCache
-from mas.agents.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
+from mas.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
 from mas.rollout.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
 from mas.envs.verifiers import VERIFIED, TurnVerifier, check_score
-from mas.training.fault_points import pause_point
-from mas.rollout.sandbox import Sandbox
+from mas.process.fault_points import pause_point
+from mas.process.sandbox import Sandbox
 from mas.types import (
     CritiqueRequest,
     StepAbandoned,
@@ -609,7 +609,7 @@ class Engine:
         verify: TurnVerifier | None = None,
         verify_timeout_s: float = 2.0,
     ):
-        """``tool_*``: limits of the sandbox the env's tools run in (see ``mas.rollout.sandbox``);
+        """``tool_*``: limits of the sandbox the env's tools run in (see ``mas.process.sandbox``);
         ``sleep``: what an episode's and a verifier call's time limits wait with (a test injects a
         manual clock); ``verify``: the turn verifier (``mas.envs.verifiers``), called on every turn
         of a scored episode, each call within ``verify_timeout_s``."""

@@ -14,7 +14,7 @@ from mas.rollout.backends.base import Backend, BackendUnavailable
 
 if TYPE_CHECKING:
     from mas.config.schema import RunConfig
-    from mas.training.learner import TrainSample, UpdateHandle
+    from mas.learning.learner import TrainSample, UpdateHandle
 
 
 class PolicyActorDied(BackendUnavailable):

@@ -28,7 +28,7 @@ from mas.runtime.sharding import (FULL_OPTIMIZER, full_optimizer_state, load_ful
 
 if TYPE_CHECKING:
     from mas.agents.policy import PolicyHandle
-    from mas.training.learner import Learner
+    from mas.learning.learner import Learner
 
 
 def save_policy_state(ckpt: Path, name: str, handle: "PolicyHandle", learner: "Learner | None", rank: int = 0) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas.rollout.backends.base import Backend, BatchError, GenRequest, GenResult
-from mas.training.learner import TrainSample, UpdateSpan
+from mas.learning.learner import TrainSample, UpdateSpan
 from mas.runtime.base import PolicyActorDied, learner_args
 from mas.runtime.ray_cluster import RaySession
 from mas.runtime.worker import PolicyWorker, describe_policy

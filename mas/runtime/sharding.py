@@ -11,7 +11,7 @@ weights, gradients and optimizer state cost 1/N per worker.
 What the rest of mas sees:
 
 * **Scoring.**  The learner scores a pass by calling the decoder body and the output head apart
-  (chunked logits, ``mas.rollout.scoring``), which would bypass the root unit's hooks; the
+  (chunked logits, ``mas.learning.logprobs``), which would bypass the root unit's hooks; the
   sharded model therefore carries its scoring function as a method registered with
   ``register_fsdp_forward_method``, and ``token_logprobs_packed`` calls it.
 * **Collectives in step.**  Every forward and backward all-gathers and reduce-scatters, so every
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mas.rollout.scoring import SHARDED_SCORE, packed_logprobs
+from mas.learning.logprobs import SHARDED_SCORE, packed_logprobs
 
 FULL_OPTIMIZER = "optimizer_full.pt"  # a sharded policy's optimizer state, whole and keyed by parameter name
 

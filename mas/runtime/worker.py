@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from mas.rollout.backends.base import Backend, GenRequest, GenResult
-from mas.training.learner import Learner, TrainSample, UpdateSpan, _host
-from mas.training.memory import peak_rss_mb, release_freed_memory
+from mas.learning.learner import Learner, TrainSample, UpdateSpan, _host
+from mas.process.memory import peak_rss_mb, release_freed_memory
 from mas.runtime.policy_state import load_policy_state, load_sharded_state, save_policy_state, save_sharded_state
-from mas.training.sft import supervised_steps
+from mas.learning.sft import supervised_steps
 
 if TYPE_CHECKING:
     from mas.agents.policy import PolicyHandle
@@ -161,7 +161,7 @@ class PolicyWorker:
 
     def warm_up(self, name: str, demonstrations: list, steps: int, batch_size: int, lr: float, seed: int,
                 abort: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """The supervised format warm-up of ``name`` (``mas.training.sft``), scored as its learner scores
+        """The supervised format warm-up of ``name`` (``mas.learning.sft``), scored as its learner scores
         turns; the serving copy (if any) then gets the new weights."""
         learner = self.learners[name]
         got = supervised_steps(self.handles[name], demonstrations, steps, batch_size, lr, seed,

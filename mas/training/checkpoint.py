@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas.credit import get_credit
-from mas.training.fault_points import pause_point
+from mas.process.fault_points import pause_point
 from mas.runtime.policy_state import load_rng_state, save_rng_state
 
 if TYPE_CHECKING:

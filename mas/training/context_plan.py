@@ -109,7 +109,7 @@ def context_issues(cfg: Any) -> list[str]:
     from mas.embedded.artifact import embedded_path
     from mas.envs import build_env
     from mas.models.sources import is_gguf_model
-    from mas.training.memory_plan import model_config
+    from mas.learning.memory_plan import model_config
 
     cache: dict[str, tuple[Any, int | None]] = {}
 

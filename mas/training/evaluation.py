@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mas.envs import build_env
-from mas.training.memory import release_freed_memory
+from mas.process.memory import release_freed_memory
 from mas.training.metrics import eval_metrics
 
 PAIRED_Z = 2.0  # standard errors of the paired difference that make a drop more than noise

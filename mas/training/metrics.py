@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from mas.config.schema import RunConfig, dump_config
-from mas.training.memory import peak_rss_mb, rss_mb
+from mas.process.memory import peak_rss_mb, rss_mb
 from mas.training.rundir import write_keeping_earlier
 from mas.errors import MissingDependencyError  # still importable from here
 from mas.envs.base import DESIGNED

@@ -36,9 +36,9 @@ from mas.credit import build_credit_batch, get_credit, run_credit
 from mas.credit.filters import drop_constant_groups
 from mas.credit.registry import followup_credit, plan_credit
 from mas.embedded.fit import fit_checks
-from mas.training.fault_points import enter_step, pause_point
-from mas.training.learner import TrainSample, UpdateSpan
-from mas.training.memory import release_freed_memory
+from mas.process.fault_points import enter_step, pause_point
+from mas.learning.learner import TrainSample, UpdateSpan
+from mas.process.memory import release_freed_memory
 from mas.training.evaluation import evaluate, regression
 from mas.training.metrics import RunLogger, Silence, credit_cost, divergence_warning, eval_summary, step_metrics
 from mas.training.rundir import check_fresh

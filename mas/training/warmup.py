@@ -36,8 +36,8 @@ from mas.config.messages import ConfigError
 from mas.config.schema import RunConfig
 from mas.rollout.engine import Engine
 from mas.envs import build_env
-from mas.training.memory import release_freed_memory
-from mas.training.sft import Demonstration
+from mas.process.memory import release_freed_memory
+from mas.learning.sft import Demonstration
 from mas.topologies import build_topology, kind_of
 from mas.topologies.teaching import NoTeacher, Teacher
 

@@ -8,7 +8,8 @@ import importlib.util
 
 import pytest
 
-from mas.agents.prompts import PromptCache, completion_stop_ids, render_prompt
+from mas.agents.prompts import PromptCache, render_prompt
+from mas.rollout.backends.base import completion_stop_ids
 
 MESSAGES = [
     {"role": "system", "content": "You are a solver."},

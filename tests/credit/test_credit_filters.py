@@ -11,7 +11,7 @@ from mas.credit import build_credit_batch, run_credit
 from mas.credit.baselines import GRPOConfig
 from mas.credit.dr_mas import DrMasConfig
 from mas.credit.filters import constant_groups, drop_constant_groups
-from mas.training.learner import loss_norm
+from mas.learning.learner import loss_norm
 from mas.types import Credit
 
 AGENTS = ["solver", "verifier"]

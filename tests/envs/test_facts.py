@@ -13,7 +13,7 @@ from typing import Annotated, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from mas.agents.tools import ToolCall, run_tool_call
+from mas.tools import ToolCall, run_tool_call
 from mas.envs import ENV_CONFIGS, ENV_TOOLS, build_env
 from mas.envs.research import FactsConfig, FactsEnv, generate_world
 from mas.envs.research.facts import QUESTION, Chain

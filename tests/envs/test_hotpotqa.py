@@ -9,7 +9,7 @@ import types
 import pytest
 from pydantic import ValidationError
 
-from mas.agents.tools import ToolError
+from mas.tools import ToolError
 from mas.envs import build_env
 from mas.envs.research import Corpus, HotpotQAConfig, HotpotQAEnv, Paragraph
 from mas.envs.research.hotpotqa import SAMPLE_DIR, load_questions, normalise_row

@@ -26,7 +26,7 @@ from mas.envs.math.verify import (
     read_answer,
     read_number,
 )
-from mas.rollout.sandbox import Sandbox
+from mas.process.sandbox import Sandbox
 
 TABLE = [json.loads(line) for line in (Path(__file__).parents[1] / "data" / "math_answers.jsonl").read_text(encoding="utf-8").splitlines()]
 CATEGORIES = {"plain", "fraction", "latex_frac", "dfrac", "mixed", "percent", "thousands_comma", "thousands_space", "thousands_thin",

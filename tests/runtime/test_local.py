@@ -9,7 +9,7 @@ import pytest
 from team_helpers import team_config
 
 from mas.config.schema import validate_config
-from mas.training.learner import TrainSample
+from mas.learning.learner import TrainSample
 from mas.training.team import build_team
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from team_helpers import team_config
 
 from mas.config.schema import validate_config
-from mas.training.learner import TrainSample
+from mas.learning.learner import TrainSample
 from mas.training.team import build_team
 
 

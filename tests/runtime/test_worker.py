@@ -10,7 +10,7 @@ from team_helpers import team_config
 
 from mas.rollout.backends.base import GenRequest
 from mas.config.schema import validate_config
-from mas.training.learner import TrainSample
+from mas.learning.learner import TrainSample
 from mas.runtime import learner_args
 from mas.runtime.worker import PolicyWorker
 

@@ -23,7 +23,7 @@ module removes both (DESIGN.md, "Models: where weights come from"):
   under activation checkpointing: only [chunk, V] logits exist at once, in forward and in
   backward (where each chunk's logits are recomputed).  Prompt positions never reach the head.
 
-Vocabulary (as in ``mas.training.learner``):
+Vocabulary (as in ``mas.learning.learner``):
     K   completion tokens to score: one "pair" per (turn, completion position)
     B   rows in one forward pass; L their padded length; D the hidden size; V the vocabulary
 

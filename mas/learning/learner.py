@@ -6,11 +6,11 @@ micro-batch size (the decoupled per-agent update).  A turn reaches the learner a
 ``TrainSample``: prompt and completion token ids, the logprob of each completion token at
 sampling time, and the one scalar advantage that the credit method gave the turn.
 
-Shapes (the vocabulary of ``mas.types`` and ``mas.rollout.scoring``):
+Shapes (the vocabulary of ``mas.types`` and ``mas.learning.logprobs``):
     N  turns (samples) in an update batch
     K  completion tokens, flat: one per (turn, completion position), in the packing's order
 
-The batch is scored packed (``mas.rollout.scoring``: every distinct token through the model
+The batch is scored packed (``mas.learning.logprobs``: every distinct token through the model
 once), so every per-token tensor here is a flat ``[K]`` over completion tokens, each carrying
 its turn's advantage and its share of the aggregated loss.  ``tests/ppo_reference.py`` holds
 the same surrogate over right-padded ``[N, S]`` turns, written straight from the formulas
@@ -99,9 +99,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 from torch import nn
 
-from mas.training.fault_points import pause_point
-from mas.training.memory_plan import enable_checkpointing, learner_savers
-from mas.rollout.scoring import Pass, distinct_tokens, pack, passes, split_model, token_logprobs_packed
+from mas.process.fault_points import pause_point
+from mas.learning.memory_plan import enable_checkpointing, learner_savers
+from mas.learning.logprobs import Pass, distinct_tokens, pack, passes, split_model, token_logprobs_packed
 from mas.types import StepAbandoned
 
 if TYPE_CHECKING:  # the learner reads only a few fields of it (flat builder arguments)
@@ -362,13 +362,13 @@ class Learner:
 
     Scoring (``optim`` fields, each with an off switch for debugging): ``packing`` lays the
     batch's turns out as a prefix tree, so every distinct token runs through the model once,
-    at most ``micro_batch_tokens`` tokens per forward pass (``mas.rollout.scoring.pack``; off: one
+    at most ``micro_batch_tokens`` tokens per forward pass (``mas.learning.logprobs.pack``; off: one
     sequence per turn, ``micro_batch_size`` turns per pass); ``logprob_chunk`` makes the
     output head's logits that many completion tokens at a time, under activation
     checkpointing (off: all at once); ``gradient_checkpointing`` recomputes the decoder
     layers' activations in backward instead of keeping them.  Either set to "auto" is chosen
     from the memory it would save against the free device memory
-    (``mas.training.memory_plan.learner_savers``; the choice and its estimate are ``memory_plan``).
+    (``mas.learning.memory_plan.learner_savers``; the choice and its estimate are ``memory_plan``).
     """
 
     def __init__(
@@ -472,7 +472,7 @@ class Learner:
         Metrics are token-weighted means over all epochs (``grad_norm``: mean pre-clip norm);
         ``lr`` is the rate these steps used; ``forward_tokens`` counts the token positions run
         through the model per epoch (padding included) and ``distinct_tokens`` the batch's
-        distinct token positions (``mas.rollout.scoring.distinct_tokens``), the floor of that.  With
+        distinct token positions (``mas.learning.logprobs.distinct_tokens``), the floor of that.  With
         no samples no optimizer step is taken, but the scheduler still steps (one step per
         update call, so the schedule follows the trainer's steps) and the same metric keys
         come back, at 0 (``lr``: this update's rate).  With a ``seed`` the update draws its

@@ -22,7 +22,7 @@ Rules (each violation becomes an observation that says what was wrong; nothing r
   invalid too.
 
 Tools run outside the training process: the engine hands every call to a
-``mas.rollout.sandbox.Sandbox`` of forked worker processes with a time limit, a memory limit and no
+``mas.process.sandbox.Sandbox`` of forked worker processes with a time limit, a memory limit and no
 network (``runtime.tool_timeout_s``, ``runtime.tool_memory_mb``, ``runtime.tool_workers``),
 so a tool that hangs, allocates without bound or opens a socket costs one error observation,
 never the rollout.
@@ -195,14 +195,14 @@ def run_tool_call(
 ) -> tuple[dict[str, Any], str]:
     """Run one parsed call against the agent's ``tools``: (record for Turn.tool_calls, observation).
 
-    ``runner(name, **arguments)`` runs the tool: the engine passes a ``mas.rollout.sandbox.Sandbox``
+    ``runner(name, **arguments)`` runs the tool: the engine passes a ``mas.process.sandbox.Sandbox``
     holding the env's tool functions (a subprocess with a time limit, a memory limit and no
     network); without one the function is called in this process (unit tests of the format).
     A call the tool could not finish (it raised, hung past the time limit or ran out of memory)
     is an error observation whose record carries ``fault``: "tool_error", "tool_timeout" or
     "tool_memory"; a ``ToolError`` (the tool's answer to a value it cannot serve) is not a fault.
     """
-    from mas.rollout.sandbox import SandboxMemoryError, SandboxTimeout
+    from mas.process.sandbox import SandboxMemoryError, SandboxTimeout
 
     record: dict[str, Any] = {"name": call.name, "arguments": call.arguments, "valid": False, "error": None}
     if call.error is None and call.name not in tools:

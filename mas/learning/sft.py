@@ -4,7 +4,7 @@ The format warm-up (``mas.training.warmup``) fine-tunes each trainable policy on
 agents' turns before RL.  This module is the learner-level part: given (prompt, completion)
 token pairs, take ``steps`` AdamW steps of the mean negative log-likelihood of the completion
 tokens, scored like the RL learner scores turns (prefix-tree packing, chunked logits,
-``mas.rollout.scoring``), on the policy's own trainable weights (its LoRA adapter, or all weights).
+``mas.learning.logprobs``), on the policy's own trainable weights (its LoRA adapter, or all weights).
 The optimizer is the warm-up's own and is dropped afterwards, so RL starts with fresh
 optimizer state.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mas.rollout.scoring import pack, passes, split_model, token_logprobs_packed
+from mas.learning.logprobs import pack, passes, split_model, token_logprobs_packed
 from mas.types import StepAbandoned
 
 Demonstration = tuple[list[int], list[int]]  # (prompt_ids, completion_ids)

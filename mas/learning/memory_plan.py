@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mas.training.memory import rss_mb
+from mas.process.memory import rss_mb
 
 GiB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
