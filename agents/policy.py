@@ -1,6 +1,6 @@
 """Policies: the weight sets agents sample from and learners update.
 
-A policy is one of (DESIGN.md, "Policies and updates"):
+A policy is one of (docs/architecture.md, "Policies and updates"):
 
 - ``full``: a whole model, every parameter trained;
 - ``lora``: one peft adapter on a base model.  All LoRA policies that name the same

@@ -51,7 +51,7 @@ and every turn of m in episode i gets Â_{i,m}.
     the default ``turn`` weights an agent by its number of turns (Dr. MAS).  Both agree
     when every agent acts once per episode [A: the paper's normalisation set is unknown].
 
-Planning (DESIGN.md plan -> execute -> assign): ``plan_sharp`` asks for ONE
+Planning (docs/architecture.md plan -> execute -> assign): ``plan_sharp`` asks for ONE
 ``InterventionRequest`` per distinct (episode, coalition ≠ N), keyed
 ``coalition_key(e, masked)`` = ``"sharp/{e}/" + ",".join(sorted(masked))``, where e is the
 running episode index of the batch.  The coalitions are exactly those the estimator

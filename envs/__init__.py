@@ -1,4 +1,4 @@
-"""Tasks, verifiers and tools (DESIGN.md: envs/).
+"""Tasks, verifiers and tools (docs/architecture.md: envs/).
 
 Every env is registered by name with its config model, its builder and the names of the tools
 it offers its agents: its own module calls :func:`register_env` (``registry.py``) when imported,

@@ -1,6 +1,6 @@
 """Error types that modules of every layer raise or catch.
 
-They live at the bottom (DESIGN.md, "Layering: imports point down") so that, say, the hub
+They live at the bottom (docs/architecture.md, "Layering: imports point down") so that, say, the hub
 access (``mas.models.hub``) raises the same error as the model sources (``mas.models.sources``) and the
 policy loader without importing them, the Ray cluster setup (``mas.runtime``) raises what the
 metrics writer raises, and the CLI catches one type wherever it was raised.  The modules that

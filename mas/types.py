@@ -182,7 +182,7 @@ def flatten_turns(groups: list[EpisodeGroup]) -> list[tuple[Episode, Turn]]:
     return [(ep, t) for g in groups for ep in g.episodes for t in ep.turns]
 
 
-# --- extra evaluations a credit method may plan (DESIGN.md: plan -> execute -> assign) ---------
+# --- extra evaluations a credit method may plan (docs/architecture.md: plan -> execute -> assign) ---------
 
 
 @dataclass(frozen=True)

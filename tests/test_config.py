@@ -421,7 +421,7 @@ def test_graph_cycle_with_max_turns_validates():
 
 
 def test_the_structure_is_checked_above_the_schema_and_team_building_refuses_it_first():
-    """``mas.config.schema`` sits below the topologies (DESIGN.md, "Layering"), so it checks the schema
+    """``mas.config.schema`` sits below the topologies (docs/architecture.md, "Layering"), so it checks the schema
     only; ``mas.config.checks.meaning_errors`` checks the structure, passed to validate_config/load_config
     by the commands, and ``build_team`` refuses a config it flags before anything loads."""
     data = with_topology(graph(LOOP_NODES, LOOP_EDGES))  # a cycle and no max_turns

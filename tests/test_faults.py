@@ -1,6 +1,6 @@
 """Faults injected into short training runs: each run goes on, and each fault is counted.
 
-DESIGN.md: a failed episode is kept, marked, scored 0 and counted; the step goes on.  Each test
+docs/architecture.md: a failed episode is kept, marked, scored 0 and counted; the step goes on.  Each test
 trains a real tiny team for two steps with one kind of fault injected (an agent or topology
 exception, a tool that raises, hangs, hoards memory or opens a socket, a reward that is NaN
 or raises, a backend error on one batch) and checks the run's own records: every step is in

@@ -1,4 +1,4 @@
-"""Imports point down (DESIGN.md, "Layering: imports point down").
+"""Imports point down (docs/architecture.md, "Layering: imports point down").
 
 No import cycle among mas's own modules, and no module imports from a higher layer. Every
 import counts: module level, under ``TYPE_CHECKING``, and lazy ones inside functions. The
@@ -289,13 +289,13 @@ def test_no_import_cycles_among_the_projects_modules():
     imports = list(_our_imports())
     assert len({imp.source for imp in imports}) > 50  # the packages were found (agents/ as mas.agents, ...)
     cycles = find_cycles(imports)
-    assert not cycles, "imports must point down (DESIGN.md, Layering):\n" + "\n".join(map(describe_cycle, cycles))
+    assert not cycles, "imports must point down (docs/architecture.md, Layering):\n" + "\n".join(map(describe_cycle, cycles))
 
 
 def test_every_module_has_a_layer():
     unplaced = [m for m in project_modules(ROOT)
                 if layer_of(m, LAYERS) is None and not any(_under(m, p) for p in UNPLACED)]
-    assert not unplaced, f"place these modules in LAYERS (DESIGN.md's layers): {unplaced}"
+    assert not unplaced, f"place these modules in LAYERS (docs/architecture.md's layers): {unplaced}"
 
 
 def test_no_module_imports_a_higher_layer_beyond_the_known_debts():

@@ -3,7 +3,7 @@
 The embedded model is warm-started on them (one per format, ``mas/embedded/formats.py``), and the
 format warm-up of a real-model team (``trainer.warmup``) plays them under the team's own agent
 names.  They live with the topologies because a topology kind owns its scripted teacher
-(DESIGN.md, "Kinds are plugins"); ``mas.embedded.teachers`` re-exports them.
+(docs/architecture.md, "Kinds are plugins"); ``mas.embedded.teachers`` re-exports them.
 
 A teacher (``Teacher``) is a frozen dataclass of its knobs; ``teacher(req, rng)`` maps a request (the agent
 and the chat messages the real topology built) to the reply text.  It reads the task and the

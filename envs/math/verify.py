@@ -1,7 +1,7 @@
 """Math answers: what the final answer is, how it is read, and when it is right.
 
 A policy under RL learns whatever earns reward, so the verifier reads exactly one value, and
-only where the text states it as the answer.  Model output is untrusted (DESIGN.md, "Errors
+only where the text states it as the answer.  Model output is untrusted (docs/architecture.md, "Errors
 and bad input"): nothing here calls ``eval``; every scan is linear in the text's length.
 
 **The final answer** of a text is, in order:

@@ -10,7 +10,7 @@ Three kinds, each a list of ``(yaml path, value found, message)`` like ``CrossFi
   topology node uses.  They are config errors, so every command refuses: ``build_team`` runs
   them (``check_config``), and the commands pass them to ``load_config(..., check=...)``.
   They live here, not in ``mas.config.schema``, because they need the topology modules, which read
-  the config's types (DESIGN.md, "Layering: imports point down").
+  the config's types (docs/architecture.md, "Layering: imports point down").
 - ``config_warnings``: a team that runs but probably not as meant, said out loud: a policy
   nothing uses, a team with nothing to train, a credit option that leaves agents out (SHARP's
   ``exclude: null``), a trainable policy ``trainer.alternate`` never schedules.  ``mas

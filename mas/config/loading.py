@@ -121,7 +121,7 @@ def validate_config(data: dict, source: str = "<config>", check: ConfigCheck | N
     ``ConfigError`` with every problem.  ``check``: what the config means beyond its schema,
     run once the schema holds (``mas.config.checks.meaning_errors``: the topology's structure, parsers
     that cannot do their agent's job); this module cannot run it itself, since those checks
-    need the topology modules, which import the config (DESIGN.md, "Layering")."""
+    need the topology modules, which import the config (docs/architecture.md, "Layering")."""
     if not isinstance(data, dict):
         raise ConfigError(source, [f"<root>: expected a mapping of sections, found {type(data).__name__}"])
     try:

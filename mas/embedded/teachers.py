@@ -1,5 +1,5 @@
 """The embedded model's scripted teachers live in ``mas.topologies.teaching`` now (a topology kind
-owns its scripted teacher, DESIGN.md "Kinds are plugins"); this module re-exports them so that
+owns its scripted teacher, docs/architecture.md "Kinds are plugins"); this module re-exports them so that
 the old import path still works."""
 
 from mas.topologies.teaching import (  # noqa: F401

@@ -1,4 +1,4 @@
-"""One policy's learner: the PPO-clip surrogate over its completion tokens (DESIGN.md, "Policies
+"""One policy's learner: the PPO-clip surrogate over its completion tokens (docs/architecture.md, "Policies
 and updates"; CREDIT_SPEC.md section 0).
 
 Each trainable policy owns one ``Learner``: its own AdamW, learning-rate schedule and

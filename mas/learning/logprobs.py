@@ -2,7 +2,7 @@
 
 The learner needs, for every completion token of every turn it trains on, that token's
 log-probability under the current weights.  Two costs dominate on real models, and this
-module removes both (DESIGN.md, "Models: where weights come from"):
+module removes both (docs/architecture.md, "Models: where weights come from"):
 
 * **Re-encoding shared prefixes.**  An agent's turns within one episode share a growing
   conversation (turn t+1's prompt is turn t's prompt, its reply and the next message), and the

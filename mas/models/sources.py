@@ -1,6 +1,6 @@
 """Where a policy's weights come from: a ``model`` string resolved to something loadable.
 
-A policy's ``model`` names one of (DESIGN.md, "Models: where weights come from"):
+A policy's ``model`` names one of (docs/architecture.md, "Models: where weights come from"):
 
 - ``embedded``: the tiny offline model (``mas.embedded``);
 - a Hugging Face hub id, loaded through ``mas.models.hub`` (network, or the local cache);

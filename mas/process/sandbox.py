@@ -1,6 +1,6 @@
 """Run untrusted work in worker processes with a time limit, a memory limit and no network.
 
-Model output is untrusted (DESIGN.md, "Errors and bad input"), and so is what tools and
+Model output is untrusted (docs/architecture.md, "Errors and bad input"), and so is what tools and
 verifiers do with it: a tool may hang, allocate without bound or reach for the network, and
 a symbolic verifier may spend minutes on ``9^{9^{9^9}}``.  A ``Sandbox`` runs registered
 functions in a small pool of worker processes and bounds each call:

@@ -5,7 +5,7 @@ nodes call agents through ``EpisodeContext.call``; those calls become ``GenReque
 the ``Batcher`` collects from all running episodes and hands to the backend as one
 ``generate_batch`` (one ``generate`` per policy and sampling setting).
 
-The same machinery executes the extra evaluations credit methods plan (DESIGN.md):
+The same machinery executes the extra evaluations credit methods plan (docs/architecture.md):
     replay        re-run a recorded episode with turns 0..t-1 frozen token for token
     intervention  re-run with some agents masked (placeholder text) or removed (no message)
 A ``Script`` tells ``EpisodeContext.call`` what to do at each turn index.
@@ -27,7 +27,7 @@ requests are sorted by (episode, turn) before each batch, and each ``generate_ba
 the seed (seed, batch number), from which the backend seeds every policy's sampling on its
 own (``mas.rollout.backends.base.policy_seed``), wherever that policy is served.
 
-Faults (DESIGN.md: a failed episode is kept, marked, scored 0 and counted; the step goes on)
+Faults (docs/architecture.md: a failed episode is kept, marked, scored 0 and counted; the step goes on)
 are counted by kind in ``Engine.faults`` (``FAULT_KINDS``); the trainer takes the counts of
 each step into its metrics (``take_faults``), with the first message of each kind.
 

@@ -1,5 +1,5 @@
 """The framework teacher (``FrameworkTeacher``, for any AutoGen or LangGraph team) lives in
-``mas.topologies.framework_teaching`` now (a topology kind owns its scripted teacher, DESIGN.md
+``mas.topologies.framework_teaching`` now (a topology kind owns its scripted teacher, docs/architecture.md
 "Kinds are plugins"); this module re-exports it so that the old import path still works."""
 
 from mas.topologies.framework_teaching import (  # noqa: F401

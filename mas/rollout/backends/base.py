@@ -46,7 +46,7 @@ class GenResult:
 
 class ServedPolicy(Protocol):
     """What a backend reads of a policy it serves; ``mas.agents.policy.PolicyHandle`` is one.  The
-    backends sit below the agents (DESIGN.md, "Layering"), so they name this, not that class."""
+    backends sit below the agents (docs/architecture.md, "Layering"), so they name this, not that class."""
 
     name: str
     kind: str  # full, lora or frozen
