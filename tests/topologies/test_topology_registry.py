@@ -20,7 +20,7 @@ from mas.topologies.teaching import NoTeacher
 from mas.types import Section
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILTIN = ["orchestrator", "debate", "chain", "graph", "autogen", "langgraph"]
+BUILTIN = ["orchestrator", "debate", "chain", "graph", "autogen", "langgraph", "openai"]
 
 ARITH = {"name": "synthetic_math", "num_ops": 2, "max_operand": 9, "seed": 0}
 TEAMS = {  # one small team of each kind that can be read without user code
@@ -31,6 +31,7 @@ TEAMS = {  # one small team of each kind that can be read without user code
     "graph": ({"kind": "graph", "entry": "n1", "nodes": [{"name": "n1", "agent": "s"}, {"name": "n2", "agent": "v"}],
                "edges": [{"from": "n1", "to": "n2"}, {"from": "n2", "to": "END"}]}, {"s": "answer", "v": "verdict"}),
     "autogen": ({"kind": "autogen", "team": "round_robin", "termination": {"max_messages": 4}}, {"a": "answer", "b": "answer"}),
+    "openai": ({"kind": "openai", "entry": "examples.openai_team:run_team"}, {"solver": "answer", "checker": "verdict"}),
 }
 
 
@@ -136,7 +137,7 @@ def test_the_schema_union_is_the_registry():
 # --- nothing outside topologies/ branches on a kind -----------------------------------------
 
 KIND_CLASSES = {"OrchestratorTopology", "DebateTopology", "ChainTopology", "GraphTopology", "AutogenTopology",
-                "LangGraphTopology", "GraphNode", "GraphEdge", "AutogenTermination"}
+                "LangGraphTopology", "GraphNode", "GraphEdge", "AutogenTermination", "OpenAITopology"}
 
 
 def _offences(path: Path) -> list[str]:

@@ -1,0 +1,99 @@
+"""Teams written with the plain `openai` client, for the endpoint tests (entry points of `kind: openai`).
+
+Each records what its client received under its base_url (unique per episode) and returns the
+base_url as its answer, so a test finds each episode's received replies from the episode."""
+
+from __future__ import annotations
+
+import threading
+
+from openai import OpenAI
+
+RECEIVED: dict[str, list[dict]] = {}
+_LOCK = threading.Lock()
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a number up.",
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
+                                                          "required": ["q"]}}}
+
+
+def _keep(base_url: str, **reply) -> None:
+    with _LOCK:
+        RECEIVED.setdefault(base_url, []).append(reply)
+
+
+def _lps(choice) -> tuple[list[float], list[str]]:
+    content = choice.logprobs.content if choice.logprobs is not None else []
+    return [t.logprob for t in content], [t.token for t in content]
+
+
+def protocol_team(task: str, base_url: str, api_key: str) -> str:
+    """n=2 with logprobs (lead), a streamed reply (helper), a tool round named by header (checker)."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    first = client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}], n=2, logprobs=True)
+    for ch in first.choices:
+        _keep(base_url, agent="lead", content=ch.message.content, logprobs=_lps(ch)[0], tokens=_lps(ch)[1],
+              finish=ch.finish_reason)
+    text, lps, toks, finish = "", [], [], None
+    for chunk in client.chat.completions.create(model="helper", stream=True, logprobs=True, stream_options={"include_usage": True},
+                                                messages=[{"role": "system", "content": "You help."},
+                                                          {"role": "user", "content": f"{task}\nlead: {first.choices[0].message.content}"}]):
+        for ch in chunk.choices:
+            text += ch.delta.content or ""
+            if ch.logprobs is not None and ch.logprobs.content:
+                lps += [t.logprob for t in ch.logprobs.content]
+                toks += [t.token for t in ch.logprobs.content]
+            finish = ch.finish_reason or finish
+    _keep(base_url, agent="helper", content=text, logprobs=lps, tokens=toks, finish=finish)
+    messages = [{"role": "user", "content": task}]
+    other = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, default_headers={"X-Mas-Agent": "checker"})
+    reply = other.chat.completions.create(model="gpt-4o", messages=messages, tools=[LOOKUP])
+    msg = reply.choices[0].message
+    _keep(base_url, agent="checker", content=msg.content, tool_calls=[(c.id, c.function.name, c.function.arguments)
+                                                                      for c in msg.tool_calls or []],
+          finish=reply.choices[0].finish_reason)
+    if msg.tool_calls:
+        messages += [msg.model_dump(exclude_none=True)] + [{"role": "tool", "tool_call_id": c.id, "content": "42"}
+                                                           for c in msg.tool_calls]
+        final = other.chat.completions.create(model="gpt-4o", messages=messages, tools=[LOOKUP])
+        _keep(base_url, agent="checker", content=final.choices[0].message.content, tool_calls=[],
+              finish=final.choices[0].finish_reason)
+    return base_url
+
+
+def two_agents(task: str, base_url: str, api_key: str) -> str:
+    """lead, then helper (path-named), each with logprobs; async-free and plain."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    a = client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}], logprobs=True)
+    _keep(base_url, agent="lead", content=a.choices[0].message.content, logprobs=_lps(a.choices[0])[0],
+          tokens=_lps(a.choices[0])[1])
+    helper = OpenAI(base_url=base_url.replace("/v1", "/agents/helper/v1"), api_key=api_key, max_retries=0)
+    b = helper.chat.completions.create(model="anything", messages=[{"role": "user", "content": f"{task}\n{a.choices[0].message.content}"}],
+                                       logprobs=True, max_tokens=3)
+    _keep(base_url, agent="helper", content=b.choices[0].message.content, logprobs=_lps(b.choices[0])[0],
+          tokens=_lps(b.choices[0])[1])
+    return base_url
+
+
+async def async_echo(task: str, base_url: str, api_key: str) -> str:
+    """An async team: one call of lead with the async client; returns its reply."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    reply = await client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
+    await client.close()
+    return reply.choices[0].message.content or ""
+
+
+def chatty(task: str, base_url: str, api_key: str) -> str:
+    """Never stops by itself: the cap on model calls must end it."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    while True:
+        client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
+
+
+def solver_checker(task: str, base_url: str, api_key: str) -> str:
+    """lead answers, checker reads it: the reply of each depends only on the messages (replayable)."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    a = client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}]).choices[0].message.content
+    b = client.chat.completions.create(model="checker", messages=[{"role": "user", "content": f"{task}\nlead: {a}"}])
+    return a or ""

@@ -1,0 +1,173 @@
+"""kind: openai: a team written with the plain `openai` client, run against the endpoint mas serves
+(mas/rollout/endpoint.py); the real client against the real server, token in and token out."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from endpoint_helpers import RECEIVED
+from team_helpers import team_config
+from test_engine import scripted_engine
+
+from mas.agents.prompts import render_prompt
+from mas.config.schema import validate_config
+from mas.credit import build_credit_batch, run_credit
+from mas.tools import parse_tool_calls
+from mas.training.team import build_team
+from mas.training.trainer import training_batches
+from mas.types import ReplayRequest, Task
+
+REPO = Path(__file__).parents[2]
+pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+
+def endpoint_config(model_dir, entry: str, **topology) -> dict:
+    cfg = team_config(model_dir, "chain")
+    cfg["topology"] = {"kind": "openai", "entry": f"endpoint_helpers:{entry}", **topology}
+    for a in cfg["agents"]:
+        a["sampling"].update(temperature=1.0, top_p=1.0, top_k=0)
+    return cfg
+
+
+def task_of(req) -> str:
+    """The task a request poses (the first line of its first user message)."""
+    return next(m["content"] for m in req.messages if m["role"] == "user").splitlines()[0]
+
+
+def scripted_reply(req) -> str:
+    if req.agent == "checker":
+        last = req.messages[-1]["content"]
+        if "<tool_response>" in last:
+            return "ANSWER: 5\nACCEPT"
+        return '<tool_call>{"name": "lookup", "arguments": {"q": "x"}}</tool_call>'
+    return f"ANSWER: {task_of(req)}"
+
+
+# --- the protocol, with the real client ----------------------------------------------------------------
+
+
+def test_the_openai_client_gets_choices_streams_and_tool_calls_and_each_is_a_recorded_turn(tiny_tokenizer):
+    engine, backend = scripted_engine(endpoint_config("m", "protocol_team"), scripted_reply, tiny_tokenizer)
+    groups = engine.rollout([Task("t0", "2+3", "5"), Task("t1", "4+4", "8")], group_size=2, seed=0)
+    for ep in (e for g in groups for e in g.episodes):
+        assert ep.status == "ok", ep.error
+        got = RECEIVED.pop(ep.answer)  # the team returned its base_url: what its client received
+        assert [t.agent for t in ep.turns] == ["lead", "lead", "helper", "checker", "checker"]
+        for turn, reply in zip(ep.turns, got):
+            assert reply["agent"] == turn.agent
+            if reply.get("tool_calls"):
+                assert reply["content"] is None and reply["finish"] == "tool_calls"
+                [(cid, name, args)] = reply["tool_calls"]
+                assert (name, json.loads(args)) == ("lookup", {"q": "x"}) and cid == f"call_{turn.index}_0"
+            else:
+                assert reply["content"] == turn.text and reply["finish"] == "stop"
+            if "logprobs" in reply:  # the sampled ids and logprobs, token by token (stream included)
+                assert reply["logprobs"] == turn.logprobs
+                assert reply["tokens"] == [tiny_tokenizer.decode([i]) for i in turn.completion_ids]
+        assert ep.turns[0].text == f"ANSWER: {ep.task.prompt}"
+        tool_turn, final = ep.turns[3], ep.turns[4]
+        assert "lookup(q: str)" in tool_turn.messages[0]["content"]  # described to a template without tools
+        assert tool_turn.tool_calls[0]["valid"] and tool_turn.observations == ["42"] and tool_turn.parsed["label"] == "tool"
+        assert final.parent == tool_turn.index and "<tool_response>\n42\n</tool_response>" in final.messages[-1]["content"]
+        assert parse_tool_calls(final.messages[-2]["content"])[0].name == "lookup"  # the model's own call text, read back
+    assert backend.calls == 4 and backend.requests == 4 * 5  # the 4 episodes' requests were batched together
+    assert engine.take_faults()[0]["agent_error"] == 0
+
+
+def test_an_async_team_and_the_per_request_settings(tiny_tokenizer):
+    engine, _ = scripted_engine(endpoint_config("m", "async_echo"), scripted_reply, tiny_tokenizer)
+    [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
+    assert [ep.answer for ep in group.episodes] == ["2+3", "2+3"]  # ANSWER: 2+3 read as the team's answer
+
+
+def test_the_cap_on_model_calls_ends_a_team_that_never_stops(tiny_tokenizer):
+    engine, _ = scripted_engine(endpoint_config("m", "chatty", max_model_calls=3), scripted_reply, tiny_tokenizer)
+    [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
+    for ep in group.episodes:
+        assert ep.status == "error" and "model call limit" in ep.error and len(ep.turns) == 3
+    assert engine.take_faults()[0]["model_call_limit"] == 2
+
+
+def test_a_replay_reruns_the_entry_with_the_frozen_turns_served_from_the_record(tiny_tokenizer):
+    calls = []
+
+    def respond(req):
+        calls.append(req.agent)
+        return "ANSWER: 5" if req.agent == "lead" else "ACCEPT"
+
+    engine, _ = scripted_engine(endpoint_config("m", "solver_checker"), respond, tiny_tokenizer)
+    [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=1, seed=0)
+    source = group.episodes[0]
+    calls.clear()
+    [replay] = engine.execute([ReplayRequest("r", source, freeze_upto=1)], seed=1)["r"]
+    assert replay.status == "ok" and calls == ["checker"]  # the lead's turn came from the record
+    assert replay.turns[0].replayed and replay.turns[0].prompt_ids == source.turns[0].prompt_ids
+    assert not replay.turns[1].replayed and replay.turns[1].text == "ACCEPT"
+
+
+def test_concurrent_episodes_are_never_cross_wired(tiny_tokenizer):
+    engine, backend = scripted_engine(endpoint_config("m", "two_agents"), scripted_reply, tiny_tokenizer)
+    tasks = [Task(f"t{i}", f"{i}+{i}", str(2 * i)) for i in range(50)]
+    groups = engine.rollout(tasks, group_size=2, seed=0)
+    for ep in (e for g in groups for e in g.episodes):
+        assert ep.status == "ok", ep.error
+        got = RECEIVED.pop(ep.answer)
+        assert [r["content"] for r in got] == [t.text for t in ep.turns] == [f"ANSWER: {ep.task.prompt}"] * 2
+    assert backend.requests == 200 and backend.calls == 2  # 100 episodes, two batched rounds
+
+
+# --- token in, token out: what the learner trains is what the endpoint sampled -------------------------
+
+
+def test_the_recorded_ids_are_the_rendered_prompt_and_the_sampled_completion(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    with build_team(validate_config(endpoint_config(tiny_model_dir, "two_agents"))) as team:
+        groups = team.engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+        tok = team.runtime.tokenizers["main"]
+        turns = []
+        for ep in groups[0].episodes:
+            assert ep.status == "ok", ep.error
+            got = RECEIVED.pop(ep.answer)
+            assert [t.agent for t in ep.turns] == ["lead", "helper"]
+            for turn, reply in zip(ep.turns, got):
+                assert turn.prompt_ids == render_prompt(tok, turn.messages)  # the ids the server rendered
+                assert reply["logprobs"] == turn.logprobs and reply["tokens"] == [tok.decode([i]) for i in turn.completion_ids]
+                ids = torch.tensor([turn.prompt_ids + turn.completion_ids])
+                with torch.no_grad():
+                    logits = model(ids).logits[0, len(turn.prompt_ids) - 1:-1] / turn.temperature
+                again = torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(turn.prompt_ids):, None])[:, 0]
+                assert torch.allclose(again, torch.tensor(turn.logprobs), atol=1e-5)
+                turns.append(turn)
+            assert len(ep.turns[1].completion_ids) <= 3  # the request's max_tokens
+        credit = run_credit(build_credit_batch(groups, team.cfg.agent_names), team.cfg.credit)
+        samples, _ = training_batches(team, groups, credit, {"main": team.learners["main"]})
+        main = [t for t in turns if t.policy == "main"]
+        assert [(s.prompt_ids, s.completion_ids, s.old_logprobs) for s in samples["main"]] == \
+               [(t.prompt_ids, t.completion_ids, t.logprobs) for t in main]
+
+
+# --- the shipped config trains, and `mas serve` answers the real client ---------------------------------
+
+
+def test_the_shipped_openai_team_trains_one_step_from_the_repository_root(tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": ""}
+    cmd = [sys.executable, "-m", "mas.cli", "train", "configs/openai_team.yaml", "trainer.steps=1", "trainer.batch_size=1",
+           "trainer.group_size=2", "trainer.eval_size=0", "logging.progress=false", "trainer.warmup.steps=0",
+           "--run-dir", str(run)]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    row = [r for r in rows if r.get("kind", "step") == "step" and "eval" not in r][-1]
+    assert row["step"] == 0 and row["episodes"]["errors"] == 0, row["episodes"]
+    assert set(row["policies"]) == {"solve", "check"} and all(math.isfinite(p["loss"]) for p in row["policies"].values())
