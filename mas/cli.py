@@ -1,4 +1,4 @@
-"""The ``mas`` command line: train, eval, validate, report, show, export, study, audit.
+"""The ``mas`` command line: train, eval, validate, report, show, export, study, audit, serve.
 
 Every command that reads a config takes ``key.sub=value`` overrides as bare arguments after it.
 """
@@ -212,6 +212,47 @@ def cmd_eval(args: argparse.Namespace) -> int:
                       file=sys.stderr)
         result = evaluate(team, size, cfg.trainer.seed)
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The team's policies behind the OpenAI-compatible endpoint (``mas.rollout.endpoint``) until Ctrl-C:
+    a run directory's best checkpoint (else its latest), or a config's policies as they start."""
+    import asyncio
+    import threading
+
+    from mas.config.checks import meaning_errors
+    from mas.rollout.endpoint import EndpointServer, PolicySession
+    from mas.training.checkpoint import latest_checkpoint
+    from mas.training.team import build_team
+
+    source, ckpt = Path(args.source), None
+    if source.is_dir():
+        if not (source / "config.yaml").is_file():
+            print(f"{source}: no config.yaml there; give a run directory or a config file", file=sys.stderr)
+            return 2
+        ckpt = source / "checkpoints" / "best" if (source / "checkpoints" / "best").is_dir() else latest_checkpoint(source)
+        source = source / "config.yaml"
+    cfg = load_config(source, args.overrides, check=meaning_errors)
+    with build_team(cfg, eval_size=(0, "mas serve")) as team:
+        if ckpt is not None:
+            loaded = [name for name in cfg.policies if (ckpt / "policies" / name).is_dir()]
+            team.runtime.load_policies(ckpt, loaded, learner_state=False)
+            print(f"loaded {', '.join(loaded) or 'no policy'} from {ckpt}", file=sys.stderr)
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="mas-serve", daemon=True).start()
+        server = EndpointServer(port=args.port).start()
+        token = server.register(PolicySession(team.agents, team.runtime.tokenizers, team.backend, loop))
+        print(f"base_url: {server.url(token)}\nmodels (agents): {', '.join(team.agents)}\n"
+              f"greedy unless a request sends a temperature; Ctrl-C stops", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("stopped", file=sys.stderr)
+        finally:
+            server.close()
+            loop.call_soon_threadsafe(loop.stop)
     return 0
 
 
@@ -472,6 +513,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "research_steps=3000 or research2.facts_path=19200 (a second research stage); repeatable")
     b.set_defaults(fn=cmd_build_embedded)
 
+    sv = sub.add_parser("serve", help="serve a trained team's agents behind an OpenAI-compatible endpoint on 127.0.0.1 "
+                        "(each agent is a model; greedy by default) until Ctrl-C")
+    sv.add_argument("source", metavar="RUN_DIR_OR_CONFIG", help="a run directory (its best, else latest, checkpoint) or a config")
+    sv.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    sv.add_argument("--port", type=int, default=0, help="port to bind on 127.0.0.1 (default: a free one)")
+    sv.set_defaults(fn=cmd_serve)
+
     v = sub.add_parser("validate", help="check configs; print the resolved config or every error")
     v.add_argument("configs", nargs="+", metavar="CONFIG [key.sub=value ...]",
                    help="config files, and overrides applied to each")
@@ -489,7 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the positional list of each command that takes key.sub=value overrides
-_POSITIONALS = {"train": "items", "validate": "configs", "eval": "overrides", "show": "overrides", "study": "items"}
+_POSITIONALS = {"train": "items", "validate": "configs", "eval": "overrides", "show": "overrides", "study": "items",
+                "serve": "overrides"}
 
 
 def main(argv: list[str] | None = None) -> int:

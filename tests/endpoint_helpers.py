@@ -97,3 +97,12 @@ def solver_checker(task: str, base_url: str, api_key: str) -> str:
     a = client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}]).choices[0].message.content
     b = client.chat.completions.create(model="checker", messages=[{"role": "user", "content": f"{task}\nlead: {a}"}])
     return a or ""
+
+
+def with_settings(task: str, base_url: str, api_key: str) -> str:
+    """One request with its own temperature, top_p and stop."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    reply = client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}], temperature=0.3,
+                                           top_p=0.5, stop=[" ACCEPT"])
+    _keep(base_url, agent="lead", content=reply.choices[0].message.content, finish=reply.choices[0].finish_reason)
+    return base_url

@@ -153,6 +153,7 @@ def parse_request(raw: bytes, agents: Iterable[str], path_agent: str | None = No
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise _bad(f"messages[{i}] must be an object with a role in {list(ROLES)}; got {str(m)[:80]!r}", f"messages[{i}]")
+    chat_messages(messages, {})  # their contents and tool calls: refused here, before any agent sees them
     tools = []
     raw_tools = body.get("tools")
     if raw_tools is not None:

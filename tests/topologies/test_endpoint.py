@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,23 @@ def test_an_async_team_and_the_per_request_settings(tiny_tokenizer):
     assert [ep.answer for ep in group.episodes] == ["2+3", "2+3"]  # ANSWER: 2+3 read as the team's answer
 
 
+@pytest.mark.parametrize("request_sampling", [False, True])
+def test_a_requests_stop_cuts_the_recorded_ids_and_its_sampling_applies_where_the_config_says(tiny_tokenizer,
+                                                                                             request_sampling):
+    cfg = endpoint_config("m", "with_settings", request_sampling=request_sampling)
+    engine, _ = scripted_engine(cfg, lambda req: "ANSWER: 5 ACCEPT now", tiny_tokenizer)
+    [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=1, seed=0)
+    ep = group.episodes[0]
+    [reply] = RECEIVED.pop(ep.answer)
+    [turn] = ep.turns
+    assert reply["content"] == turn.text == "ANSWER: 5" and reply["finish"] == "stop"
+    ids = tiny_tokenizer.encode("ANSWER: 5 ACCEPT now", add_special_tokens=False)
+    assert turn.completion_ids == ids[:len(turn.completion_ids)] and len(turn.logprobs) == len(turn.completion_ids)
+    assert " ACCEPT" in tiny_tokenizer.decode(turn.completion_ids)  # cut after the token that holds the stop
+    assert " ACCEPT" not in tiny_tokenizer.decode(turn.completion_ids[:-1])
+    assert (turn.temperature, turn.top_p) == ((0.3, 0.5) if request_sampling else (1.0, 1.0))
+
+
 def test_the_cap_on_model_calls_ends_a_team_that_never_stops(tiny_tokenizer):
     engine, _ = scripted_engine(endpoint_config("m", "chatty", max_model_calls=3), scripted_reply, tiny_tokenizer)
     [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
@@ -159,15 +177,44 @@ def test_the_recorded_ids_are_the_rendered_prompt_and_the_sampled_completion(tin
 # --- the shipped config trains, and `mas serve` answers the real client ---------------------------------
 
 
-def test_the_shipped_openai_team_trains_one_step_from_the_repository_root(tmp_path):
-    run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": ""}
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """`mas train configs/openai_team.yaml` for one step, from a fresh process at the repository root."""
+    run = tmp_path_factory.mktemp("openai-team") / "run"
+    env = {**os.environ, "PYTHONPATH": ""}  # nothing but the current directory makes `examples` importable
     cmd = [sys.executable, "-m", "mas.cli", "train", "configs/openai_team.yaml", "trainer.steps=1", "trainer.batch_size=1",
            "trainer.group_size=2", "trainer.eval_size=0", "logging.progress=false", "trainer.warmup.steps=0",
            "--run-dir", str(run)]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return run
+
+
+def test_the_shipped_openai_team_trains_one_step_from_the_repository_root(trained_run):
+    rows = [json.loads(line) for line in (trained_run / "metrics.jsonl").read_text().splitlines()]
     row = [r for r in rows if r.get("kind", "step") == "step" and "eval" not in r][-1]
     assert row["step"] == 0 and row["episodes"]["errors"] == 0, row["episodes"]
     assert set(row["policies"]) == {"solve", "check"} and all(math.isfinite(p["loss"]) for p in row["policies"].values())
+
+
+def test_mas_serve_answers_the_openai_client_with_the_trained_policies(trained_run):
+    from openai import OpenAI
+
+    proc = subprocess.Popen([sys.executable, "-m", "mas.cli", "serve", str(trained_run)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("base_url: http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        client = OpenAI(base_url=line.split(": ", 1)[1].strip(), api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["solver", "checker"]
+        messages = [{"role": "user", "content": "2+3"}]
+        a = client.chat.completions.create(model="solver", messages=messages, logprobs=True)
+        b = client.chat.completions.create(model="solver", messages=messages, logprobs=True)
+        assert a.choices[0].message.content == b.choices[0].message.content  # greedy by default
+        assert a.choices[0].logprobs.content and a.usage.completion_tokens <= 8  # the agent's budget
+        with pytest.raises(Exception, match="no agent 'gpt-4o'"):
+            client.chat.completions.create(model="gpt-4o", messages=messages)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
