@@ -2,7 +2,9 @@
 
 The built-in kinds (orchestrator, debate, chain, graph) compile to LangGraph graphs; ``autogen``
 runs an AutoGen AgentChat team and ``langgraph`` the user's own LangGraph graph, with every
-model call routed to ``EpisodeContext.call`` (``topologies/adapters.py``).  AutoGen and the
+model call routed to ``EpisodeContext.call`` (``topologies/adapters.py``); ``openai`` runs the
+user's code against an OpenAI-compatible endpoint whose requests are those calls
+(``topologies/endpoint.py``, ``mas/rollout/endpoint.py``).  AutoGen and the
 user's code are imported only when a config names them.  Other packages add kinds through the
 ``mas.topologies`` entry-point group (``mas/config/plugins.py``): the entry point names a module
 that registers its kind when imported.
