@@ -152,12 +152,12 @@ class EpisodeCalls:
         return max((t.index for t in self.ctx.episode.turns), default=None)
 
     async def generate(self, agent: str, messages: list[dict[str, str]], tools: list[dict[str, Any]],
-                       parent: int | None, describe: bool = True, **options: Any) -> Generation:
+                       parent: int | None, template_tools: list[dict[str, Any]] | None = None, **options: Any) -> Generation:
         """One generation of ``agent`` through ``ctx.call``: the framework runs the calls of its own
         ``tools``; env tools it does not have are run here, each round one more turn.
-        ``describe=False``: the framework's tools are not described in the system message (the
-        caller has the chat template render them, passing ``tools`` in ``options``); ``options``:
-        the per-call settings of ``ctx.call`` (sampling, stop, tools)."""
+        ``template_tools``: the framework's tools as OpenAI function specs, rendered by the agent's
+        chat template (``ctx.call(tools=...)``) instead of described in the system message;
+        ``options``: the other per-call settings of ``ctx.call`` (sampling, stop)."""
         a = self.ctx.agents.get(agent)
         if a is None:
             raise KeyError(f"no agent {agent!r} in this team; valid: {sorted(self.ctx.agents)}")
@@ -168,7 +168,7 @@ class EpisodeCalls:
         self.made += 1
         framework = frozenset(t["name"] for t in tools)
         ours = [n for n in a.tools if n not in framework]  # env tools the framework does not run: run here
-        undescribed = [t for t in tools if t["name"] not in a.tools] if describe else []  # env tools are in the role already
+        undescribed = [t for t in tools if t["name"] not in a.tools] if template_tools is None else []  # env tools: in the role
         messages = finish_messages(messages, a.role)
         sys_at = next(i for i, m in enumerate(messages) if m["role"] == "system")
         extra = [describe_tools(undescribed)] if undescribed else []
@@ -179,6 +179,8 @@ class EpisodeCalls:
         if extra:
             messages[sys_at] = {"role": "system", "content": "\n\n".join([messages[sys_at]["content"], *extra])}
         try:
+            if template_tools is not None:
+                options["tools"] = template_tools
             turn = await self.ctx.call(agent, messages, parent=parent, run_tools=bool(ours), framework_tools=framework,
                                        **options)
         except BaseException as exc:

@@ -380,10 +380,9 @@ class EpisodeSession:
         options: dict[str, Any] = {"max_new_tokens": req.max_tokens, "stop": req.stop}
         if self.request_sampling:
             options.update(temperature=req.temperature, top_p=req.top_p)
-        if template:
-            options["tools"] = [{"type": "function", "function": t} for t in tools]
+        specs = [{"type": "function", "function": t} for t in tools] if template else None
         try:
-            gens = await asyncio.gather(*(self.calls.generate(req.agent, messages, tools, parent, describe=not template,
+            gens = await asyncio.gather(*(self.calls.generate(req.agent, messages, tools, parent, template_tools=specs,
                                                                **options) for _ in range(req.n)))
         except Exception as exc:  # noqa: BLE001 - the episode's error (kept by EpisodeCalls); the client is told
             raise EndpointError(410, f"this episode has ended: {type(exc).__name__}: {exc}", code="episode_ended") from exc

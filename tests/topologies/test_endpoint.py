@@ -106,6 +106,26 @@ def test_a_requests_stop_cuts_the_recorded_ids_and_its_sampling_applies_where_th
     assert (turn.temperature, turn.top_p) == ((0.3, 0.5) if request_sampling else (1.0, 1.0))
 
 
+def test_a_chat_template_that_renders_tools_gets_them_and_the_system_message_stays_as_sent(tiny_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = ("{% if tools %}TOOLS {% for t in tools %}{{ t.function.name }} {% endfor %}\n{% endif %}"
+                         "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>")
+    engine, _ = scripted_engine(endpoint_config("m", "protocol_team"), scripted_reply, tok)
+    [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=1, seed=0)
+    ep = group.episodes[0]
+    RECEIVED.pop(ep.answer)
+    tool_turn = ep.turns[3]
+    assert tool_turn.agent == "checker" and tool_turn.tool_calls[0]["name"] == "lookup"
+    assert "lookup(q: str)" not in tool_turn.messages[0]["content"]  # not described: the template renders the tools
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "Look a number up.",
+                                               "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
+                                                              "required": ["q"]}}}]
+    assert tool_turn.prompt_ids == render_prompt(tok, tool_turn.messages, tools)
+    assert tok.decode(tool_turn.prompt_ids).startswith("TOOLS lookup")
+
+
 def test_the_cap_on_model_calls_ends_a_team_that_never_stops(tiny_tokenizer):
     engine, _ = scripted_engine(endpoint_config("m", "chatty", max_model_calls=3), scripted_reply, tiny_tokenizer)
     [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
