@@ -106,3 +106,14 @@ def with_settings(task: str, base_url: str, api_key: str) -> str:
                                            top_p=0.5, stop=[" ACCEPT"])
     _keep(base_url, agent="lead", content=reply.choices[0].message.content, finish=reply.choices[0].finish_reason)
     return base_url
+
+
+def slow(task: str, base_url: str, api_key: str) -> str:
+    """One call, then a pause past the episode's timeout, then another call (to an ended episode)."""
+    import time
+
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
+    time.sleep(2)
+    client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
+    return base_url

@@ -134,6 +134,17 @@ def test_the_cap_on_model_calls_ends_a_team_that_never_stops(tiny_tokenizer):
     assert engine.take_faults()[0]["model_call_limit"] == 2
 
 
+def test_the_episode_timeout_ends_the_team_and_its_later_requests_find_no_episode(tiny_tokenizer):
+    import asyncio
+
+    engine, _ = scripted_engine(endpoint_config("m", "slow"), scripted_reply, tiny_tokenizer)
+    engine.episode_timeout, engine.sleep = 30.0, lambda s: asyncio.sleep(0.1)  # the limit, on a short clock
+    [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=1, seed=0)
+    ep = group.episodes[0]
+    assert ep.status == "error" and "timeout" in ep.error and len(ep.turns) == 1
+    assert engine.take_faults()[0]["episode_timeout"] == 1
+
+
 def test_a_replay_reruns_the_entry_with_the_frozen_turns_served_from_the_record(tiny_tokenizer):
     calls = []
 
