@@ -161,16 +161,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def summary_lines(summary: dict, name: str) -> list[str]:
-    """The end of a run for the terminal: the greedy held-out result before -> after (the team a
-    user deploys), the sampled avg@k / pass@k beside it, and whether the greedy team regressed."""
-    before, after = summary.get("eval_before"), summary.get("eval_after")
-    if not before or not after:
+    """The end of a run for the terminal: the greedy held-out result (the team a user deploys)
+    before -> after, or before -> after warm-up -> after RL with RL's gain from the warm-up
+    (``held_out_story``), the sampled avg@k / pass@k beside it, and whether the greedy team regressed."""
+    from mas.training.metrics import held_out_story, story_line
+
+    after = summary.get("eval_after")
+    before = summary.get("eval_warmup") or summary.get("eval_before")  # where RL started, for the sampled line
+    story = summary.get("held_out") or held_out_story(summary.get("eval_before"), summary.get("eval_warmup"), after)
+    if not before or not after or story is None:
         return []
-    lines = [f"held-out team {name}: before {before['accuracy']:.3f} -> after {after['accuracy']:.3f} "
-             f"({100 * (after['accuracy'] - before['accuracy']):+.1f} points, {after.get('decoding', 'greedy')})"]
+    lines = [story_line(story, name)]
     b, a = before.get("sampled"), after.get("sampled")
     if b and a:
-        lines.append(f"held-out team {name}, sampled: avg@{a['k']} {b['avg']:.3f} -> {a['avg']:.3f}, "
+        since = " (from the warm-up)" if summary.get("eval_warmup") else ""
+        lines.append(f"held-out team {name}, sampled{since}: avg@{a['k']} {b['avg']:.3f} -> {a['avg']:.3f}, "
                      f"pass@{a['k']} {b['pass']:.3f} -> {a['pass']:.3f}")
     if "train" in after:
         lines.append(f"training tasks {name} (greedy): {after['train']['accuracy']:.3f} against held-out {after['accuracy']:.3f}")
@@ -182,12 +187,14 @@ def summary_lines(summary: dict, name: str) -> list[str]:
     if best:
         where = "the start (before RL)" if best["step"] < 0 else f"after step {best['step']}"
         lines.append(f"best greedy checkpoint: {best['accuracy']:.3f}, {where} (checkpoints/best; mas export uses it)")
+    if story.get("ceiling"):
+        lines.append(f"note: {story['ceiling']}")
     return lines
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Greedy held-out evaluation: accuracy (the env's reward), research EM/F1, tool calls per agent."""
-    from mas.training.checkpoint import latest_checkpoint
+    from mas.training.checkpoint import check_policy_files, latest_checkpoint
     from mas.config.checks import meaning_errors
     from mas.training.team import build_team
     from mas.training.evaluation import evaluate
@@ -204,6 +211,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 print(f"--checkpoint {args.checkpoint}: no policy weights found there "
                       f"(expected policies/<name>/ for one of {sorted(cfg.policies)})", file=sys.stderr)
                 return 2
+            check_policy_files(ckpt, loaded)  # a damaged file is named, not a safetensors traceback
             team.runtime.load_policies(ckpt, loaded, learner_state=False)
             print(f"loaded {', '.join(loaded)} from {ckpt}", file=sys.stderr)
             base = sorted(n for n, p in cfg.policies.items() if p.kind != "frozen" and n not in loaded)
@@ -290,7 +298,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.mermaid:
         mermaid = topology_mermaid(cfg)
         if mermaid is None:
-            print(f"no Mermaid drawing: a {cfg.topology.kind} team is not a LangGraph graph", file=sys.stderr)
+            print(f"no Mermaid drawing: {cfg.topology.kind!r} teams are not LangGraph graphs", file=sys.stderr)
             return 2
         Path(args.mermaid).write_text(mermaid, encoding="utf-8")
         print(f"LangGraph's drawing of the compiled graph (Mermaid): {args.mermaid}")
@@ -550,11 +558,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if stray:
         getattr(args, _POSITIONALS[args.cmd]).extend(stray)
-    from mas.errors import MissingDependencyError, ModelLoadError
+    from mas.errors import CheckpointError, MissingDependencyError, ModelLoadError
 
     try:
         return args.fn(args)
-    except (ConfigError, ModelLoadError, FileNotFoundError, FileExistsError, MissingDependencyError) as e:
+    except (ConfigError, ModelLoadError, CheckpointError, FileNotFoundError, FileExistsError, MissingDependencyError) as e:
         print(e, file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C outside training (loading models, evaluating): nothing to save

@@ -16,3 +16,7 @@ class ModelLoadError(OSError):
 
 class MissingDependencyError(RuntimeError):
     """An optional package a config asks for is not installed; the message says what to install."""
+
+
+class CheckpointError(OSError):
+    """A checkpoint's file is missing or damaged; the message names the file, and the policy where it is one's."""

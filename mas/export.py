@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mas.config.loading import load_config
+from mas.models.files import weight_file_problems
 from mas.models.gguf import GGUF_DTYPES, GGUFError, read_header, write_gguf
 from mas.models.sources import ModelLoadError, gguf_file, is_gguf_model
 
@@ -115,6 +116,13 @@ def _export_policies(cfg, run_dir: Path, ckpt: Path, chosen: list[str], out: Pat
     """Write each chosen policy of checkpoint ``ckpt`` into ``out/<policy>/`` (logged as under ``shown``,
     where it will be)."""
     done = []
+    for name in chosen:  # every file first: a damaged one is named before anything is written
+        problems = weight_file_problems(ckpt / "policies" / name)
+        if problems:
+            others = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir() and p != ckpt
+                            and not p.name.endswith((".tmp", ".pruned")))
+            raise ExportError(f"policy {name!r}: the checkpoint {ckpt} is damaged: " + "; ".join(problems)
+                              + (f"; export another with --checkpoint (this run has {', '.join(others)})" if others else ""))
     for name in chosen:
         pcfg = cfg.policies[name]
         src, dst = ckpt / "policies" / name, out / name

@@ -15,6 +15,7 @@ import importlib.metadata
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 _REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
@@ -42,6 +43,54 @@ def extra_providing(module: str) -> str | None:
     return None
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the current directory where it is inside it (``.venv/bin/python``), else whole."""
+    try:
+        rel = path.relative_to(Path.cwd())
+    except ValueError:
+        return str(path)
+    return str(rel) if str(rel) != "." else "."
+
+
+def install_command(extra: str) -> str:
+    """The command that installs mas-rl's ``extra`` into the Python running now: this
+    interpreter's pip (a venv need not be activated), editable from the source checkout mas runs
+    from (``-e '.[autogen]'`` at its root), else the published package."""
+    python = _shown(Path(sys.executable))
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file():
+        return f"{python} -m pip install -e '{_shown(root)}[{extra}]'"
+    return f"{python} -m pip install 'mas-rl[{extra}]'"
+
+
+def needs_extra(extra: str) -> str:
+    """The one line for a package mas-rl's ``extra`` installs: "needs the `autogen` extra: <command>"."""
+    return f"needs the `{extra}` extra: {install_command(extra)}"
+
+
+# Packages that the frameworks' own documentation imports beside the framework, mapped to what
+# installs them, where the module's name does not say (autogen_ext's OpenAI client needs its extra).
+_KNOWN_DISTRIBUTIONS = {"autogen_ext": "autogen-ext[openai]", "langchain_openai": "langchain-openai",
+                        "langchain_anthropic": "langchain-anthropic", "langchain_community": "langchain-community",
+                        "langgraph_supervisor": "langgraph-supervisor", "langgraph_swarm": "langgraph-swarm",
+                        "langchain": "langchain", "openai": "openai"}
+
+
+def missing_module_hint(module: str) -> str:
+    """What to do about a module that is not installed: the mas-rl extra that brings it, or the
+    package to install (named for the well-known framework packages, else guessed from the name)."""
+    top = module.split(".")[0]
+    extra = extra_providing(top)
+    if extra:
+        return needs_extra(extra)
+    python = _shown(Path(sys.executable))
+    dist = _KNOWN_DISTRIBUTIONS.get(top)
+    if dist:
+        return f"{top!r} is not installed (mas does not need it; your code does): {python} -m pip install '{dist}'"
+    return (f"{top!r} is not installed in this environment (mas does not need it; your code does): install the "
+            f"package that provides it, e.g. {python} -m pip install {top.replace('_', '-')}")
+
+
 def check_ref_syntax(ref: str) -> None:
     if not isinstance(ref, str) or not _REF.match(ref):
         raise RefError(f"expected 'package.module:function', found {ref!r}")
@@ -58,13 +107,11 @@ def import_ref(ref: str, callable_: bool = True) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        extra = extra_providing(e.name or "")
-        if extra:  # a framework mas installs as an option (autogen): say which extra brings it
-            raise RefError(f"{module_name!r} needs {e.name!r}, which is not installed: "
-                           f"pip install -e '.[{extra}]' (or EXTRAS=dev,{extra} bash scripts/setup.sh)") from None
-        if e.name and module_name.startswith(e.name):  # the module itself (or its package) is missing
+        if e.name and module_name.split(".")[0] == e.name.split(".")[0]:  # the module itself (or its package) is missing
             raise RefError(f"cannot import {module_name!r}: no module named {e.name!r} (searched the current "
                            f"directory {cwd} and the installed packages)") from None
+        if e.name:  # a package the module imports (a framework, an optional extra): what installs it
+            raise RefError(f"{module_name!r} imports {e.name!r}: {missing_module_hint(e.name)}") from None
         raise RefError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the user's module raised while importing
         raise RefError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from None

@@ -46,7 +46,7 @@ def test_train_writes_a_complete_run_directory(tmp_path, tiny_model_dir, capsys)
     ckpt = run / "checkpoints" / "step_000001" / "policies" / "main"
     assert (ckpt / "model.safetensors").exists() and (ckpt / "tokenizer.json").exists()
     summary = json.loads((run / "summary.json").read_text())
-    assert set(summary) == {"eval_before", "eval_after"}
+    assert set(summary) == {"eval_before", "eval_after", "held_out"}  # held_out: the phases, RL's gain from its start
 
     assert main(["eval", str(cfg), "--checkpoint", str(run), "--size", "3"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -40,6 +40,24 @@ def test_a_warm_started_team_or_a_hub_model_gets_no_warning():
     assert fit_warnings(hub, {"lead": (40, 40)}, "step 0") == []
 
 
+def test_the_list_of_warm_started_configs_names_each_once():
+    """A one-agent format (the graph's worker, the saboteur's solver) shares its team's configs;
+    the warning lists cpu_graph.yaml and team_saboteur.yaml once each."""
+    (msg,) = fit_warnings(embedded_team("chain"), {"lead": (40, 40)}, "step 0")
+    listed = msg.split("warm-started only on the teams of ")[1].split(", and this role")[0].split(", ")
+    assert "configs/cpu_graph.yaml" in listed and "configs/team_saboteur.yaml" in listed
+    assert len(listed) == len(set(listed)), listed
+
+
+def test_a_prompt_warm_started_in_another_topology_gets_the_right_article():
+    data = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
+    orchestrator = data["agents"][0]["role"]
+    cfg = validate_config(team_config("embedded", "chain"))
+    cfg = cfg.model_copy(update={"agents": [cfg.agents[0].model_copy(update={"role": orchestrator}), *cfg.agents[1:]]})
+    (msg,) = fit_warnings(cfg, {"lead": (40, 40)}, "step 0")
+    assert "which was warm-started in an orchestrator topology" in msg
+
+
 def test_a_warm_started_prompt_in_the_wrong_place_is_named():
     data = yaml.safe_load((ROOT / "configs" / "cpu_chain.yaml").read_text())
     data["agents"][1]["parser"] = "answer"  # the verifier's prompt with the answer parser

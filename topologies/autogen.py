@@ -112,6 +112,9 @@ class AutogenTopology(Section):
     max_model_calls: int = Field(64, ge=1, description=MAX_MODEL_CALLS_HELP)
 
 
+# What an AutoGen team runs on: the `autogen` extra (checked before training: mas.config.checks.package_issues)
+PACKAGES = ("autogen_agentchat", "autogen_core")
+
 YAML_ONLY = ("participants", "selector", "selector_prompt", "allow_repeated_speaker", "handoffs", "termination", "max_turns")
 
 
@@ -139,6 +142,8 @@ def autogen_errors(cfg: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
     if cfg.factory is not None:
         errs += [(("topology", f), getattr(cfg, f), "only for team: (a factory's team defines its own)")
                  for f in YAML_ONLY if getattr(cfg, f) not in (None, (), {}, False)]
+        if not _autogen_installed():  # the missing extra is this machine's problem (package_issues says what installs
+            return errs  # it); the factory is checked where AutoGen is installed
         return errs + _factory_errors(cfg.factory, names)
     for i, n in enumerate(cfg.participants):
         if n not in names:
@@ -175,6 +180,21 @@ def autogen_errors(cfg: Any, names: list[str]) -> list[tuple[tuple, Any, str]]:
         if n in names and (not n.isidentifier() or keyword.iskeyword(n)):
             errs.append((("agents", names.index(n), "name"), n, "AutoGen agent names must be Python identifiers (no '-')"))
     return errs
+
+
+def _autogen_installed() -> bool:
+    import importlib.util
+    import sys
+
+    def found(module: str) -> bool:
+        if module in sys.modules:  # imported already (or blocked with None)
+            return sys.modules[module] is not None
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    return all(found(m) for m in PACKAGES)
 
 
 def _factory_errors(ref: str, names: list[str]) -> list[tuple[tuple, Any, str]]:
@@ -401,6 +421,7 @@ def autogen_shape(topology: Any, agents: list[str]) -> tuple[str | None, list[tu
 class Autogen:
     name = "autogen"
     config = AutogenTopology
+    packages = PACKAGES
     build = staticmethod(build_autogen)
 
     def agents(self, topo: AutogenTopology) -> dict[str, str] | None:

@@ -11,7 +11,8 @@ message), and the team's answer is ``state[answer_key]`` at the end.  A run that
 Not supported, refused by name: ``interrupt()`` and ``interrupt_before``/``interrupt_after``
 (human-in-the-loop: nobody answers during training) at validate where the graph shows them,
 and an episode the graph ends at an interrupt anyway is a failed episode (``GraphInterrupted``)
-rather than a silent one with no answer; ``with_structured_output`` on a ``MasChatModel``.
+rather than a silent one with no answer; ``with_structured_output`` on a ``MasChatModel``, at
+validate where the builder or a node (or a helper of the user's code a node calls) asks for it.
 
 Replays and interventions re-run the graph with the engine's script (recorded turns reused,
 agents masked or removed).  Routing that depends only on the state the nodes built from the
@@ -36,7 +37,7 @@ from mas.types import EpisodeContext, Outcome, Section
 from .langchain_model import BUILDING, EPISODE, MasChatModel, NotInEpisodeError, record_tool_messages
 
 __all__ = ["GraphInterrupted", "LangGraphTopology", "MasChatModel", "NotInEpisodeError", "UserGraph", "build_langgraph",
-           "langgraph_errors"]
+           "interrupt_errors", "langgraph_errors", "structured_output_errors"]
 
 
 class LangGraphTopology(Section):
@@ -93,7 +94,8 @@ def langgraph_errors(cfg: Any, names: list[str]) -> list[tuple[tuple, Any, str]]
     for field in ("input_key", "answer_key"):
         if getattr(cfg, field) not in keys:
             errs.append((("topology", field), getattr(cfg, field), f"not a key of the graph's state; valid: {keys}"))
-    errs += [(("topology", "builder"), cfg.builder, problem) for problem in interrupt_errors(graph)]
+    errs += [(("topology", "builder"), cfg.builder, problem)
+             for problem in interrupt_errors(graph) + structured_output_errors(graph)]
     return errs
 
 
@@ -103,8 +105,9 @@ HUMAN = ("waits for human input, and nobody answers during training (mas does no
 
 def interrupt_errors(graph: Any, where: str = "") -> list[str]:
     """Interrupts a compiled graph shows (its subgraphs included): nodes compiled with
-    ``interrupt_before``/``interrupt_after``, and node functions that name ``langgraph.types.interrupt``.
-    A node that reaches it another way is caught when it runs (``GraphInterrupted``)."""
+    ``interrupt_before``/``interrupt_after``, and node functions that reach ``langgraph.types.interrupt``,
+    in their own code or through the helper functions of the user's code they call (``_reached``).
+    A node that reaches it another way (a method, a callback) is caught when it runs (``GraphInterrupted``)."""
     from langgraph.graph.state import CompiledStateGraph
     from langgraph.types import interrupt
 
@@ -118,26 +121,116 @@ def interrupt_errors(graph: Any, where: str = "") -> list[str]:
         if isinstance(runnable, CompiledStateGraph):
             out += interrupt_errors(runnable, f"{where}subgraph {name!r}: ")
             continue
-        if any(obj is interrupt for fn in _node_functions(runnable) for obj in _referenced(fn)):
-            out.append(f"{where}node {name!r} calls interrupt(), which {HUMAN}")
+        for fn, via in _reached(runnable):
+            if any(obj is interrupt for obj in _referenced(fn)):
+                out.append(f"{where}node {name!r} calls interrupt(){via}, which {HUMAN}")
+                break
+    return out
+
+
+def structured_output_errors(graph: Any, where: str = "") -> list[str]:
+    """Nodes (of the graph and its subgraphs) whose code, or a helper of the user's code they call,
+    asks a ``MasChatModel`` for ``with_structured_output``, as the LangGraph supervisor tutorial
+    does inside its supervisor node.  Building such a model in the builder already fails at
+    validate; inside a node it would fail every episode.  A node that calls it on another chat
+    model (a hosted one, not trained) is left alone."""
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.runnables import RunnableBinding
+    from langgraph.graph.state import CompiledStateGraph
+
+    def model(obj: Any) -> Any:
+        while isinstance(obj, RunnableBinding):
+            obj = obj.bound
+        return obj
+
+    out = []
+    for name, spec in graph.builder.nodes.items():
+        runnable = spec.runnable
+        if isinstance(runnable, CompiledStateGraph):
+            out += structured_output_errors(runnable, f"{where}subgraph {name!r}: ")
+            continue
+        for fn, via in _reached(runnable):
+            if "with_structured_output" not in _names(fn):
+                continue
+            models = [model(obj) for obj in _referenced(fn)]
+            others = [m for m in models if isinstance(m, BaseChatModel) and not isinstance(m, MasChatModel)]
+            if others and not any(isinstance(m, MasChatModel) for m in models):
+                continue  # another model's structured output: not a trained agent's call
+            out.append(f"{where}node {name!r} calls with_structured_output(){via}, which a MasChatModel does not give: "
+                       "the policy writes text, and mas trains on that text; call the model itself and parse its reply "
+                       "(e.g. the first option it names, json.loads, or the agent's YAML parser)")
+            break
     return out
 
 
 def _node_functions(runnable: Any) -> list[Any]:
     """The Python functions behind a node's runnable (its sync and async versions)."""
-    fns = [inspect.unwrap(fn) for fn in (getattr(runnable, "func", None), getattr(runnable, "afunc", None)) if callable(fn)]
+    import functools
+
+    fns = []
+    for fn in (getattr(runnable, "func", None), getattr(runnable, "afunc", None)):
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        if callable(fn):
+            fns.append(inspect.unwrap(fn))
     return [fn for fn in fns if getattr(fn, "__code__", None) is not None]
 
 
-def _referenced(fn: Any) -> list[Any]:
-    """The objects a function closes over or names as globals (its nested functions' names included)."""
+def _user_function(obj: Any) -> Any:
+    """``obj`` as a plain function of the user's code (a bound method's function), else None:
+    mas's own functions and the installed libraries' are not followed."""
+    import sysconfig
+
+    fn = getattr(obj, "__func__", obj)
+    if not inspect.isfunction(fn):
+        return None
+    module, file = getattr(fn, "__module__", "") or "", fn.__code__.co_filename
+    if module.split(".")[0] == "mas" or "site-packages" in file or "dist-packages" in file:
+        return None
+    if file.startswith(sysconfig.get_paths()["stdlib"]):
+        return None
+    return fn
+
+
+def _reached(runnable: Any, depth: int = 6) -> list[tuple[Any, str]]:
+    """The node's own functions, then the user-code functions they call, transitively (up to
+    ``depth`` calls deep), each with how it is reached ("" or " through helper 'f'")."""
+    seen: set[int] = set()
+    out: list[tuple[Any, str]] = []
+    frontier = [(fn, "") for fn in _node_functions(runnable)]
+    for _ in range(depth + 1):
+        nxt = []
+        for fn, via in frontier:
+            if id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            out.append((fn, via))
+            for obj in _referenced(fn):
+                helper = _user_function(obj)
+                if helper is not None and id(helper) not in seen:
+                    nxt.append((helper, via or f" through helper {helper.__name__!r}"))
+        frontier = nxt
+    return out
+
+
+def _names(fn: Any) -> set[str]:
+    """The global and attribute names a function's code (its nested functions' included) uses."""
     names, codes = set(), [fn.__code__]
     while codes:
         code = codes.pop()
         names.update(code.co_names)
         codes += [c for c in code.co_consts if inspect.iscode(c)]
+    return names
+
+
+def _referenced(fn: Any) -> list[Any]:
+    """The objects a function closes over or names as globals (its nested functions' names included),
+    and the attributes it names of the modules among them (``types.interrupt``)."""
+    names = _names(fn)
     cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
-    return cells + [fn.__globals__[n] for n in sorted(names) if n in fn.__globals__]
+    found = cells + [fn.__globals__[n] for n in sorted(names) if n in fn.__globals__]
+    modules = [obj for obj in found if inspect.ismodule(obj)]
+    return found + [vars(m)[n] for m in modules for n in sorted(names) if n in vars(m)]  # no lazy attribute is loaded
 
 
 def _filled(cell: Any) -> bool:

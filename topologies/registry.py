@@ -42,6 +42,11 @@ render it:
   building the env its tasks come from (``NoTeacher`` with
   the reason when there is none for this team)
 
+A kind may also set ``packages``: the top-level modules it runs on beyond mas's own
+dependencies (AutoGen's, from an extra); where one is missing, ``mas validate`` says what
+installs it and ``mas train`` refuses to start (``mas.config.checks.package_issues``).  None by
+default.
+
 An ``Issue`` is ``(yaml path, value found, message)``.
 """
 

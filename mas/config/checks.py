@@ -38,7 +38,7 @@ from mas.envs.verifiers import verifier_names
 from mas.errors import ModelLoadError
 from mas.models.devices import resolve_device
 from mas.models.hub import in_cache, is_local
-from mas.refs import RefError, import_ref
+from mas.refs import RefError, import_ref, missing_module_hint
 from mas.models.sources import is_gguf_model, source_issue
 from mas.topologies import kind_of
 
@@ -47,7 +47,20 @@ Issue = tuple[tuple, Any, str]
 def _installed(module: str) -> bool:
     if module in sys.modules:  # imported already (or blocked with None)
         return sys.modules[module] is not None
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it, a half-installed package
+        return False
+
+
+def package_issues(cfg: Any) -> list[Issue]:
+    """Packages the team's topology kind runs on (its ``packages``; AutoGen's, from the
+    ``autogen`` extra) that are not installed: one line that says what installs them.  The config
+    itself may be right; it cannot run on this machine, so ``mas validate`` warns and ``mas
+    train`` (``build_team``) refuses before any episode would fail on the import."""
+    kind = kind_of(cfg.topology)
+    missing = [m for m in getattr(kind, "packages", ()) if not _installed(m)]
+    return [(("topology", "kind"), cfg.topology.kind, missing_module_hint(missing[0]))] if missing else []
 
 
 def topology_agents(topo: Any) -> dict[str, str] | None:
@@ -209,7 +222,7 @@ def machine_issues(cfg: Any) -> list[Issue]:
     optional packages the config needs (datasets, vllm, wandb)."""
     from huggingface_hub import constants
 
-    issues: list[Issue] = []
+    issues: list[Issue] = package_issues(cfg)
     if getattr(cfg.env, "source", None) == "hf" and not _installed("datasets"):
         issues.append((("env", "source"), "hf", "needs the datasets package: pip install -e '.[data]' "
                        "(or EXTRAS=dev,data bash scripts/setup.sh), or use source: sample / local"))

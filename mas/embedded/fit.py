@@ -30,6 +30,11 @@ def embedded_agents(cfg: Any) -> list[Any]:
     return [a for a in cfg.agents if cfg.policies[a.policy].model == "embedded"]
 
 
+def article(word: str) -> str:
+    """'an' before a vowel sound ("an orchestrator", "an autogen"), else 'a'."""
+    return "an" if word[:1].lower() in "aeio" else "a"
+
+
 def _role_owner(role: str) -> tuple[Format, str] | None:
     for fmt in FORMATS.values():
         for name, spec in fmt.agents.items():
@@ -49,7 +54,7 @@ def fit_warnings(cfg: Any, counts: dict[str, tuple[int, int]], when: str) -> lis
     first evaluation").  Agents without turns are not judged.
     """
     kind = cfg.topology.kind
-    configs = ", ".join(c for f in FORMATS.values() for c in f.configs)
+    configs = ", ".join(dict.fromkeys(c for f in FORMATS.values() for c in f.configs))  # a one-agent format repeats its team's
     out = []
     for agent in embedded_agents(cfg):
         turns, failed = counts.get(agent.name, (0, 0))
@@ -64,7 +69,7 @@ def fit_warnings(cfg: Any, counts: dict[str, tuple[int, int]], when: str) -> lis
             if spec.parser != agent.parser:
                 why = f"its role is {fmt.configs[0]}'s {name} prompt, which was warm-started with the {spec.parser} parser"
             elif kind not in {t.kind for t in fmt.topologies}:
-                why = f"its role is {fmt.configs[0]}'s {name} prompt, which was warm-started in a {fmt.topologies[0].kind} topology"
+                why = f"its role is {fmt.configs[0]}'s {name} prompt, which was warm-started in {article(fmt.topologies[0].kind)} {fmt.topologies[0].kind} topology"
             else:
                 why = (f"its role is {fmt.configs[0]}'s {name} prompt; the rest of the team differs from that config, or "
                        f"sampling.max_new_tokens is below the {spec.max_new_tokens} it needs")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from mas.training.metrics import eval_summary
+from mas.training.metrics import eval_summary, held_out_story, story_text
 from mas.report.charts import DASHES, PALETTE, Series, colour, fmt, line_chart, stacked_chart
 from mas.report.checklist import agent_table, checklist_table, duration, wall_seconds
 from mas.report.episodes import MAX_SIDE, episode_browser
@@ -260,6 +260,11 @@ def _facts(run: RunData) -> list[tuple[str, str]]:
                         ("after", "held-out after training")):
         if when in run.evals:
             facts.append((label, eval_summary(run.evals[when])))
+    story = held_out_story(run.evals.get("before"), run.evals.get("warmup"), run.evals.get("after"))
+    if story is not None and story["after_warmup"] is not None:  # RL's gain counts from the warm-up, not from before it
+        facts.append(("held-out, phase by phase", story_text(story)))
+    if story is not None and story.get("ceiling"):
+        facts.append(("note", story["ceiling"]))
     worse = run.summary.get("greedy_regression")
     if worse:
         facts.append(("greedy regression", f"{worse['start']:.3f} at the start -> {worse['now']:.3f} after step {worse['step']} "

@@ -43,7 +43,8 @@ and team size N (``runner.team_size``):
   * steps to the baseline's final: per seed, the steps at which its held-out curve first
     reaches the baseline method's mean final value at that N; a seed that never does counts
     at the steps it ran (a lower bound, flagged); the mean over seeds and a bootstrap 95% CI;
-  * the held-out gain: final minus the evaluation before training, per seed; the mean and a
+  * the held-out gain: final minus the start of RL (the evaluation after the format warm-up
+    where there is one, else before training), per seed; the mean and a
     bootstrap 95% CI (where the baseline does not improve, steps to its final say little:
     every method is there at step 0, and the gain tells the methods apart);
   * the credit method's cost: its extra generated tokens (% of the rollouts' and per step),
@@ -154,7 +155,10 @@ def run_points(rows: list[dict], metric: str = "greedy") -> dict[str, Any]:
             points.append({**at, **values, "value": values[metric], "verified": verified_of(r)})
     points.sort(key=lambda p: p["steps"])
     noise = next((eval_values(r) for r in rows if r.get("eval") == "noise"), None)
-    return {"points": points, "noise": noise, **total, "rollout_tokens": rollout, "credit_tokens": credit,
+    # with a warm-up, RL starts (point 0) after it; the team before the warm-up is kept beside, so that
+    # the study reads before -> after warm-up -> after RL, with RL's gain from the warm-up
+    before = next((eval_values(r) for r in rows if r.get("eval") == "before"), None) if start == "warmup" else None
+    return {"points": points, "noise": noise, "before_warmup": before, **total, "rollout_tokens": rollout, "credit_tokens": credit,
             "credit_seconds": credit_s}
 
 
@@ -291,7 +295,8 @@ def method_row(method: str, runs: list[dict], target: float | None, baseline_row
 
 
 def decoding_summary(runs: list[dict]) -> dict[str, Any]:
-    """Every decoding at the start and at the last evaluation, mean over seeds: greedy, sampled
+    """Every decoding at the start of RL (after the warm-up where there was one; the greedy team
+    before the warm-up is ``before_warmup``) and at the last evaluation, mean over seeds: greedy, sampled
     (avg@k), pass@k, the training tasks (greedy), and the training-minus-held-out gap under greedy
     decoding (positive: the training tasks are easier for the team, e.g. memorised)."""
     out: dict[str, Any] = {}
@@ -304,6 +309,9 @@ def decoding_summary(runs: list[dict]) -> dict[str, Any]:
         gaps = [p["train"] - p["greedy"] for p in pts if p.get("train") is not None and p.get("greedy") is not None]
         row["gap"] = statistics.fmean(gaps) if gaps else None
         out[when] = row
+    before = [r["before_warmup"]["greedy"] for r in runs if (r.get("before_warmup") or {}).get("greedy") is not None]
+    if before:  # the start is after a warm-up: the team before it, greedy, mean over seeds
+        out["before_warmup"] = {"greedy": statistics.fmean(before)}
     return out
 
 

@@ -159,9 +159,9 @@ def scaling_charts(scaling: dict, metric: str) -> list[str]:
         ci=lambda p: p["steps_to_target"]["ci95"], hollow=lambda p: p["steps_to_target"]["reached"] < p["steps_to_target"]["seeds"],
         chart_id="scaling-steps")
     gain = scaling_chart(
-        scaling, f"held-out {metric} gained in training, against team size", "points (final − before)",
+        scaling, f"held-out {metric} gained in training, against team size", "points (final − start of RL, after the warm-up where there is one)",
         lambda p: None if p["gain"]["mean"] is None else 100 * p["gain"]["mean"],
-        "each seed's last evaluation minus its evaluation before training; mean over seeds, whiskers a bootstrap 95% CI. "
+        "each seed's last evaluation minus its evaluation at the start of RL (after the format warm-up where there is one); mean over seeds, whiskers a bootstrap 95% CI. "
         "Where the baseline does not improve, every method reaches its final at step 0 and this tells them apart",
         ci=lambda p: [None if v is None else 100 * v for v in p["gain"]["ci95"]], chart_id="scaling-gain")
     tokens = scaling_chart(
@@ -255,7 +255,10 @@ def decoding_rows(study: dict) -> list[dict[str, str]]:
         else:
             paired = (f"{100 * p['mean']:+.1f} points [{100 * p['ci95'][0]:+.1f}, {100 * p['ci95'][1]:+.1f}], "
                       f"{p['seeds']} seeds" + ("; inside the noise" if p["inside_noise"] else "; outside the noise"))
-        rows.append({"method": r["method"], "greedy": pair(start.get("greedy"), final.get("greedy")),
+        greedy = pair(start.get("greedy"), final.get("greedy"))
+        if (d.get("before_warmup") or {}).get("greedy") is not None and greedy != "—":  # before -> after warm-up -> after RL
+            greedy = f"{_num(d['before_warmup']['greedy'])} → warm-up {greedy}"
+        rows.append({"method": r["method"], "greedy": greedy,
                      "sampled": pair(start.get("sampled"), final.get("sampled")),
                      "pass": pair(start.get("pass"), final.get("pass")),
                      "train": pair(start.get("train"), final.get("train")),

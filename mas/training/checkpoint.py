@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mas.credit import get_credit
+from mas.errors import CheckpointError
+from mas.models.files import weight_file_problems
 from mas.process.fault_points import pause_point
 from mas.runtime.policy_state import load_rng_state, save_rng_state
 
@@ -148,11 +150,25 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
+def check_policy_files(ckpt: Path, names: list[str]) -> None:
+    """A ``CheckpointError`` naming the policy and the file when a policy's saved weights in
+    ``ckpt`` cannot be loaded (cut short, not JSON: ``mas.models.files``), before anything loads."""
+    for name in names:
+        problems = weight_file_problems(Path(ckpt) / "policies" / name)
+        if problems:
+            raise CheckpointError(f"policy {name!r}: the checkpoint {ckpt} is damaged: " + "; ".join(problems))
+
+
 def load_checkpoint(path: Path, team: "Team") -> dict[str, Any]:
     """Restore weights, optimizer/schedule, data cursor and RNG state in place; return the trainer state."""
     path = Path(path)
+    check_policy_files(path, list(team.learners))
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path / 'trainer_state.json'}: cannot be read ({e}); the checkpoint is damaged: "
+                              f"to resume from an earlier one, write its name (e.g. step_000009) into {path.parent / 'latest'}") from None
     team.runtime.load_policies(path, list(team.learners))
-    state = json.loads((path / "trainer_state.json").read_text())
     team.env.load_state_dict(state["env"])
     method = get_credit(team.cfg.credit.method)
     if method.state is not None:

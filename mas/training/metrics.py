@@ -278,6 +278,54 @@ def eval_summary(m: dict[str, Any]) -> str:
     return text
 
 
+CEILING = 0.9  # a start at or above this held-out score leaves RL little to learn: the summary says so
+
+
+def held_out_story(before: dict | None, warmup: dict | None, after: dict | None) -> dict[str, Any] | None:
+    """The run's held-out result as the phases made it, greedy (the deployed team): before
+    training, after the format warm-up (where there was one) and after RL, with RL's gain measured
+    from where RL started (after the warm-up, which may lower the start on purpose: it teaches the
+    protocol with a deliberate weakness for RL to fix) and the whole run's gain beside it.  None
+    without an evaluation after training.  ``summary.json`` (``held_out``), the terminal's summary
+    line, the report and ``mas study`` all read this."""
+    if not after:
+        return None
+    start = warmup or before
+    story: dict[str, Any] = {
+        "decoding": after.get("decoding", "greedy"),
+        "before": before["accuracy"] if before else None,
+        "after_warmup": warmup["accuracy"] if warmup else None,
+        "after": after["accuracy"],
+        "rl_start": "warmup" if warmup else ("before" if before else None),
+        "rl_gain": after["accuracy"] - start["accuracy"] if start else None,
+        "total_gain": after["accuracy"] - before["accuracy"] if before else None,
+    }
+    if start and start["accuracy"] >= CEILING:
+        story["ceiling"] = (f"the team started RL at {start['accuracy']:.3f} held-out, at or near the ceiling: RL has little "
+                            "to learn on these tasks, so this run shows that training runs (a smoke test), not that RL helps")
+    return story
+
+
+def story_line(story: dict[str, Any], name: str = "accuracy") -> str:
+    """``held_out_story`` as one line: "held-out team accuracy: before B -> after warm-up W -> after
+    RL A (RL +x points from the warm-up; +y overall, greedy)", or "... before B -> after A (+x points,
+    greedy)" without a warm-up."""
+    return f"held-out team {name}: {story_text(story)}"
+
+
+def story_text(story: dict[str, Any]) -> str:
+    """``story_line`` without its "held-out team <metric>: " head (the report's facts name it)."""
+    dec, after = story["decoding"], story["after"]
+    if story["after_warmup"] is None:
+        if story["before"] is None:
+            return f"after {after:.3f} ({dec})"
+        return f"before {story['before']:.3f} -> after {after:.3f} ({100 * story['total_gain']:+.1f} points, {dec})"
+    head = f"before {story['before']:.3f} -> " if story["before"] is not None else ""
+    overall = f"; {100 * story['total_gain']:+.1f} overall" if story["total_gain"] is not None else ""
+    return (f"{head}after warm-up {story['after_warmup']:.3f} -> after RL {after:.3f} "
+            f"(RL {100 * story['rl_gain']:+.1f} points from the warm-up{overall}, {dec})")
+
+
 def eval_metrics(episodes: list[Episode], tool_agents: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Held-out results of a team: mean reward (``accuracy``; a math team's accuracy, a research
     team's F1 or EM as its env's reward says), the env's named scores (research: ``em``, ``f1``),

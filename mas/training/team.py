@@ -13,7 +13,8 @@ from typing import Any
 
 from mas.agents.agent import Agent, build_agents
 from mas.rollout.backends.base import Backend
-from mas.config.checks import check_config, eval_size_issues
+from mas.config.checks import check_config, eval_size_issues, package_issues
+from mas.config.messages import issue_lines
 from mas.config.schema import ConfigError, RunConfig, RuntimeConfig
 from mas.config.defaults import resolve_default_lrs
 from mas.embedded.build import ensure_embedded
@@ -100,8 +101,15 @@ def build_team(cfg: RunConfig, eval_size: tuple[int, str] | None = None, run_dir
     where a Ray runtime that starts its own Ray instance keeps Ray's temp files.  A config whose
     meaning is wrong (``mas.config.checks.meaning_errors``) is refused first, whoever validated it."""
     check_config(cfg)
+    missing = package_issues(cfg)  # refused here, not by every episode's import
+    if missing:
+        raise ConfigError("config", issue_lines(missing))
     apply_runtime(cfg.runtime)
-    env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
+    try:
+        env = build_env(cfg.env)  # before the models: a data problem should not wait for them to load
+    except (OSError, ValueError) as e:  # a task file or reward reference that does not load: mas validate's line
+        raise ConfigError("config", issue_lines([(("env",), getattr(cfg.env, "name", None),
+                                                  f"the data cannot be read: {e}")])) from None
     check_eval_size(env, *(eval_size or (cfg.trainer.eval_size, "trainer.eval_size")))
     verify = resolve_verifier(cfg.verifier.name, env)  # the turn verifier (a user's reference is imported now)
     cfg, defaults = resolve_default_lrs(cfg)  # unset optim.lr -> the model's default (from its config, no weights)

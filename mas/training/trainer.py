@@ -40,7 +40,8 @@ from mas.process.fault_points import enter_step, pause_point
 from mas.learning.learner import TrainSample, UpdateSpan
 from mas.process.memory import release_freed_memory
 from mas.training.evaluation import evaluate, regression
-from mas.training.metrics import RunLogger, Silence, credit_cost, divergence_warning, eval_summary, step_metrics
+from mas.training.metrics import (RunLogger, Silence, credit_cost, divergence_warning, eval_summary, held_out_story,
+                                  step_metrics)
 from mas.training.rundir import check_fresh
 from mas.runtime import PolicyActorDied
 from mas.training.team import Team, describe_team
@@ -474,6 +475,9 @@ def train(
         logger.info(f"held-out team {eval_summary(summary['eval_after'])} after training")
         logger.log_eval("after", summary["eval_after"])
         hooks.on_eval("after", summary["eval_after"])
+        story = held_out_story(summary.get("eval_before"), summary.get("eval_warmup"), summary["eval_after"])
+        if story is not None:  # before -> after warm-up -> after RL, RL's gain from where RL started
+            summary["held_out"] = story
     logger.write_summary(summary)
     return summary
 

@@ -95,13 +95,27 @@ def teacher_demonstrations(team: Any, episodes: int, teacher: Teacher, seed: int
         groups = engine.rollout(env.sample_tasks(episodes), group_size=1, seed=seed)
     finally:
         engine.close()
+    failed = [g.episodes[0] for g in groups if g.episodes[0].status == "error"]
+    if failed:  # a teacher that cannot play its team (its messages, the model-call cap): loud, not a missing demonstration
+        raise ConfigError("config", [teacher_failure(failed, len(groups))])
     for group in groups:
         ep = group.episodes[0]
-        if ep.status == "error":  # a teacher that cannot read its team's messages: loud, not a missing demonstration
-            raise RuntimeError(f"the scripted teacher's episode of task {ep.task_id!r} failed: {ep.error}")
         rewards.append(ep.reward)
         out += [(t.agent, (list(t.prompt_ids), list(t.completion_ids))) for t in ep.turns if t.completion_ids]
     return out, sum(rewards) / max(len(rewards), 1)
+
+
+def teacher_failure(failed: list[Any], played: int) -> str:
+    """The line that stops a run whose warm-up teacher failed episodes: how many, the first one's
+    task and error, and what to change.  Stopping (rather than dropping those episodes) keeps the
+    warm-up from teaching a protocol the team's own topology cannot finish; the same error would
+    fail RL's episodes too."""
+    first = failed[0]
+    return (f"trainer.warmup: {len(failed)} of the scripted teacher's {played} episodes failed, so the warm-up cannot "
+            f"demonstrate the team's protocol (the first, task {first.task_id!r}: {first.error}); RL's episodes can "
+            "stop the same way: fix what the error names (e.g. raise topology.max_model_calls), or give "
+            "trainer.warmup.demonstrations (a JSONL file of {agent, messages, completion}), or skip the warm-up "
+            "with trainer.warmup.steps=0")
 
 
 def file_demonstrations(team: Any, path: str) -> list[tuple[str, Demonstration]]:

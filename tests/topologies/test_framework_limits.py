@@ -254,6 +254,54 @@ def structured_graph():
     return endless_graph()
 
 
+def ask_a_person(answer: str) -> str:
+    """A helper of the user's code between the node and interrupt()."""
+    return interrupt({"question": "is this right?", "answer": answer})
+
+
+def confirm(answer: str) -> str:
+    return ask_a_person(answer)  # two calls deep
+
+
+def helper_interrupt_graph() -> StateGraph:
+    """interrupt() reached through helpers, as the LangGraph docs' review tools do."""
+    return ask_graph(lambda state: {"answer": confirm(state["answer"])})
+
+
+LEAD = MasChatModel(agent="lead")
+
+
+def structured_node_graph() -> StateGraph:
+    """The LangGraph supervisor tutorial's pattern: structured output asked for inside the node,
+    so building the graph succeeds and every episode would fail."""
+
+    def route(state: Loop) -> dict:
+        return {"answer": str(LEAD.with_structured_output(Verdict).invoke(state["question"]).ok)}
+
+    return ask_graph(route)
+
+
+def choose(question: str) -> bool:
+    return LEAD.with_structured_output(Verdict).invoke(question).ok
+
+
+def structured_helper_graph() -> StateGraph:
+    return ask_graph(lambda state: {"answer": str(choose(state["question"]))})
+
+
+def hosted_structured_graph() -> StateGraph:
+    """Structured output of a model that is not an agent's (a hosted judge): not a mas call, left alone."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    judge = FakeListChatModel(responses=["{}"])
+
+    def grade(state: Loop) -> dict:
+        judge.with_structured_output(Verdict)
+        return {}
+
+    return ask_graph(grade)
+
+
 def hidden_interrupt_graph() -> StateGraph:
     """The node reaches interrupt() through an attribute lookup that no inspection sees."""
     import langgraph.types
@@ -267,12 +315,20 @@ def hidden_interrupt_graph() -> StateGraph:
     (graph_config("interrupting_graph"), "node 'ask' calls interrupt(), which waits for human input"),
     (graph_config("graph_interrupted_before"), "the graph is compiled with interrupt_before=['ask']"),
     (graph_config("structured_graph"), "MasChatModel(agent='lead').with_structured_output(Verdict) is not supported"),
-], ids=["user_proxy", "output_content_type", "interrupt", "interrupt_before", "with_structured_output"])
+    (graph_config("helper_interrupt_graph"), "node 'ask' calls interrupt() through helper 'confirm', which waits for human"),
+    (graph_config("structured_node_graph"), "node 'ask' calls with_structured_output(), which a MasChatModel does not give"),
+    (graph_config("structured_helper_graph"), "node 'ask' calls with_structured_output() through helper 'choose', which"),
+], ids=["user_proxy", "output_content_type", "interrupt", "interrupt_before", "with_structured_output",
+        "interrupt_through_helpers", "structured_output_in_a_node", "structured_output_through_a_helper"])
 def test_validate_refuses_unsupported_framework_features_by_name(cfg, needle):
     path = "topology.factory" if "factory" in cfg["topology"] else "topology.builder"
     with pytest.raises(ConfigError) as info:
         validate_config(cfg, check=meaning_errors)
     assert any(line.startswith(path + ":") and needle in line for line in info.value.lines), info.value.lines
+
+
+def test_structured_output_of_a_model_that_is_not_an_agents_is_left_alone():
+    validate_config(graph_config("hosted_structured_graph"), check=meaning_errors)  # no ConfigError
 
 
 def test_mas_validate_names_the_user_proxy_agent(tmp_path, capsys):
