@@ -10,7 +10,7 @@ The same machinery executes the extra evaluations credit methods plan (docs/arch
     intervention  re-run with some agents masked (placeholder text) or removed (no message)
 A ``Script`` tells ``EpisodeContext.call`` what to do at each turn index.
 
-Tools (``agents/tools.py``): every generation is one Turn.  When an agent with tools writes
+Tools (``mas/tools.py``): every generation is one Turn.  When an agent with tools writes
 tool calls, ``EpisodeContext.call`` runs them with the env's tools, records the calls and
 their observations on that Turn, and calls the agent again with the observations appended
 to its messages, until it replies without a tool call or its ``max_tool_calls`` are spent;
