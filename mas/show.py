@@ -33,6 +33,19 @@ def short_model(model: str) -> str:
     return model.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or model
 
 
+def dtype_text(policy) -> str:
+    """A policy's dtype as configured, and for ``auto`` what it loads as on this machine."""
+    if policy.dtype != "auto" or policy.backend == "openai":
+        return policy.dtype
+    from mas.errors import ModelLoadError
+    from mas.models.devices import resolve_dtype
+
+    try:
+        return f"auto -> {resolve_dtype('auto', policy.device, full=policy.kind == 'full').dtype}"
+    except ModelLoadError:  # a device this torch cannot name: validate says so
+        return "auto"
+
+
 def team_text(cfg: RunConfig) -> str:
     """The team, its policies, topology (as an adjacency list), env and credit method."""
     lines = [f"team {cfg.team.name}" + (f": {cfg.team.description}" if cfg.team.description else ""), "", "agents"]
@@ -46,7 +59,7 @@ def team_text(cfg: RunConfig) -> str:
     pw = max(len(n) for n in cfg.policies)
     for name, p in cfg.policies.items():
         lr = f"  lr {'default' if p.optim.lr is None else format(p.optim.lr, 'g')}  micro-batch {p.optim.micro_batch_size}" if p.optim else ""
-        lines.append(f"  {name:<{pw}}  {p.kind:<6} {p.model}  {p.dtype} on {p.device}{lr}")
+        lines.append(f"  {name:<{pw}}  {p.kind:<6} {p.model}  {dtype_text(p)} on {p.device}{lr}")
     drawing = kind_of(cfg.topology).drawing(cfg)
     nodes, edges, agent_of = list(dict.fromkeys(drawing.nodes)), drawing.edges, drawing.agent_of
     lines += ["", f"topology: {cfg.topology.kind}" + (f" ({drawing.bound})" if drawing.bound else "")]

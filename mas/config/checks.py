@@ -36,7 +36,7 @@ from mas.config.schema import RunConfig
 from mas.envs import build_env
 from mas.envs.verifiers import verifier_names
 from mas.errors import ModelLoadError
-from mas.models.devices import resolve_device
+from mas.models.devices import cpu_native, resolve_device, resolve_dtype
 from mas.models.hub import in_cache, is_local
 from mas.refs import RefError, import_ref, missing_module_hint
 from mas.models.sources import is_gguf_model, source_issue
@@ -252,38 +252,26 @@ def machine_issues(cfg: Any) -> list[Issue]:
     return issues
 
 
-def _cpu_has_native(dtype: str) -> bool:
-    """Whether this CPU has instructions for ``dtype`` matrix products (bfloat16: AVX512_BF16 or
-    AMX; float16: AMX-FP16).  Without them torch runs those products in a generic loop."""
-    import torch
-
-    probes = {"bfloat16": ("_is_avx512_bf16_supported", "_is_amx_tile_supported"), "float16": ("_is_amx_fp16_supported",)}
-    try:
-        return any(getattr(torch.cpu, name)() for name in probes[dtype])
-    except (AttributeError, RuntimeError):  # a torch without these probes: read the flags Linux reports
-        flags = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("amx_fp16",)}[dtype]
-        try:
-            text = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return True  # cannot tell: say nothing
-        return any(f in text.split() for f in flags)
-
-
 def machine_warnings(cfg: Any) -> list[Issue]:
-    """Policies that run on this machine, but slowly: bfloat16 or float16 weights on a CPU that has
-    no instructions for them (measured on a 2-core AVX2 CPU: a bfloat16 SmolLM2 run 12x slower
-    than float32, docs/benchmarks/test_suite.md)."""
+    """Policies that run on this machine, but slowly: bfloat16 or float16 weights (as loaded:
+    ``dtype: auto`` resolved by ``mas.models.devices.resolve_dtype``, which never picks them there)
+    on a CPU that has no instructions for them (measured on a 2-core AVX2 CPU: a bfloat16 SmolLM2
+    run 12x slower than float32, docs/benchmarks/test_suite.md)."""
     warns: list[Issue] = []
     for name, p in cfg.policies.items():
-        if p.backend == "openai" or p.dtype not in ("bfloat16", "float16"):
+        if p.backend == "openai":
             continue
         try:
             on_cpu = resolve_device(p.device).type == "cpu"
         except ModelLoadError:
             continue  # machine_issues names the device
-        if on_cpu and not _cpu_has_native(p.dtype):
+        dtype = resolve_dtype(p.dtype, p.device, full=p.kind == "full").dtype
+        if not on_cpu or dtype not in ("bfloat16", "float16"):
+            continue
+        native, why = cpu_native(dtype)
+        if native is False:  # None: cannot tell, say nothing
             warns.append((("policies", name, "dtype"), p.dtype,
-                          f"this CPU has no {p.dtype} instructions, so torch multiplies {p.dtype} matrices in a generic loop "
-                          "(a SmolLM2 run measured 12x slower than float32 on such a CPU); dtype: float32 runs at full speed "
-                          "and doubles the weights' memory"))
+                          f"{why}, so torch multiplies {dtype} matrices in a generic loop (a SmolLM2 run measured 12x "
+                          "slower than float32 on such a CPU); dtype: auto (or float32) runs at full speed and doubles "
+                          "the weights' memory"))
     return warns

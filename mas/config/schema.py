@@ -179,7 +179,9 @@ class PolicyConfig(Section):
     )
     endpoint: EndpointConfig | None = Field(None, description="Server of a backend: openai policy; 'model' is the name sent to it.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weights dtype; 'auto' takes the checkpoint's."
+        "float32", description="Weights dtype. auto: bfloat16 where the device computes it natively (a CUDA GPU with "
+        "bfloat16, a CPU with AVX512_BF16 or AMX), float32 elsewhere, and float32 for kind: full (trained weights need "
+        "the precision); mas.models.devices.resolve_dtype decides, and `mas validate --plan` prints the choice and why."
     )
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     lora: LoraConfig | None = Field(None, description="Adapter settings; only for kind=lora (defaults apply if omitted).")

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mas.models.devices import resolve_dtype
 from mas.process.memory import rss_mb
 
 GiB = 2**30
@@ -218,6 +219,10 @@ class PolicyPlan:
     workers: int = 1
     sharded: bool = False
     notes: list[str] = field(default_factory=list)
+    dtype: str = "float32"  # the weights' dtype as loaded (``auto`` resolved)
+    dtype_setting: str = "float32"  # the config's ``dtype``
+    dtype_reason: str = "as configured"  # why (mas.models.devices.resolve_dtype)
+    alternative: tuple[str, int, int] | None = None  # auto: the other dtype, and this policy's weights and peak in it
 
     @property
     def resident(self) -> int:
@@ -309,8 +314,9 @@ def kv_cache_bytes(model: torch.nn.Module, tokens: int) -> int:
     return 2 * layers * heads * head_dim * tokens * next(model.parameters()).element_size()
 
 
-def _families(cfg) -> list[list[str]]:
-    """Policies that share weights: a LoRA family (one base) is one entry; every other policy alone."""
+def _families(cfg, named: str | None = None) -> list[list[str]]:
+    """Policies that share weights: a LoRA family (one base, in one resolved dtype: agents/policy.py)
+    is one entry; every other policy alone."""
     groups: dict[tuple, list[str]] = {}
     out = []
     used = {a.policy for a in cfg.agents} | ({cfg.credit.critic} if getattr(cfg.credit, "critic", None) else set())
@@ -318,7 +324,7 @@ def _families(cfg) -> list[list[str]]:
         if name not in used or p.backend == "openai":
             continue
         if p.kind == "lora":
-            key = (p.model, p.dtype, p.device, p.trust_remote_code)
+            key = (p.model, resolve_dtype(p.dtype, _device_of(p, named)).dtype, p.device, p.trust_remote_code)
             if key not in groups:
                 groups[key] = []
                 out.append(groups[key])
@@ -336,10 +342,14 @@ def _device_of(policy, named: str | None) -> str:
     return policy.device
 
 
-def plan_policy(cfg, names: list[str], device: str, capacity: int | None, prompt_tokens: int = PROMPT_TOKENS) -> PolicyPlan:
-    """The plan of one policy or LoRA family (module docstring) on ``device`` with ``capacity`` bytes."""
+def plan_policy(cfg, names: list[str], device: str, capacity: int | None, prompt_tokens: int = PROMPT_TOKENS,
+                dtype: str | None = None) -> PolicyPlan:
+    """The plan of one policy or LoRA family (module docstring) on ``device`` with ``capacity`` bytes,
+    in the dtype its weights load in there (``dtype: auto`` resolved for ``device``; ``dtype`` forces one).
+    For ``auto`` the plan also carries the peak the other choice would have, the memory the choice costs."""
     first = cfg.policies[names[0]]
-    model = meta_model(first.model, first.dtype, first.trust_remote_code)
+    choice = resolve_dtype(dtype or first.dtype, device, full=first.kind == "full")
+    model = meta_model(first.model, choice.dtype, first.trust_remote_code)
     elt = next(model.parameters()).element_size()
     base = sum(p.numel() for p in model.parameters())
     trainable_by = {}
@@ -400,8 +410,14 @@ def plan_policy(cfg, names: list[str], device: str, capacity: int | None, prompt
     else:
         rows = cfg.trainer.batch_size * cfg.trainer.group_size
         generation = kv_cache_bytes(model, rows * (prompt_tokens + new_tokens)) if agents else 0
-    return PolicyPlan("+".join(names), device, kind, params, trainable, weights, grads, optim, pass_plain, pass_saved, savers,
-                      generation, serving, workers, sharded, notes)
+    plan = PolicyPlan("+".join(names), device, kind, params, trainable, weights, grads, optim, pass_plain, pass_saved, savers,
+                      generation, serving, workers, sharded, notes, dtype=choice.dtype, dtype_setting=dtype or first.dtype,
+                      dtype_reason=choice.reason)
+    if dtype is None and first.dtype == "auto" and first.kind != "full":  # full stays float32: no other choice
+        other = "float32" if choice.dtype == "bfloat16" else "bfloat16"
+        alt = plan_policy(cfg, names, device, capacity, prompt_tokens, dtype=other)
+        plan.alternative = (other, alt.weights, alt.peak())
+    return plan
 
 
 def _default_lora():
@@ -415,7 +431,7 @@ def plan_run(cfg, device: str | None = None, devices: int | None = None, prompt_
     policy on one named device (``'cuda:80GB'``)."""
     named, capacity = parse_device(device) if device else (None, None)
     by_device: dict[str, list[PolicyPlan]] = {}
-    for names in _families(cfg):
+    for names in _families(cfg, named):
         where = _device_of(cfg.policies[names[0]], named)
         cap = capacity if named else _capacity(where)
         by_device.setdefault(where, []).append(plan_policy(cfg, names, where, cap, prompt_tokens))
@@ -468,6 +484,18 @@ def _gib(n: int | None) -> str:
     return f"{n / GiB:,.2f} GiB" if abs(n) >= GiB else f"{n / 2**20:,.1f} MiB"
 
 
+def dtype_line(p: PolicyPlan) -> str:
+    """The policy's dtype, why, and what it costs: with ``auto``, its weights and peak against the other
+    choice's (a peak may fall with larger weights: the learner's savers answer the larger activations)."""
+    if p.dtype_setting != "auto":
+        return f"dtype {p.dtype} (as configured): weights {_gib(p.weights)}, peak {_gib(p.peak())}"
+    line = f"dtype auto -> {p.dtype}: {p.dtype_reason}; weights {_gib(p.weights)}, peak {_gib(p.peak())}"
+    if p.alternative is not None:
+        other, weights, peak = p.alternative
+        line += f" ({other}: weights {_gib(weights)}, peak {_gib(peak)})"
+    return line
+
+
 def render(plans: list[DevicePlan], cfg, devices: int | None = None) -> str:
     """The plan as text for the terminal: a table per device, its peak against its memory, and advice."""
     lines = []
@@ -482,6 +510,7 @@ def render(plans: list[DevicePlan], cfg, devices: int | None = None) -> str:
                          f"{_gib(p.weights)} | {_gib(p.gradients)} | {_gib(p.optimizer)} | "
                          f"{_gib(p.pass_plain)} -> {_gib(p.pass_saved)} | {_gib(p.generation)} | {_gib(p.serving)}")
             lines.append(f"    savers: {p.savers}")
+            lines.append(f"    {dtype_line(p)}")
             for note in p.notes:
                 lines.append(f"    note: {note}")
         if d.overhead:

@@ -70,9 +70,13 @@ def learner_args(cfg: "RunConfig") -> dict[str, dict[str, Any]]:
 
 
 def rollout_exact(policy: Any) -> bool:
-    """Whether the policy's rollout logprobs are the learner's own: hf sampling from float32 weights.
-    vLLM's kernels, and half-precision weights (or 'auto', which may load them), score tokens differently."""
-    return policy.backend == "hf" and policy.dtype == "float32"
+    """Whether the policy's rollout logprobs are the learner's own: hf sampling from float32 weights
+    (``dtype: auto`` as it resolves on this machine).  vLLM's kernels, and half-precision weights,
+    score tokens differently."""
+    from mas.models.devices import resolve_dtype
+
+    dtype = resolve_dtype(policy.dtype, policy.device, full=policy.kind == "full").dtype
+    return policy.backend == "hf" and dtype == "float32"
 
 
 def old_logprobs_of(setting: str, policy: Any) -> str:

@@ -147,6 +147,7 @@ def describe_team(team: Team) -> dict:
 
     import torch
 
+    from mas.agents.policy import policy_dtype
     from mas.credit import get_credit
     from mas.models.sources import describe_source
     from mas.version import __version__
@@ -157,7 +158,7 @@ def describe_team(team: Team) -> dict:
             "model": team.cfg.policies[name].model,
             "source": describe_source(team.cfg.policies[name].model),  # e.g. a GGUF's sha256, a wheel's version
             "kind": info["kind"],
-            "dtype": team.cfg.policies[name].dtype,
+            "dtype": policy_dtype(team.cfg.policies[name]),  # as loaded: 'auto' resolved for the device
             "device": info["device"],
             "parameters": info["parameters"],
             "trainable_parameters": info["trainable_parameters"],
