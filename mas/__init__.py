@@ -16,9 +16,12 @@ if _util.find_spec("mas.agents") is None:
         "`bash scripts/setup.sh` (or `pip install -e .`) instead of putting the checkout on PYTHONPATH.")
 
 from mas import _moved  # noqa: E402
+from mas.refs import shield_checkout_folders  # noqa: E402
 from mas.version import __version__  # noqa: E402
 
 _moved.install()  # the import paths from before mas/ was grouped by layer (mas.engine, ...)
+# the checkout's agents/ (mas.agents) never shadows the top-level `agents` of the OpenAI Agents SDK
+shield_checkout_folders()
 
 __all__ = ["evaluate", "load_team", "train"]
 

@@ -6,23 +6,42 @@ and most Python servers (uvicorn, gunicorn) import an application: the current d
 comes first on ``sys.path``, so ``mas train configs/team.yaml`` run at a project's root finds
 the project's own packages (``examples.teams:build`` in this repository) without installing
 them.  An installed package is found as usual.
+
+In mas's own source checkout that would shadow other projects: the checkout's root holds
+``agents/``, ``credit/``, ``envs/`` and ``topologies/``, which install as ``mas.agents``, ...
+(pyproject.toml's package-dir), while other distributions own the top-level names (the OpenAI
+Agents SDK imports as ``agents``).  With the root first on ``sys.path`` (``mas train`` at the
+root, ``python -m``, ``python -m pytest``), ``import agents`` would find mas's folder.
+``shield_checkout_folders`` (installed when ``mas`` is imported) makes those four top-level names
+skip exactly the folders mas itself is loaded from, so they find the installed package that owns
+the name, or none.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import os
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 _REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 
 class RefError(ValueError):
-    """A reference that cannot be resolved; the message says why."""
+    """A reference that cannot be resolved; the message says why.  ``missing`` names the package the
+    referenced module imports where that is what is not installed (the code may be right; this
+    environment cannot run it), else None."""
+
+    def __init__(self, message: str, missing: str | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 def extra_providing(module: str) -> str | None:
@@ -70,7 +89,7 @@ def needs_extra(extra: str) -> str:
 
 # Packages that the frameworks' own documentation imports beside the framework, mapped to what
 # installs them, where the module's name does not say (autogen_ext's OpenAI client needs its extra).
-_KNOWN_DISTRIBUTIONS = {"autogen_ext": "autogen-ext[openai]", "langchain_openai": "langchain-openai",
+_KNOWN_DISTRIBUTIONS = {"agents": "openai-agents", "autogen_ext": "autogen-ext[openai]", "langchain_openai": "langchain-openai",
                         "langchain_anthropic": "langchain-anthropic", "langchain_community": "langchain-community",
                         "langgraph_supervisor": "langgraph-supervisor", "langgraph_swarm": "langgraph-swarm",
                         "langchain": "langchain", "openai": "openai"}
@@ -89,6 +108,59 @@ def missing_module_hint(module: str) -> str:
         return f"{top!r} is not installed (mas does not need it; your code does): {python} -m pip install '{dist}'"
     return (f"{top!r} is not installed in this environment (mas does not need it; your code does): install the "
             f"package that provides it, e.g. {python} -m pip install {top.replace('_', '-')}")
+
+
+# mas's subpackages whose folders sit at the repository root (pyproject.toml's package-dir)
+CHECKOUT_FOLDERS = ("agents", "credit", "envs", "topologies")
+
+
+class _CheckoutShield(importlib.abc.MetaPathFinder):
+    """Finds the top-level ``agents``, ``credit``, ``envs`` and ``topologies`` anywhere but in the
+    folder mas's own subpackage of that name is loaded from (``mas.agents`` from ``<checkout>/agents``
+    in an editable install).  Only those four names are looked at; a regular install, whose
+    subpackages live inside ``mas/``, is never affected, nor is a project of the user's own that
+    has an ``agents/`` folder."""
+
+    def __init__(self) -> None:
+        self._own: dict[str, Path | None] = {}
+
+    def own_folder(self, name: str) -> Path | None:
+        """The folder ``mas.<name>`` is loaded from, where it is a top-level folder of a sys.path entry."""
+        if name not in self._own:
+            spec = importlib.util.find_spec(f"mas.{name}")
+            locations = list(spec.submodule_search_locations or []) if spec is not None else []
+            self._own[name] = Path(locations[0]).resolve() if locations else None
+        return self._own[name]
+
+    def find_spec(self, fullname: str, path: Any = None, target: ModuleType | None = None) -> Any:
+        if path is not None or fullname not in CHECKOUT_FOLDERS:
+            return None
+        own = self.own_folder(fullname)
+        if own is None:
+            return None
+        entries = [e for e in sys.path if Path(e or os.curdir).resolve() != own.parent]
+        if len(entries) == len(sys.path):
+            return None  # the checkout's root is not on sys.path: nothing to shadow
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, entries, target)
+            if spec is not None and not _inside(spec, own):
+                return spec
+        raise ModuleNotFoundError(f"No module named {fullname!r} (the {fullname}/ folder of mas's source checkout "
+                                  f"{own.parent} is mas.{fullname}, not a top-level package)", name=fullname)
+
+
+def _inside(spec: importlib.machinery.ModuleSpec, folder: Path) -> bool:
+    where = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+    return any(Path(w).resolve() == folder or folder in Path(w).resolve().parents for w in where)
+
+
+def shield_checkout_folders() -> None:
+    """Install ``_CheckoutShield`` first on ``sys.meta_path`` (once): ``import agents`` then finds the
+    installed OpenAI Agents SDK even with mas's checkout root first on ``sys.path``."""
+    if not any(isinstance(f, _CheckoutShield) for f in sys.meta_path):
+        sys.meta_path.insert(0, _CheckoutShield())
 
 
 def check_ref_syntax(ref: str) -> None:
@@ -111,7 +183,7 @@ def import_ref(ref: str, callable_: bool = True) -> Any:
             raise RefError(f"cannot import {module_name!r}: no module named {e.name!r} (searched the current "
                            f"directory {cwd} and the installed packages)") from None
         if e.name:  # a package the module imports (a framework, an optional extra): what installs it
-            raise RefError(f"{module_name!r} imports {e.name!r}: {missing_module_hint(e.name)}") from None
+            raise RefError(f"{module_name!r} imports {e.name!r}: {missing_module_hint(e.name)}", missing=e.name) from None
         raise RefError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the user's module raised while importing
         raise RefError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from None

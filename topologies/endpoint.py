@@ -48,6 +48,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from mas.agents.parsers import parse_answer
+from mas.errors import MissingDependencyError
 from mas.refs import RefError, import_ref
 from mas.topologies.adapters import MAX_MODEL_CALLS_HELP
 from mas.topologies.framework_teaching import framework_teacher
@@ -72,11 +73,12 @@ class OpenAITopology(Section):
 
 
 def entry_errors(ref: str) -> list[str]:
-    """Why ``ref`` cannot be the team's entry point ([] when it can)."""
+    """Why ``ref`` cannot be the team's entry point ([] when it can, or when only a package its module
+    imports is missing here: ``entry_warnings`` says what installs it)."""
     try:
         fn = import_ref(ref)
     except RefError as e:
-        return [str(e)]
+        return [] if e.missing else [str(e)]
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -85,6 +87,18 @@ def entry_errors(ref: str) -> list[str]:
         sig.bind("task", base_url="http://127.0.0.1/v1", api_key="key")
     except TypeError as e:
         return [f"{ref} must accept (task, base_url=..., api_key=...): {e}"]
+    return []
+
+
+def entry_warnings(ref: str) -> list[str]:
+    """A package the entry point's module imports that is not installed (a framework the team is
+    written in: the `serve` extra installs those of the shipped examples), with what installs it.
+    The config may be right; this environment cannot run it, so ``mas validate`` warns and ``mas
+    train`` stops where it imports the entry point, with the same message."""
+    try:
+        import_ref(ref)
+    except RefError as e:
+        return [str(e)] if e.missing else []
     return []
 
 
@@ -102,7 +116,12 @@ class EndpointTeam:
 
     def __init__(self, cfg: OpenAITopology):
         self.cfg = cfg
-        self.entry = import_ref(cfg.entry)
+        try:
+            self.entry = import_ref(cfg.entry)
+        except RefError as e:
+            if e.missing:  # `mas train` without the framework the team is written in: one line, no traceback
+                raise MissingDependencyError(f"topology.entry: {e}") from None
+            raise
 
     async def run(self, ctx: EpisodeContext) -> Outcome:
         loop = asyncio.get_running_loop()
@@ -162,7 +181,7 @@ class OpenAIEndpoint:
         return []
 
     def warnings(self, cfg: Any) -> list[Issue]:
-        return []
+        return [(("topology", "entry"), cfg.topology.entry, m) for m in entry_warnings(cfg.topology.entry)]
 
     def drawing(self, cfg: Any) -> Drawing:
         """The team's code as one box, and the agents it may ask (it is code: who speaks when is decided there)."""
