@@ -502,7 +502,7 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
 # those formats (they borrow the quickstart's role prompts), and the not-warm-started warning says so.
 # Configs that mix the embedded model with real models (configs/smol_heterogeneous.yaml) are real-model
 # teams: their other agents speak formats of their own; only their embedded agents must use warm-started prompts.
-FRAMEWORK_KINDS = ("autogen", "langgraph")
+FRAMEWORK_KINDS = ("autogen", "langgraph", "openai")  # teams in code: their prompts are the code's
 _CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 _MODELS = {p: {pol.get("model") for pol in yaml.safe_load(p.read_text())["policies"].values()} for p in _CONFIGS}
 _EMBEDDED = [p for p in _CONFIGS if _MODELS[p] == {"embedded"}]
@@ -520,8 +520,12 @@ FORK = ["team_fork_n2.yaml", "team_fork_n4.yaml", "team_fork_n8.yaml"]  # the re
 
 def test_the_configs_outside_the_warm_start_are_exactly_the_framework_teams_and_those_with_a_format_warmup():
     assert sorted(p.name for p in _EMBEDDED if p not in EMBEDDED_CONFIGS) == [
-        "autogen_selector.yaml", "cpu_facts.yaml", "langgraph_custom.yaml", *FORK]
-    assert sorted(p.name for p in _OWN_WARMUP) == ["cpu_facts.yaml", *FORK]
+        "autogen_selector.yaml", "cpu_facts.yaml", "langgraph_custom.yaml", "openai_agents_handoffs.yaml",
+        "openai_autogen_reflection.yaml", "openai_langgraph_evaluator.yaml", "openai_smolagents_manager.yaml",
+        "openai_team.yaml", *FORK]
+    assert sorted(p.name for p in _OWN_WARMUP) == [
+        "cpu_facts.yaml", "openai_agents_handoffs.yaml", "openai_autogen_reflection.yaml",
+        "openai_langgraph_evaluator.yaml", "openai_smolagents_manager.yaml", *FORK]
 
 
 def test_every_format_names_shipped_configs_and_every_embedded_config_has_a_format():

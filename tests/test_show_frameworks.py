@@ -35,7 +35,7 @@ def test_a_factory_team_is_one_box_and_the_text_says_why(capsys):
     svg = topology_svg(run)
     assert 'data-node="factory examples.teams:build"' in svg and 'data-agent="selector"' in svg
     assert main(["show", str(REPO / "configs" / "autogen_selector.yaml"), "--mermaid", "x.mmd"]) == 2
-    assert "not a LangGraph graph" in capsys.readouterr().err
+    assert "are not LangGraph graphs" in capsys.readouterr().err
 
 
 def test_a_langgraph_team_draws_the_compiled_graphs_nodes_and_edges(tmp_path):
