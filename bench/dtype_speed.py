@@ -11,12 +11,14 @@ policies loaded in (``auto`` resolved by ``mas.models.devices.resolve_dtype``), 
 auto's step time over bfloat16's.
 
     python bench/dtype_speed.py [--configs configs/smol_debate.yaml ...] [--dtypes auto,bfloat16,float32]
-                                [--isa avx2] [--steps 1] [--max-new-tokens 16] [--json out.json]
+                                [--isa onednn-avx2] [--steps 1] [--max-new-tokens 16] [--json out.json]
 
-``--isa avx2`` runs every arm with torch's CPU kernels held to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``,
-``MKL_ENABLE_INSTRUCTIONS=AVX2``, ``ATEN_CPU_CAPABILITY=avx2``): a CPU without bfloat16
-instructions, like most laptops, on a machine that has them; ``dtype: auto`` reads the oneDNN
-cap and resolves to float32 there.  Nothing is asserted: the figures go to
+``--isa onednn-avx2`` runs every arm with oneDNN, the library torch's bfloat16 CPU matrix
+products go through, held to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``): a CPU without bfloat16
+instructions, like most laptops, on a machine that has them, float32 (MKL) keeping this CPU's
+speed; ``dtype: auto`` reads the cap and resolves to float32 there.  ``--isa avx2`` also holds
+MKL and torch's own kernels to AVX2 (``MKL_ENABLE_INSTRUCTIONS``, ``ATEN_CPU_CAPABILITY``), which
+on this AMD CPU slows float32 far more than an AVX2 CPU's own float32 would be.  Nothing is asserted: the figures go to
 docs/benchmarks/real_models.md with the command and the commit.
 """
 
@@ -37,7 +39,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["trainer.batch_size=1", "trainer.group_size=2", "trainer.eval_size=0", "trainer.save_every=0",
          "trainer.warmup.steps=0", "logging.progress=false"]
-ISAS = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+ISAS = {  # what --isa sets for every arm
+    "onednn-avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},  # bfloat16 instructions withheld; float32 (MKL) at full speed
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},  # all of torch
+}
 
 
 def overrides(config: Path, dtype: str, max_new_tokens: int) -> list[str]:
@@ -75,6 +80,9 @@ def run_arm(config: Path, dtype: str, steps: int, max_new_tokens: int, env: dict
             "rollout_s": [round(r["time"]["rollout"], 1) for r in rows],
             "update_s": [round(r["time"]["update"], 1) for r in rows],
             "peak_rss_mb": max(r["memory"]["peak_rss_mb"] for r in rows),
+            "episodes": sum(r["episodes"]["count"] for r in rows),
+            "episode_errors": sum(r["episodes"]["errors"] for r in rows),
+            "completion_tokens": sum(a["completion_tokens"] for r in rows for a in r["agents"].values()),
             "wall_s": round(wall, 1),
         }
 
