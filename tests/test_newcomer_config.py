@@ -301,15 +301,21 @@ def test_train_refuses_an_autogen_team_without_autogen_before_any_episode(withou
 def test_a_framework_package_the_docs_import_beside_the_framework_gets_a_hint(monkeypatch, tmp_path):
     """The AutoGen docs' "before" code imports autogen_ext's OpenAI client, the LangGraph tutorials
     langchain_openai: neither is mas's; the error says what to install, not a bare 'No module named'."""
-    monkeypatch.setattr(sys, "meta_path", [_Hide({"langchain_openai", "no_such_lib"}), *sys.meta_path])
+    monkeypatch.setattr(sys, "meta_path", [_Hide({"langchain_openai", "langgraph_supervisor", "no_such_lib"}),
+                                           *sys.meta_path])
     (tmp_path / "team_with_openai.py").write_text("from langchain_openai import ChatOpenAI\n\ndef build():\n    pass\n")
+    (tmp_path / "team_with_supervisor.py").write_text("import langgraph_supervisor\n\ndef build():\n    pass\n")
     (tmp_path / "team_with_other.py").write_text("import no_such_lib\n\ndef build():\n    pass\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(RefError) as info:
+    with pytest.raises(RefError) as info:  # the serve extra installs the clients the endpoint examples import
         import_ref("team_with_openai:build")
-    assert "'team_with_openai' imports 'langchain_openai': 'langchain_openai' is not installed (mas does not need it; " \
-           "your code does): " in str(info.value) and "-m pip install 'langchain-openai'" in str(info.value)
+    assert "'team_with_openai' imports 'langchain_openai': needs the `serve` extra: " in str(info.value)
+    assert "-m pip install -e " in str(info.value) and "[serve]'" in str(info.value)
+    with pytest.raises(RefError) as info:  # a package the docs import that no extra of mas installs
+        import_ref("team_with_supervisor:build")
+    assert "'team_with_supervisor' imports 'langgraph_supervisor': 'langgraph_supervisor' is not installed (mas does not " \
+           "need it; your code does): " in str(info.value) and "-m pip install 'langgraph-supervisor'" in str(info.value)
     with pytest.raises(RefError) as info:
         import_ref("team_with_other:build")
     assert "'no_such_lib' is not installed in this environment" in str(info.value)
