@@ -83,7 +83,7 @@ def step_metrics(
     ``credit_tokens`` for the credit method's replays, coalitions, removal runs and critic
     replies) and ``total``: the compute ``mas study --budget tokens`` matches.
     ``faults`` counts what went wrong in the step's rollouts and extra evaluations, by kind
-    (``mas.rollout.engine.FAULT_KINDS``: agent/backend/tool/critic errors, timeouts, bad rewards); the
+    (``mas.rollout.faults.FAULT_KINDS``: agent/backend/tool/critic errors, timeouts, bad rewards); the
     step went on regardless.
     """
     episodes = [ep for g in groups for ep in g.episodes]
