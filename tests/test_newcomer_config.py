@@ -308,6 +308,8 @@ def test_a_framework_package_the_docs_import_beside_the_framework_gets_a_hint(mo
     (tmp_path / "team_with_other.py").write_text("import no_such_lib\n\ndef build():\n    pass\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("team_with_openai", "team_with_supervisor", "team_with_other", "langchain_openai", "langgraph_supervisor"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # imported already in this process: import afresh
     with pytest.raises(RefError) as info:  # the serve extra installs the clients the endpoint examples import
         import_ref("team_with_openai:build")
     assert "'team_with_openai' imports 'langchain_openai': needs the `serve` extra: " in str(info.value)
