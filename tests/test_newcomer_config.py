@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import copy
-import importlib.abc
 import itertools
 import sys
 import typing
 from pathlib import Path
 
 import pytest
+from hidden_packages import Hide
 import yaml
 
 from mas.cli import main
@@ -227,18 +227,6 @@ def test_group_relative_says_exactly_when_groups_of_one_give_zero_advantages(nam
 # --------------------------------------------------------------------------------------------
 
 
-class _Hide(importlib.abc.MetaPathFinder):
-    """Makes top-level packages ``names`` look uninstalled (a real ModuleNotFoundError)."""
-
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in self.names:
-            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
-        return None
-
-
 @pytest.fixture()
 def without_autogen(monkeypatch, tmp_path):
     """autogen uninstalled, and a team module in the current directory that imports it."""
@@ -246,7 +234,7 @@ def without_autogen(monkeypatch, tmp_path):
     for name in list(sys.modules):
         if name.split(".")[0] in hidden or name == "needs_autogen_team":
             monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setattr(sys, "meta_path", [_Hide(hidden), *sys.meta_path])
+    monkeypatch.setattr(sys, "meta_path", [Hide(hidden), *sys.meta_path])
     (tmp_path / "needs_autogen_team.py").write_text("from autogen_agentchat.teams import RoundRobinGroupChat\n\n\n"
                                                     "def build(clients):\n    return RoundRobinGroupChat([])\n")
     monkeypatch.chdir(tmp_path)
@@ -301,7 +289,7 @@ def test_train_refuses_an_autogen_team_without_autogen_before_any_episode(withou
 def test_a_framework_package_the_docs_import_beside_the_framework_gets_a_hint(monkeypatch, tmp_path):
     """The AutoGen docs' "before" code imports autogen_ext's OpenAI client, the LangGraph tutorials
     langchain_openai: neither is mas's; the error says what to install, not a bare 'No module named'."""
-    monkeypatch.setattr(sys, "meta_path", [_Hide({"langchain_openai", "langgraph_supervisor", "no_such_lib"}),
+    monkeypatch.setattr(sys, "meta_path", [Hide({"langchain_openai", "langgraph_supervisor", "no_such_lib"}),
                                            *sys.meta_path])
     (tmp_path / "team_with_openai.py").write_text("from langchain_openai import ChatOpenAI\n\ndef build():\n    pass\n")
     (tmp_path / "team_with_supervisor.py").write_text("import langgraph_supervisor\n\ndef build():\n    pass\n")

@@ -5,13 +5,13 @@ where an optional extra is missing, saying in one line which extra and the comma
 from __future__ import annotations
 
 import glob
-import importlib.abc
 import re
 import shlex
 import sys
 from pathlib import Path
 
 import pytest
+from hidden_packages import Hide
 
 from mas.cli import main
 
@@ -43,16 +43,6 @@ def test_every_mas_command_in_the_readme_runs_as_written(tmp_path, monkeypatch, 
     assert (tmp_path / "runs" / "try" / "report.html").is_file()
 
 
-class _Hide(importlib.abc.MetaPathFinder):
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in self.names:
-            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
-        return None
-
-
 def test_validate_configs_glob_exits_0_without_the_autogen_extra_and_names_it(monkeypatch, capsys):
     """After the quickstart's setup (no `autogen` extra), docs/running.md's `mas validate configs/*.yaml`
     passes, and each AutoGen config says which extra it needs and how to install it, in one line."""
@@ -60,7 +50,7 @@ def test_validate_configs_glob_exits_0_without_the_autogen_extra_and_names_it(mo
     for name in list(sys.modules):
         if name.split(".")[0] in hidden or name.startswith("examples"):
             monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setattr(sys, "meta_path", [_Hide(hidden), *sys.meta_path])
+    monkeypatch.setattr(sys, "meta_path", [Hide(hidden), *sys.meta_path])
     monkeypatch.chdir(ROOT)
     assert "mas validate configs/*.yaml" in (ROOT / "docs" / "running.md").read_text()
     configs = sorted(glob.glob("configs/*.yaml"))
