@@ -518,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
                    help="a variant of the recipe, built into its own cache folder (a model folder for policies' "
                         "`model:`): steps=8000, seed=1, lr=0.002, formats.graph=1600, extend.saboteur_solver=0, extend_steps=900, "
-                        "research_steps=3000 or research2.facts_path=19200 (a second research stage); repeatable")
+                        "research_steps=3000 or research.facts=9600; repeatable")
     b.set_defaults(fn=cmd_build_embedded)
 
     sv = sub.add_parser("serve", help="serve a trained team's agents behind an OpenAI-compatible endpoint on 127.0.0.1 "

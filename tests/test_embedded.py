@@ -271,7 +271,7 @@ def test_a_research_stage_has_its_own_key_and_the_two_stage_recipe_keeps_its_old
     # docs/benchmarks/research_stage.md, 7275deab8cc7 and b5b378912523, had the teacher reply with a sentence)
     assert three.key() == "c29fdeb610b3"
     for change in ("research_steps=10", "research_lr=0.001", "research_batch_size=4", "positions=1024", "research.facts=100",
-                   "research_first_turns=8", "research_later_turns=32"):
+                   "research_first_turns=8"):
         assert three.varied([change]).key() != three.key(), change
     assert three.varied(["research.facts=0"]) == three.base()
     two = three.base()  # the research stage's knobs are not in a recipe without one
@@ -279,29 +279,10 @@ def test_a_research_stage_has_its_own_key_and_the_two_stage_recipe_keeps_its_old
     assert "facts" not in dict(three.formats) and "facts" not in dict(three.extend)
     with pytest.raises(ValueError, match="unknown warm-start formats"):
         Recipe(research=(("nope", 1),))
-
-
-def test_a_second_research_stage_starts_from_the_first_and_keeps_every_earlier_key():
-    three = Recipe().varied(["research.facts=19200"])
-    four = three.varied(["research2.facts_path=19200"])
-    assert four.base() == three and four.base().key() == "c29fdeb610b3"  # the first research stage's build is reused
-    assert four.key() != three.key()
-    assert four.research_knobs() == ((("facts_path", 19200),), 3000, 1e-3, 0, 0)
-    assert three.research_knobs() == ((("facts", 19200),), 4000, 2e-3, 32, 0)
-    for change in ("research2_steps=10", "research2_lr=0.01", "research2_first_turns=8", "research2.facts_path=100",
-                   "research_batch_size=4", "research.facts=100"):
-        assert four.varied([change]).key() != four.key(), change
-    # the second stage's knobs are not in a recipe without one
-    assert dataclasses.replace(three, research2_steps=1, research2_lr=0.1, research2_first_turns=3).key() == three.key()
-    assert four.varied(["research2.facts_path=0"]) == three
-    with pytest.raises(ValueError, match="needs a first one"):
-        Recipe(research=(), research2=(("facts_path", 10),))
-    with pytest.raises(ValueError, match="needs a first one"):
-        four.varied(["research.facts=0"])
-    with pytest.raises(ValueError, match="unknown warm-start formats"):
-        dataclasses.replace(three, research2=(("nope", 1),))
-    with pytest.raises(ValueError, match="research2.<name>"):
-        three.varied(["research3.facts=1"])
+    # the unshipped second research stage and later-turns stream are gone (docs/benchmarks/research_stage.md)
+    for change in ("research2.facts_path=19200", "research_later_turns=32"):
+        with pytest.raises(ValueError, match="unknown key"):
+            three.varied([change])
 
 
 def test_turns_of_one_invocation_become_one_sequence_with_a_loss_on_each_turn():
@@ -437,35 +418,6 @@ def test_a_research_stage_starts_from_its_base_at_raised_positions(tmp_path, mon
     assert int(line.group(2)) > int(line.group(1)) and 300 < int(line.group(3)) <= 1536
     first = int(re.search(r"embedded model: (\d+) teacher turns", " ".join(said)).group(1))
     assert int(line.group(4)) == first  # the base's pool, replayed
-
-
-def test_a_second_research_stage_trains_the_first_ones_model_on_its_own_formats(tmp_path, monkeypatch):
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
-
-    from mas.embedded.artifact import cache_folder, problem
-
-    torch.set_num_threads(1)
-    monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
-    three = dataclasses.replace(SMALL, research=(("facts", 20),), research_steps=2, research_batch_size=4, positions=1536)
-    four = dataclasses.replace(three, research2=(("facts_path", 20),), research2_steps=2)
-    said = []
-    build_embedded(four, tmp_path / "four", log=said.append)
-    first = cache_folder(three)  # built into the cache on the way, like any base
-    assert problem(first, three.key()) is None and problem(tmp_path / "four", four.key()) is None
-    assert AutoConfig.from_pretrained(tmp_path / "four").max_position_embeddings == 1536
-    assert (tmp_path / "four" / "tokenizer.json").read_bytes() == (cache_folder(SMALL) / "tokenizer.json").read_bytes()
-    w3, w4 = load_file(first / "model.safetensors"), load_file(tmp_path / "four" / "model.safetensors")
-    assert not all(torch.equal(w3[k], w4[k]) for k in w3)
-    assert max((w3[k] - w4[k]).abs().max().item() for k in w3) < 1e-2  # from the first stage's weights
-    text = " ".join(said)
-    one = re.search(rf"(?<!second )research stage from {SMALL.key()}, (\d+) invocations", text)
-    two = re.search(rf"second research stage from {three.key()}, (\d+) invocations of (\d+) turns \(longest \d+ tokens\) "
-                    r"beside (\d+) pool", text)
-    assert one and two and int(two.group(1)) == 2 * 20  # each episode: one researcher row, one answerer row
-    assert int(two.group(2)) == 20 * 4 + 20  # the whole path: four researcher turns and one answer an episode
-    pool = int(re.search(r"embedded model: (\d+) teacher turns", text).group(1))
-    assert int(two.group(3)) == pool  # the first stages' pool again, not the first research stage's episodes
 
 
 def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):

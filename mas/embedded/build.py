@@ -12,8 +12,7 @@
    finished model and tokenizer (shipped, cached or built first), and trains it further on
    the base pool plus the added formats' turns.  A research stage (``Recipe.research``) starts
    from the two-stage model the same way and trains on long episodes, each agent's invocation
-   one sequence, with the pool replayed beside them, at raised positions; a second research
-   stage (``Recipe.research2``) does the same from the research stage's model.
+   one sequence, with the pool replayed beside them, at raised positions.
 4. Model and tokenizer are saved in Hugging Face format with a manifest (the recipe key and
    every file's sha256; ``artifact.py``): into the cache (``$MAS_CACHE_DIR`` or
    ``~/.cache/mas``) when a run needs a model that was not shipped (``ensure_embedded``), or
@@ -111,7 +110,7 @@ def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
     """The recipe's last stage (the warm start, its second stage, or a research stage, each from
     the one before it) saved to ``out``."""
     t0 = time.perf_counter()
-    if recipe.research:  # research2 needs research (Recipe.__post_init__): either is a research stage
+    if recipe.research:
         model, base = _research_stage(recipe, log)
     elif recipe.extend:
         model, base = _second_stage(recipe, log)
@@ -213,11 +212,10 @@ def _batches(lengths: list[int], batch_size: int, gen: torch.Generator, pool: in
 
 
 def _research_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
-    """The model this stage starts from (``recipe.base()``: the two-stage model for the research
-    stage, the research stage's for the second one; shipped, cached or built now), trained the
-    stage's steps more on its formats' episodes (``Recipe.research_knobs``), each agent
-    invocation one sequence (``_sequences``) at its own length, and on their first turns alone;
-    its positions raised to ``recipe.positions``.  And the base's folder.
+    """The model this stage starts from (``recipe.base()``, the two-stage model; shipped, cached
+    or built now), trained ``research_steps`` more on the ``research`` formats' episodes, each
+    agent invocation one sequence (``_sequences``) at its own length, and on their first turns
+    alone; its positions raised to ``recipe.positions``.  And the base's folder.
 
     The earlier stages' pool is replayed beside them by distillation from the base model itself
     (learning without forgetting, arXiv:1606.09282): the model is held to the base's own
@@ -227,26 +225,22 @@ def _research_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
     from transformers import AutoModelForCausalLM
 
     model, tok, base = _base_model(recipe, log)
-    mix, steps, lr, first_turns, later_turns = recipe.research_knobs()
     model.config.max_position_embeddings = recipe.positions
-    pool, _ = _provisional_turns(replace(recipe, formats=(*recipe.formats, *recipe.extend), extend=(), research=(),
-                                         research2=()), log)
-    research, _ = _provisional_turns(recipe, log, mix=mix)
+    pool, _ = _provisional_turns(replace(recipe, formats=(*recipe.formats, *recipe.extend), extend=(), research=()), log)
+    research, _ = _provisional_turns(recipe, log, mix=recipe.research)
     examples = _examples(tok, research)
     rows = _sequences(examples)
-    follows = _continues(examples)
-    firsts = [ex for ex, f in zip(examples, follows) if not f]  # each invocation's first turn
-    laters = [ex for ex, f in zip(examples, follows) if f]  # the turns after a tool round
+    firsts = [ex for ex, follows in zip(examples, _continues(examples)) if not follows]  # each invocation's first turn
     longest = max(len(ids) for ids, _ in rows)
     if longest > recipe.positions:
         raise RuntimeError(f"a research sequence of {longest} tokens is longer than the recipe's {recipe.positions} positions")
-    stage = "second research stage" if recipe.research2 else "research stage"
-    log(f"embedded model: {stage} from {base.name}, {len(rows)} invocations of {len(research)} turns (longest "
-        f"{longest} tokens) beside {len(pool)} pool turns ({steps} steps)...")
+    log(f"embedded model: research stage from {base.name}, {len(rows)} invocations of {len(research)} turns (longest "
+        f"{longest} tokens) beside {len(pool)} pool turns ({recipe.research_steps} steps)...")
     frozen = AutoModelForCausalLM.from_pretrained(base).eval().requires_grad_(False)  # the base, to distil the pool from
-    streams = [(rows, recipe.research_batch_size, None), (_rows(firsts), first_turns, None),
-               (_rows(laters), later_turns, None), (_rows(_examples(tok, pool)), recipe.batch_size, frozen)]
-    _fit(model, [s for s in streams if s[1] > 0], steps, lr, recipe.seed, pad_id=tok.pad_token_id, log=log)
+    streams = [(rows, recipe.research_batch_size, None), (_rows(firsts), recipe.research_first_turns, None),
+               (_rows(_examples(tok, pool)), recipe.batch_size, frozen)]
+    _fit(model, [s for s in streams if s[1] > 0], recipe.research_steps, recipe.research_lr, recipe.seed,
+         pad_id=tok.pad_token_id, log=log)
     return model, base
 
 

@@ -14,10 +14,8 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from .formats import FORMATS
 
-MIXES = ("formats", "extend", "research", "research2")  # the stages' format mixes: (format name, teacher episodes)
-RESEARCH_FIELDS = ("research", "research_steps", "research_lr", "research_batch_size", "research_first_turns",
-                   "research_later_turns", "positions")
-RESEARCH2_FIELDS = ("research2", "research2_steps", "research2_lr", "research2_first_turns")
+MIXES = ("formats", "extend", "research")  # the stages' format mixes: (format name, teacher episodes)
+RESEARCH_FIELDS = ("research", "research_steps", "research_lr", "research_batch_size", "research_first_turns", "positions")
 DEFAULT_MIX: tuple[tuple[str, int], ...] = tuple((f.name, f.episodes) for f in FORMATS.values() if f.episodes > 0)
 
 
@@ -45,66 +43,44 @@ class Recipe:
     # long: ``research_steps`` steps at ``research_lr``, each on ``research_batch_size`` of these
     # formats' agent invocations (one sequence each, the loss on every one of its turns, at the
     # episodes' own lengths), ``research_first_turns`` of their first turns on their own (short:
-    # where a name is first copied from the task), ``research_later_turns`` of their other turns
-    # on their own (each with its whole prompt: where a name is copied from a tool's result), and
-    # ``batch_size`` turns of the earlier stages' pool, held to what the base model says there.  The model's positions become
+    # where a name is first copied from the task), and ``batch_size`` turns of the earlier
+    # stages' pool, held to what the base model says there.  The model's positions become
     # ``positions``.  Empty: no third stage, and the key is the one the recipe had before it existed.
     # Shipped: 19,200 episodes of cpu_facts's team over 40 other worlds (FACTS), the flawed
     # teacher's: it leaves every arithmetic config's gain within 3 points and gives the model the
-    # 2,048 positions cpu_facts needs, but copies few names (docs/benchmarks/research_stage.md, "The embedded
-    # build's research stage"); it is the first half of the route that taught the copy.
+    # 2,048 positions cpu_facts needs, but copies few names, so cpu_facts is a demonstration of the
+    # research format on this model, not of learning (docs/benchmarks/research.md; the stages
+    # tried after it, not shipped, are in docs/benchmarks/research_stage.md and git history).
     research: tuple[tuple[str, int], ...] = (("facts", 19200),)
     research_steps: int = 4000
     research_lr: float = 2e-3
     research_batch_size: int = 16
     research_first_turns: int = 32
-    research_later_turns: int = 0
     positions: int = 2048
-    # A second research stage from the finished research stage (``base()``), the same way, on
-    # these formats' episodes: ``research2_steps`` steps at ``research2_lr``, ``research_batch_size``
-    # invocations and ``research2_first_turns`` first turns a step, the earlier stages' pool
-    # distilled from its base beside them.  For a curriculum: a skill the first research stage's
-    # short episodes teach (copying a name it has just read), carried on into long ones.  Empty:
-    # no such stage, and the key is the one the recipe had before it existed.
-    research2: tuple[tuple[str, int], ...] = ()
-    research2_steps: int = 3000
-    research2_lr: float = 1e-3
-    research2_first_turns: int = 0
 
     def __post_init__(self) -> None:
         unknown = [name for name, _ in self.mixed() if name not in FORMATS]
         if unknown:
             raise ValueError(f"unknown warm-start formats {unknown}; valid: {sorted(FORMATS)}")
-        if self.research2 and not self.research:
-            raise ValueError("a second research stage (research2) needs a first one (research) to start from")
 
     def mixed(self) -> tuple[tuple[str, int], ...]:
         """Every stage's (format name, teacher episodes), in stage order."""
-        return (*self.formats, *self.extend, *self.research, *self.research2)
+        return (*self.formats, *self.extend, *self.research)
 
     def format_specs(self) -> dict:
         return {name: FORMATS[name].spec() for name, _ in self.mixed()}
 
     def base(self) -> Recipe:
-        """The recipe this one's last stage starts from: without its second research stage,
-        else without its research stage, else without its second stage (the one-stage warm start)."""
-        if self.research2:
-            return replace(self, research2=())
+        """The recipe this one's last stage starts from: without its research stage, else without
+        its second stage (the one-stage warm start)."""
         return replace(self, research=()) if self.research else replace(self, extend=())
-
-    def research_knobs(self) -> tuple[tuple[tuple[str, int], ...], int, float, int, int]:
-        """The last research stage's (formats, steps, learning rate, first turns, later turns) a step."""
-        if self.research2:
-            return self.research2, self.research2_steps, self.research2_lr, self.research2_first_turns, 0
-        return (self.research, self.research_steps, self.research_lr, self.research_first_turns,
-                self.research_later_turns)
 
     def varied(self, changes: list[str]) -> Recipe:
         """This recipe with ``KEY=VALUE`` changes (``mas build-embedded --recipe``): a number
         (``steps=8000``, ``seed=1``, ``lr=0.002``, ``extend_steps=900``), one format's teacher
         episodes in the warm start (``formats.graph=1600``) or in its second stage
-        (``extend.saboteur_solver=400``) or its research stages (``research.facts=9600``,
-        ``research2.facts_path=19200``); 0 drops the format.  A variant has its own key, so it is
+        (``extend.saboteur_solver=400``) or its research stage (``research.facts=9600``); 0 drops
+        the format.  A variant has its own key, so it is
         built into its own cache folder and never taken for the project's model."""
         numbers = {f.name: f.type for f in fields(self) if f.name not in MIXES}
         mixes = {mix: dict(getattr(self, mix)) for mix in MIXES}
@@ -122,8 +98,8 @@ class Recipe:
                 elif key in numbers:
                     values[key] = float(value) if numbers[key] == "float" else int(value)  # annotations are strings here (__future__)
                 else:
-                    raise ValueError(f"unknown key; valid: {sorted(numbers)}, formats.<name>, extend.<name>, research.<name> "
-                                     "or research2.<name>")
+                    raise ValueError(f"unknown key; valid: {sorted(numbers)}, formats.<name>, extend.<name> "
+                                     "or research.<name>")
             except ValueError as e:
                 raise ValueError(f"recipe change {change!r}: {e}") from None
         for mix, counts in mixes.items():
@@ -137,11 +113,6 @@ class Recipe:
                 del recipe[name]
         if not self.research:  # and a recipe without a research stage the key it had before that stage existed
             for name in RESEARCH_FIELDS:
-                del recipe[name]
-        elif not self.research_later_turns:  # the research stage's key from before later turns could be added
-            del recipe["research_later_turns"]
-        if not self.research2:  # and one without a second research stage the key it had before that stage existed
-            for name in RESEARCH2_FIELDS:
                 del recipe[name]
         blob = json.dumps({"recipe": recipe, "formats": self.format_specs()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
