@@ -26,8 +26,14 @@ The rules, the same for both frameworks:
   the framework's goes to the framework as is (it runs only its own tools).
 * The cap.  ``max_calls`` (``topology.max_model_calls``) bounds the model calls of one episode:
   the next one stops the episode (``EpisodeContext.stop``, fault ``model_call_limit``), so a team
-  that never terminates ends.  After a stop, by the cap or by the episode's timeout, every call
-  raises ``EpisodeStopped`` and the framework's loop unwinds.
+  that never terminates ends.  Left out, it is derived from the team's own termination where its
+  kind can read one (``TeamBound``: an AutoGen team's message count or turn bound times the calls
+  one message may take, a LangGraph ``recursion_limit`` times the calls one super-step may make),
+  never below ``DEFAULT_MAX_MODEL_CALLS``; else it is that default.  The stop's message says what
+  was seen (the calls per agent, the messages so far) and, where a termination is known, that it
+  had not been reached; only a team with no readable termination is said to perhaps never end.
+  After a stop, by the cap or by the episode's timeout, every call raises ``EpisodeStopped`` and
+  the framework's loop unwinds.
 * Errors.  The first exception of ``ctx.call`` (a ``ReplayDivergence``, a backend failure, an
   ``EpisodeStopped``) is kept and re-raised by the topology, whatever the framework wraps it in.
 """
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,9 +51,42 @@ from mas.types import TOOL_LABEL, EpisodeContext
 from mas.types import Turn
 
 # the cap on a framework team's model calls (``EpisodeCalls``): a team that never terminates still ends
+DEFAULT_MAX_MODEL_CALLS = 64
 MAX_MODEL_CALLS_HELP = ("Model calls one episode may make (each call of a mas client; tool rounds mas runs inside a call "
                         "are bounded by the agent's max_tool_calls); the next call ends the episode as failed (fault "
                         "model_call_limit), so a team that never terminates ends. Raise it for teams that need more calls.")
+
+
+def derived_cap_help(source: str) -> str:
+    """``MAX_MODEL_CALLS_HELP`` for a kind whose default is derived from the team's ``source`` of termination."""
+    return (f"{MAX_MODEL_CALLS_HELP} None (the default): derived from {source}, at least "
+            f"{DEFAULT_MAX_MODEL_CALLS}; {DEFAULT_MAX_MODEL_CALLS} where mas cannot read one.")
+
+
+@dataclass(frozen=True)
+class TeamBound:
+    """The most model calls a framework team's own termination lets one episode make, as its kind reads it."""
+
+    calls: int
+    termination: str  # the termination in words: "max 25 messages", "recursion_limit 12"
+    how: str  # how ``calls`` follows from it: "25 messages x (3 selector tries + 1 call per message)"
+
+
+def model_call_cap(explicit: int | None, bound: TeamBound | None) -> int:
+    """``topology.max_model_calls`` as it applies: the value set, else the team's bound (never below
+    the default: a bound is read from the framework's internals and may miss a call), else the default."""
+    if explicit is not None:
+        return explicit
+    return DEFAULT_MAX_MODEL_CALLS if bound is None else max(DEFAULT_MAX_MODEL_CALLS, bound.calls)
+
+
+def cap_warnings(explicit: int | None, bound: TeamBound | None) -> list[str]:
+    """``mas validate``'s warning for a cap set below what the team's termination allows."""
+    if explicit is None or bound is None or explicit >= bound.calls:
+        return []
+    return [f"topology.max_model_calls={explicit} is below the ~{bound.calls} model calls the team's termination "
+            f"allows ({bound.how}); episodes that run that long stop at the cap and fail (fault model_call_limit) "
+            f"before the team terminates: raise it to {bound.calls}, or leave it out to derive it from the termination"]
 
 _JSON_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list", "object": "dict"}
 _EXAMPLES = {"string": "...", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
@@ -130,10 +170,17 @@ class Generation:
 class EpisodeCalls:
     """The model calls of one episode of a framework team (shared by all its clients)."""
 
-    def __init__(self, ctx: EpisodeContext, max_calls: int | None = None):
+    def __init__(self, ctx: EpisodeContext, max_calls: int | None = None, bound: TeamBound | None = None,
+                 explicit: bool = True):
+        """``max_calls``: the cap (None: none); ``bound``: what the team's termination allows, where its
+        kind read one; ``explicit``: the cap was set in the config (else derived or the default)."""
         self.ctx = ctx
         self.max_calls = max_calls  # model calls allowed in the episode (topology.max_model_calls); None: no cap
+        self.bound = bound
+        self.explicit = explicit
         self.made = 0  # model calls asked for so far
+        self.by_agent: dict[str, int] = {}  # ... per agent, in the order they first called
+        self.seen: Callable[[], str] | None = None  # the team's progress in words ("after 9 messages"), set by its kind
         self.loop = asyncio.get_running_loop()  # the engine's loop: calls from worker threads are run here
         self.pending: set[concurrent.futures.Future] = set()  # such calls not finished yet
         self.error: BaseException | None = None
@@ -162,10 +209,9 @@ class EpisodeCalls:
         if a is None:
             raise KeyError(f"no agent {agent!r} in this team; valid: {sorted(self.ctx.agents)}")
         if self.max_calls is not None and self.made >= self.max_calls:
-            self.ctx.stop(f"model call limit: the team made {self.max_calls} model calls in this episode "
-                          f"(topology.max_model_calls) and agent {agent!r} asked for one more; a team that never "
-                          "terminates needs a termination condition, else raise the cap", "model_call_limit")
+            self.ctx.stop(self.cap_message(agent), "model_call_limit")
         self.made += 1
+        self.by_agent[agent] = self.by_agent.get(agent, 0) + 1
         framework = frozenset(t["name"] for t in tools)
         ours = [n for n in a.tools if n not in framework]  # env tools the framework does not run: run here
         undescribed = [t for t in tools if t["name"] not in a.tools] if template_tools is None else []  # env tools: in the role
@@ -192,6 +238,24 @@ class EpisodeCalls:
         if ours and not any(c.name in framework for c in parse_tool_calls(turn.text)):
             return Generation(turn, [], turn.text)  # env calls only, past the agent's budget: the reply stands
         return Generation(turn, self._record_calls(turn, parse_tool_calls(turn.text)), outside_calls(turn.text))
+
+    def cap_message(self, agent: str) -> str:
+        """Why the episode stopped at the cap, worded by what was seen: the calls per agent, the
+        team's progress, and its termination where one is known (not reached, or the call would
+        not have come); only without a known termination may the team never end."""
+        counts = ", ".join(f"{a} {n}" for a, n in self.by_agent.items())
+        source = ("" if self.explicit else " derived from the team's termination" if self.bound is not None
+                  and self.max_calls == self.bound.calls else " by default")
+        progress = self.seen() if self.seen is not None else ""
+        head = (f"model call limit: the team made {self.made} model calls in this episode ({counts}) and agent "
+                f"{agent!r} asked for one more: stopped at the cap of topology.max_model_calls={self.max_calls}{source}"
+                + (f" {progress}" if progress else ""))
+        if self.bound is not None:
+            return (f"{head}; the team's termination ({self.bound.termination}) had not been reached: raise "
+                    f"topology.max_model_calls (the termination allows ~{self.bound.calls} calls: {self.bound.how})")
+        return (f"{head}; mas reads no termination from this team (a message count, a turn or step bound), so it "
+                "may never end: give it one (e.g. AutoGen's MaxMessageTermination), or raise topology.max_model_calls "
+                "if it needs more calls")
 
     def _record_calls(self, turn: Turn, parsed: list[ToolCall]) -> list[tuple[str, str, dict[str, Any]]]:
         """Record the turn's calls (observations come later); the well-formed ones go to the framework."""

@@ -19,7 +19,13 @@ Two ways to define the team:
 
 An episode ends, whatever the team's termination, at ``topology.max_model_calls`` model calls
 and at ``runtime.episode_timeout_s``: from then on every call of its clients raises the engine's
-``EpisodeStopped``, and AutoGen, which waits for its agents when it stops, unwinds.
+``EpisodeStopped``, and AutoGen, which waits for its agents when it stops, unwinds.  Left out, the
+cap is derived from the team's own termination (``team_bound``, read from the team as it is built,
+a factory's included): its message count (a ``MaxMessageTermination``, alone or in ``|``/``&``) or
+``max_turns``, times the model calls one message may take (a selector's tries, plus the most an
+agent may make: 1, or its tool iterations and reflection).  The docs' selector team of 25
+messages with 3 selector tries takes up to 25 x (3 + 1) = 100 calls, past the default of 64.
+``mas validate`` warns where a cap set in the config is below that bound.
 
 Per episode a fresh team is built around fresh clients (AgentChat teams are stateful), run on
 the engine's event loop with the task's prompt as its task, and read: the team's answer is
@@ -45,7 +51,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from mas.refs import RefError, import_ref
-from mas.topologies.adapters import MAX_MODEL_CALLS_HELP
+from mas.topologies.adapters import TeamBound, cap_warnings, derived_cap_help, model_call_cap
 from mas.topologies.framework_teaching import SelectorTeacher, framework_teacher
 import mas.topologies.registry as registry
 from mas.topologies.registry import Drawing, Edge, Issue, register_topology
@@ -109,7 +115,10 @@ class AutogenTopology(Section):
         None, description="team only (a factory's team has its own): when the team stops, by a text mention or a message count."
     )
     max_turns: int | None = Field(None, ge=1, description="team only: AutoGen's bound on agent turns per episode; None = none.")
-    max_model_calls: int = Field(64, ge=1, description=MAX_MODEL_CALLS_HELP)
+    max_model_calls: int | None = Field(
+        None, ge=1, description=derived_cap_help("the team's termination (its message count or max_turns, times the calls "
+                                                 "one message may take: a selector's tries, an agent's tool iterations)")
+    )
 
 
 # What an AutoGen team runs on: the `autogen` extra (checked before training: mas.config.checks.package_issues)
@@ -247,6 +256,118 @@ def make_team(factory: Any, clients: Mapping[str, Any]) -> Any:
     return factory(clients)
 
 
+# ---------------------------------------------------------------------------------------------
+# how many model calls the team's termination allows (the derived topology.max_model_calls)
+# ---------------------------------------------------------------------------------------------
+
+SELECTOR_TRIES = 3  # AutoGen's default max_selector_attempts, which a YAML selector team keeps
+
+
+def message_bound(limits: list[tuple[int, str, str]], tries: int, per_message: int) -> TeamBound | None:
+    """The bound of a team whose messages are limited by ``limits`` ((count, unit, the limit in
+    words)): the smallest limit times the calls one message may take (``tries`` selector calls
+    before it, ``per_message`` of its speaker)."""
+    if not limits:
+        return None
+    count, unit, termination = min(limits)
+    calls = f"{per_message} call{'s' if per_message != 1 else ''} per message"
+    how = f"{count} {unit} x " + (f"({tries} selector tries + {calls})" if tries else calls)
+    return TeamBound(count * (tries + per_message), termination, how)
+
+
+def yaml_bound(t: Any, names: list[str], tool_rounds: Mapping[str, int]) -> TeamBound | None:
+    """The bound of a ``team:`` built from the YAML (``tool_rounds``: an agent's max_tool_calls where it
+    has tools): an agent with tools makes up to its tool iterations plus its reflection per message."""
+    term = t.termination
+    limits = ([(term.max_messages, "messages", f"max {term.max_messages} messages")]
+              if term is not None and term.max_messages is not None else [])
+    limits += [(t.max_turns, "turns", f"max_turns {t.max_turns}")] if t.max_turns else []
+    per = max((tool_rounds.get(m, 0) + 1 for m in participants_of(t, names)), default=1)
+    return message_bound(limits, SELECTOR_TRIES if t.team == "selector" else 0, per)
+
+
+def team_bound(team: Any) -> TeamBound | None:
+    """The bound of a built AgentChat team, read from its termination condition, its ``max_turns``,
+    its selector and its agents (AutoGen's private attributes, as ``autogen_shape`` reads them);
+    None where any of them cannot be read (an agent of a kind mas does not know, a nested team)."""
+    from autogen_agentchat.teams import SelectorGroupChat
+
+    from mas.topologies.autogen_client import MasModelClient
+
+    messages = _max_messages(getattr(team, "_termination_condition", None))
+    limits = [(messages, "messages", f"max {messages} messages")] if messages else []
+    turns = getattr(team, "_max_turns", None)
+    limits += [(turns, "turns", f"max_turns {turns}")] if isinstance(turns, int) and turns > 0 else []
+    per = [_agent_calls(a, MasModelClient) for a in getattr(team, "_participants", None) or ()]
+    if not per or None in per:
+        return None
+    selector = isinstance(team, SelectorGroupChat) and isinstance(getattr(team, "_model_client", None), MasModelClient)
+    tries = int(getattr(team, "_max_selector_attempts", SELECTOR_TRIES)) if selector else 0
+    return message_bound(limits, tries, max(per))
+
+
+def _max_messages(cond: Any) -> int | None:
+    """The message count a termination condition stops at, where it has one: a
+    ``MaxMessageTermination``; the smallest of an ``|``'s, the largest of an ``&`` whose every part has one."""
+    from autogen_agentchat.base import AndTerminationCondition, OrTerminationCondition
+    from autogen_agentchat.conditions import MaxMessageTermination
+
+    if isinstance(cond, MaxMessageTermination):
+        n = getattr(cond, "_max_messages", None)
+        return n if isinstance(n, int) else None
+    parts = [_max_messages(c) for c in getattr(cond, "_conditions", None) or ()]
+    if isinstance(cond, OrTerminationCondition) and any(parts):
+        return min(n for n in parts if n)
+    if isinstance(cond, AndTerminationCondition) and parts and all(parts):
+        return max(parts)  # type: ignore[type-var]
+    return None
+
+
+def _agent_calls(agent: Any, mas_client: type) -> int | None:
+    """Model calls of mas clients one message of ``agent`` may take: 0 for a model that is not
+    trained (not a mas client), 1 without tools, else its tool iterations and its reflection."""
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_core.tools import StaticWorkbench
+
+    if not isinstance(agent, AssistantAgent):
+        return None
+    if not isinstance(getattr(agent, "_model_client", None), mas_client):
+        return 0
+    workbench = [w for w in getattr(agent, "_workbench", None) or ()
+                 if not (isinstance(w, StaticWorkbench) and not getattr(w, "_tools", None))]
+    if not (getattr(agent, "_tools", None) or getattr(agent, "_handoff_tools", None) or workbench):
+        return 1
+    return int(getattr(agent, "_max_tool_iterations", 1)) + (1 if getattr(agent, "_reflect_on_tool_use", False) else 0)
+
+
+def config_bound(cfg: Any) -> TeamBound | None:
+    """The bound of the config's team: a YAML team's from its config, a factory's from the team it
+    builds with clients that cannot answer (as ``mas validate`` builds it); None where it cannot be read."""
+    t = cfg.topology
+    if t.factory is None:
+        return yaml_bound(t, cfg.agent_names, {a.name: max(1, a.max_tool_calls) for a in cfg.agents if a.tools})
+    return _factory_bound(t.factory, cfg.agent_names)
+
+
+class _AnyClients(dict):
+    """A factory's argument where the agents' names are not at hand: an unbound client for any name."""
+
+    def __missing__(self, key: str) -> Any:
+        self[key] = _client(None, key)
+        return self[key]
+
+
+def _factory_bound(ref: str, names: list[str] | None) -> TeamBound | None:
+    """The bound of the team a factory builds (``names``: the agents; None: whatever names it asks for)."""
+    if not _autogen_installed():
+        return None
+    clients = _AnyClients() if names is None else ClientMap({n: _client(None, n) for n in names})
+    try:
+        return team_bound(make_team(import_ref(ref), clients))
+    except Exception:  # noqa: BLE001 - a factory that does not build: its errors are the `errors` hook's
+        return None
+
+
 def _client(calls: Any, agent: str) -> Any:
     from mas.topologies.autogen_client import MasModelClient  # autogen is imported only for autogen teams
 
@@ -346,14 +467,20 @@ class AutogenTeam:
 
         from mas.topologies.adapters import EpisodeCalls
 
-        calls = EpisodeCalls(ctx, self.cfg.max_model_calls)
+        explicit = self.cfg.max_model_calls
+        calls = EpisodeCalls(ctx, explicit, explicit=explicit is not None)
         team = self.build(ctx, calls)
         problems = unsupported_parts(team)  # refused at validate; a factory may build differently per episode
         if problems:
             raise NotImplementedError("; ".join(problems))
+        calls.bound = team_bound(team)  # read from the team as built: a factory's may differ per episode
+        calls.max_calls = model_call_cap(explicit, calls.bound)
         said: list[tuple[str, str]] = []  # (source, text) of the team's chat messages, in order
+        messages = [0]  # chat messages so far, the task's included (as a MaxMessageTermination counts them)
+        calls.seen = lambda: f"after {messages[0]} messages (the task's included)"
         try:
             async for item in team.run_stream(task=ctx.task.prompt):
+                messages[0] += isinstance(item, BaseChatMessage)
                 if isinstance(item, ToolCallExecutionEvent):
                     for r in item.content:
                         calls.record_result(r.call_id, r.content, bool(r.is_error))
@@ -443,7 +570,10 @@ class Autogen:
         return None
 
     def turn_limit(self, topo: AutogenTopology) -> int:
-        return topo.max_model_calls  # every turn is a model call, and the cap ends the episode
+        """The cap as it applies (every turn is a model call, and the cap ends the episode); a YAML
+        team's agents' tool iterations are not in ``topo``: the caller multiplies them in."""
+        bound = yaml_bound(topo, [], {}) if topo.factory is None else _factory_bound(topo.factory, None)
+        return model_call_cap(topo.max_model_calls, bound)
 
     def refs(self, topo: AutogenTopology, names: list[str]) -> list[Issue]:
         return []  # the participants and the selector are checked with the team (``errors``)
@@ -455,7 +585,10 @@ class Autogen:
         return []
 
     def warnings(self, cfg: Any) -> list[Issue]:
-        return []
+        """A cap set below the model calls the team's termination allows: episodes stop short of it."""
+        t = cfg.topology
+        bound = config_bound(cfg) if t.max_model_calls is not None else None
+        return [(("topology", "max_model_calls"), t.max_model_calls, m) for m in cap_warnings(t.max_model_calls, bound)]
 
     def drawing(self, cfg: Any) -> Drawing:
         """A YAML AutoGen team as who may speak after whom; a factory's team as one box (it is code)."""

@@ -6,7 +6,11 @@ graph).  Its nodes are ordinary LangGraph code; where they called a chat model t
 graph once and runs it once per episode with ``ainvoke`` on the engine's event loop: the
 state starts as ``{input_key: <task prompt>}`` (``input_as: messages``: a list with one user
 message), and the team's answer is ``state[answer_key]`` at the end.  A run that exceeds
-``recursion_limit`` super-steps is truncated (no answer).
+``recursion_limit`` super-steps is truncated (no answer).  That limit is the graph's termination:
+left out, ``max_model_calls`` is derived from it (``graph_bound``: the limit times the most model
+calls one super-step makes, taken as the most agents one node's code names, at least 1, since
+LangGraph's supervisor, network and ReAct graphs run one node per step; a graph that fans out to
+parallel nodes may make more, and gets a cap set by hand).
 
 Not supported, refused by name: ``interrupt()`` and ``interrupt_before``/``interrupt_after``
 (human-in-the-loop: nobody answers during training) at validate where the graph shows them,
@@ -28,7 +32,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from mas.refs import RefError, import_ref
-from mas.topologies.adapters import MAX_MODEL_CALLS_HELP
+from mas.topologies.adapters import TeamBound, cap_warnings, derived_cap_help, model_call_cap
 from mas.topologies.framework_teaching import framework_teacher, solver_checker_teacher
 import mas.topologies.registry as registry
 from mas.topologies.registry import Drawing, Edge, Issue, register_topology
@@ -55,7 +59,10 @@ class LangGraphTopology(Section):
         "messages gives the last message's text)."
     )
     recursion_limit: int = Field(25, ge=1, description="LangGraph's bound on super-steps per episode (its default is 25).")
-    max_model_calls: int = Field(64, ge=1, description=MAX_MODEL_CALLS_HELP)
+    max_model_calls: int | None = Field(
+        None, ge=1, description=derived_cap_help("recursion_limit times the most agents one node's code calls (one node "
+                                                 "runs per super-step in a graph without parallel branches)")
+    )
 
 
 class GraphInterrupted(RuntimeError):
@@ -278,6 +285,15 @@ def node_agents(graph: Any) -> dict[str, list[str]]:
     return out
 
 
+def graph_bound(recursion_limit: int, graph: Any) -> TeamBound:
+    """The model calls a compiled graph's ``recursion_limit`` allows: the limit times the most
+    agents one node's code names (``node_agents``; at least 1)."""
+    per = max((len(a) for a in node_agents(graph).values()), default=0) or 1
+    calls = f"{per} model call{'s' if per != 1 else ''} per step"
+    return TeamBound(recursion_limit * per, f"recursion_limit {recursion_limit} super-steps",
+                     f"{recursion_limit} super-steps x {calls}, the most one node's code names")
+
+
 def read_answer(value: Any) -> str | None:
     """The answer in a state value: a string or number, or the text of the (last) message."""
     from langchain_core.messages import BaseMessage
@@ -299,6 +315,7 @@ class UserGraph:
     def __init__(self, cfg: Any):
         self.cfg = cfg
         self.graph, self.agents = load_graph(cfg.builder)
+        self.bound = graph_bound(cfg.recursion_limit, self.graph)
 
     def initial_state(self, ctx: EpisodeContext) -> dict[str, Any]:
         prompt = ctx.task.prompt
@@ -309,7 +326,8 @@ class UserGraph:
 
         from .adapters import EpisodeCalls
 
-        calls = EpisodeCalls(ctx, self.cfg.max_model_calls)
+        explicit = self.cfg.max_model_calls
+        calls = EpisodeCalls(ctx, model_call_cap(explicit, self.bound), self.bound, explicit=explicit is not None)
         token = EPISODE.set(calls)  # the graph's tasks and worker threads inherit it
         config = {"recursion_limit": self.cfg.recursion_limit,
                   "configurable": {"ctx": ctx, "thread_id": f"mas-episode-{ctx.key}"}}
@@ -332,6 +350,15 @@ class UserGraph:
             if isinstance(value, list):
                 record_tool_messages(calls, value)
         return Outcome(answer=read_answer(state.get(self.cfg.answer_key)))
+
+
+def _bound_of(topo: LangGraphTopology) -> TeamBound | None:
+    """``graph_bound`` of the graph the config's builder builds; None where it does not build (the
+    ``errors`` hook says why)."""
+    try:
+        return graph_bound(topo.recursion_limit, load_graph(topo.builder)[0])
+    except Exception:  # noqa: BLE001 - the user's builder: its errors are reported by `errors`
+        return None
 
 
 def build_langgraph(cfg: Any) -> UserGraph:
@@ -363,7 +390,8 @@ class LangGraph:
         return None
 
     def turn_limit(self, topo: LangGraphTopology) -> int:
-        return topo.max_model_calls  # every turn is a model call, and the cap ends the episode
+        """The cap as it applies (every turn is a model call, and the cap ends the episode)."""
+        return model_call_cap(topo.max_model_calls, _bound_of(topo))
 
     def refs(self, topo: LangGraphTopology, names: list[str]) -> list[Issue]:
         return []  # the agents the graph's models name are checked with the graph (``errors``)
@@ -375,7 +403,10 @@ class LangGraph:
         return []
 
     def warnings(self, cfg: Any) -> list[Issue]:
-        return []
+        """A cap set below the model calls the graph's recursion_limit allows: episodes stop short of it."""
+        t = cfg.topology
+        bound = _bound_of(t) if t.max_model_calls is not None else None
+        return [(("topology", "max_model_calls"), t.max_model_calls, m) for m in cap_warnings(t.max_model_calls, bound)]
 
     def drawing(self, cfg: Any) -> Drawing:
         """The user's compiled graph as LangGraph sees it: its nodes and (labelled) edges, each node

@@ -195,11 +195,12 @@ def test_max_model_calls_ends_a_team_that_never_stops_without_a_timeout(team, ti
 
 def test_the_default_cap_is_finite_and_documented_with_its_fault_kind(tiny_tokenizer):
     cfg = validate_config(ENDLESS["round_robin"])
-    assert cfg.topology.max_model_calls == 64 == validate_config(ENDLESS["langgraph"]).topology.max_model_calls
+    assert cfg.topology.max_model_calls is None  # derived from the team's termination, where there is one
     assert "max_model_calls" in FAULT_KINDS["model_call_limit"]
     engine, backend = scripted_engine(ENDLESS["round_robin"], lambda req: "ANSWER: 4", tiny_tokenizer)
-    (ep,) = guarded_rollout(engine, TASKS[:1])  # nothing set: the default cap ends it
+    (ep,) = guarded_rollout(engine, TASKS[:1])  # nothing set and no termination to read: the default cap ends it
     assert ep.status == "error" and len(ep.turns) == 64 and backend.requests == 64
+    assert "topology.max_model_calls=64 by default" in ep.error and "so it may never end" in ep.error
 
 
 # --- 3. unsupported framework features: refused by name --------------------------------------------
