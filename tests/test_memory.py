@@ -100,8 +100,8 @@ def test_the_warm_up_and_each_evaluation_end_by_releasing_freed_memory(tiny_mode
     monkeypatch.setattr(mas.training.warmup, "release_freed_memory", lambda: log.append("release") or True)
     monkeypatch.setattr(mas.training.evaluation, "release_freed_memory", lambda: log.append("release") or True)
     with smol_orchestrator(tiny_model_dir, *WARMUP, "trainer.eval_sampled_k=2") as team:
-        train, generate = team.runtime.warm_up, team.backend.generate_batch
-        monkeypatch.setattr(team.runtime, "warm_up", lambda *a, **k: log.append("warm-up") or train(*a, **k))
+        train, generate = team.runtime.warm_up_end, team.backend.generate_batch
+        monkeypatch.setattr(team.runtime, "warm_up_end", lambda *a, **k: log.append("warm-up") or train(*a, **k))
         monkeypatch.setattr(team.backend, "generate_batch", lambda *a, **k: log.append("generate") or generate(*a, **k))
         warm_up(team, lambda _: None)
         assert log == ["warm-up", "release"] * 3  # after each policy's supervised steps, before the next phase

@@ -2,11 +2,14 @@
 
 The format warm-up (``mas.training.warmup``) fine-tunes each trainable policy on demonstrations of its
 agents' turns before RL.  This module is the learner-level part: given (prompt, completion)
-token pairs, take ``steps`` AdamW steps of the mean negative log-likelihood of the completion
-tokens, scored like the RL learner scores turns (prefix-tree packing, chunked logits,
+token pairs, take AdamW steps of the mean negative log-likelihood of the completion tokens,
+scored like the RL learner scores turns (prefix-tree packing, chunked logits,
 ``mas.learning.logprobs``), on the policy's own trainable weights (its LoRA adapter, or all weights).
-The optimizer is the warm-up's own and is dropped afterwards, so RL starts with fresh
-optimizer state.
+
+A ``SupervisedRun`` takes its steps in parts (``run(n)``), so that the caller can show progress,
+ask whether to stop and carry on between parts; its optimizer is the warm-up's own and is
+dropped at ``close()``, so RL starts with fresh optimizer state.  ``supervised_steps`` is the
+whole run in one call.
 """
 
 from __future__ import annotations
@@ -24,6 +27,81 @@ from mas.types import StepAbandoned
 Demonstration = tuple[list[int], list[int]]  # (prompt_ids, completion_ids)
 
 
+class SupervisedRun:
+    """Steps of ``batch_size`` demonstrations drawn at random (``seed``) without replacement
+    within an epoch (each epoch a fresh permutation).  ``policy``: a ``PolicyHandle`` (activate,
+    trainable_parameters, model, device, mark_updated)."""
+
+    def __init__(self, policy: Any, demonstrations: Sequence[Demonstration], batch_size: int, lr: float, seed: int,
+                 micro_batch_tokens: int = 4096, logprob_chunk: int | None = 1024, max_grad_norm: float = 1.0):
+        self.demos = [(list(p), list(c)) for p, c in demonstrations if p and c]
+        if not self.demos:
+            raise ValueError(f"policy {policy.name!r}: no demonstration with a prompt and a completion to train on")
+        self.policy, self.batch_size = policy, batch_size
+        self.micro_batch_tokens, self.logprob_chunk, self.max_grad_norm = micro_batch_tokens, logprob_chunk, max_grad_norm
+        self.params = list(policy.trainable_parameters())
+        self.optimizer: torch.optim.Optimizer | None = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0)
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+        self.heads = split_model(policy.model)
+        self.losses: list[float] = []
+        self.tokens = 0
+        self.seconds = 0.0
+
+    def _batch(self) -> list[Demonstration]:
+        batch = []
+        while len(batch) < self.batch_size:
+            if not self.order:
+                self.order = list(range(len(self.demos)))
+                self.rng.shuffle(self.order)
+            batch.append(self.demos[self.order.pop()])
+        return batch
+
+    def run(self, steps: int) -> list[float]:
+        """``steps`` more optimizer steps; their losses."""
+        if self.optimizer is None:
+            raise RuntimeError(f"policy {self.policy.name!r}: this warm-up is closed")
+        model, policy, optimizer = self.policy.model, self.policy, self.optimizer
+        was_training = model.training
+        t0 = time.perf_counter()
+        start = len(self.losses)
+        try:
+            with policy.activate():
+                model.train(True)
+                for _ in range(steps):
+                    batch = self._batch()
+                    seqs = [p + c for p, c in batch]
+                    packing = pack(seqs, [len(p) for p, _ in batch], self.micro_batch_tokens)
+                    n = len(packing.sample)
+                    optimizer.zero_grad(set_to_none=True)
+                    total = 0.0
+                    for group in passes(packing, max_tokens=self.micro_batch_tokens):
+                        group = group.to(policy.device)
+                        temps = torch.ones(len(group.pairs))
+                        logp, _ = token_logprobs_packed(model, group, temps, chunk=self.logprob_chunk, heads=self.heads)
+                        loss = -logp.sum() / n  # the batch's mean over its completion tokens
+                        loss.backward()
+                        total += float(loss.detach())
+                    torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+                    optimizer.step()
+                    self.losses.append(total)
+                    self.tokens += n
+        finally:
+            optimizer.zero_grad(set_to_none=True)  # no gradients held between parts
+            model.train(was_training)
+            if len(self.losses) > start:
+                policy.mark_updated()
+            self.seconds += time.perf_counter() - t0
+        return self.losses[start:]
+
+    def close(self) -> dict[str, Any]:
+        """Drop the optimizer; the run's record: the loss of every step, the tokens trained on,
+        the seconds its steps took and the number of demonstrations."""
+        self.optimizer = None
+        self.params = []
+        return {"losses": list(self.losses), "tokens": self.tokens, "seconds": self.seconds, "demonstrations": len(self.demos)}
+
+
 def supervised_steps(
     policy: Any,
     demonstrations: Sequence[Demonstration],
@@ -36,54 +114,13 @@ def supervised_steps(
     max_grad_norm: float = 1.0,
     abort: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
-    """``steps`` steps of ``batch_size`` demonstrations drawn at random (``seed``) with
-    replacement across epochs (each epoch a fresh permutation); returns the loss of every step,
-    the tokens trained on and the seconds taken.  ``policy``: a ``PolicyHandle`` (activate,
-    trainable_parameters, model, device, mark_updated).  ``abort`` is asked before each step."""
-    demos = [(list(p), list(c)) for p, c in demonstrations if p and c]
-    if not demos:
-        raise ValueError(f"policy {policy.name!r}: no demonstration with a prompt and a completion to train on")
-    params = list(policy.trainable_parameters())
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    rng = random.Random(seed)
-    order: list[int] = []
-    model = policy.model
-    heads = split_model(model)
-    losses: list[float] = []
-    tokens = 0
-    t0 = time.perf_counter()
-    was_training = model.training
+    """``steps`` steps of one ``SupervisedRun`` in one call; ``abort`` is asked before each step."""
+    run = SupervisedRun(policy, demonstrations, batch_size, lr, seed, micro_batch_tokens, logprob_chunk, max_grad_norm)
     try:
-        with policy.activate():
-            model.train(True)
-            for step in range(steps):
-                if abort is not None and abort():
-                    raise StepAbandoned(f"policy {policy.name!r}: warm-up stopped before step {step + 1} of {steps}")
-                batch = []
-                while len(batch) < batch_size:
-                    if not order:
-                        order = list(range(len(demos)))
-                        rng.shuffle(order)
-                    batch.append(demos[order.pop()])
-                seqs = [p + c for p, c in batch]
-                packing = pack(seqs, [len(p) for p, _ in batch], micro_batch_tokens)
-                n = len(packing.sample)
-                optimizer.zero_grad(set_to_none=True)
-                total = 0.0
-                for group in passes(packing, max_tokens=micro_batch_tokens):
-                    group = group.to(policy.device)
-                    temps = torch.ones(len(group.pairs))
-                    logp, _ = token_logprobs_packed(model, group, temps, chunk=logprob_chunk, heads=heads)  # [Kp]
-                    loss = -logp.sum() / n  # the batch's mean over its completion tokens
-                    loss.backward()
-                    total += float(loss.detach())
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-                optimizer.step()
-                losses.append(total)
-                tokens += n
+        for step in range(steps):
+            if abort is not None and abort():
+                raise StepAbandoned(f"policy {policy.name!r}: warm-up stopped before step {step + 1} of {steps}")
+            run.run(1)
     finally:
-        optimizer.zero_grad(set_to_none=True)
-        model.train(was_training)
-        if losses:
-            policy.mark_updated()
-    return {"losses": losses, "tokens": tokens, "seconds": time.perf_counter() - t0, "demonstrations": len(demos)}
+        got = run.close()
+    return got

@@ -39,9 +39,15 @@ class LocalRuntime:
     def load_policies(self, ckpt: Path, names: list[str], learner_state: bool = True) -> None:
         self.worker.load(str(ckpt), names, learner_state)
 
-    def warm_up(self, name: str, demonstrations: list, **kwargs: Any) -> dict[str, Any]:
-        """``name``'s supervised format warm-up (``PolicyWorker.warm_up``)."""
-        return self.worker.warm_up(name, demonstrations, **kwargs)
+    def warm_up_begin(self, name: str, demonstrations: list, **kwargs: Any) -> int:
+        """Start ``name``'s supervised format warm-up (``PolicyWorker.warm_up_begin``)."""
+        return self.worker.warm_up_begin(name, demonstrations, **kwargs)
+
+    def warm_up_steps(self, name: str, steps: int) -> list[float]:
+        return self.worker.warm_up_steps(name, steps)
+
+    def warm_up_end(self, name: str) -> dict[str, Any]:
+        return self.worker.warm_up_end(name)
 
     def close(self) -> None:
         """Stop the rollout backend's engines (vLLM's processes); the rest Python collects."""

@@ -349,14 +349,23 @@ class RayRuntime:
                 if name in self.learners:
                     self.learners[name].version = versions[name]
 
-    def warm_up(self, name: str, demonstrations: list, **kwargs: Any) -> dict[str, Any]:
-        """``name``'s supervised format warm-up, in its actor (a stop is not passed on: the
-        warm-up's steps are short); with data-parallel workers each takes the whole warm-up
-        from the same seed, so their weights stay equal."""
-        kwargs.pop("abort", None)
+    def _warm_up_call(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method`` on every actor of ``name``'s group: with data-parallel workers each takes the
+        whole warm-up from the same seed, so their weights stay equal; rank 0's answer."""
         group = next(g for g in self.groups if name in g.names)
-        refs = [a.warm_up.remote(name, demonstrations, **kwargs) for a in group.actors]
-        got = [group.get(r) for r in refs][0]
+        refs = [getattr(a, method).remote(name, *args, **kwargs) for a in group.actors]
+        return [group.get(r) for r in refs][0]
+
+    def warm_up_begin(self, name: str, demonstrations: list, **kwargs: Any) -> int:
+        """Start ``name``'s supervised format warm-up in its actors (``PolicyWorker.warm_up_begin``)."""
+        return self._warm_up_call(name, "warm_up_begin", demonstrations, **kwargs)
+
+    def warm_up_steps(self, name: str, steps: int) -> list[float]:
+        return self._warm_up_call(name, "warm_up_steps", steps)
+
+    def warm_up_end(self, name: str) -> dict[str, Any]:
+        got = self._warm_up_call(name, "warm_up_end")
+        group = next(g for g in self.groups if name in g.names)
         self.learners[name].version = group.get(group.actors[0].versions.remote())[name]
         return got
 

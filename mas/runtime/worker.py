@@ -36,7 +36,7 @@ from mas.rollout.backends.base import Backend, GenRequest, GenResult
 from mas.learning.learner import Learner, TrainSample, UpdateSpan, _host
 from mas.process.memory import peak_rss_mb, release_freed_memory
 from mas.runtime.policy_state import load_policy_state, load_sharded_state, save_policy_state, save_sharded_state
-from mas.learning.sft import supervised_steps
+from mas.learning.sft import SupervisedRun
 
 if TYPE_CHECKING:
     from mas.agents.policy import PolicyHandle
@@ -76,6 +76,7 @@ class PolicyWorker:
         self.sharded: set[str] = set()  # policies sharded over this worker's group (``sharding: fsdp``)
         self._turn = threading.Condition()
         self._next_ticket = 0
+        self.warmups: dict[str, SupervisedRun] = {}  # the supervised warm-ups in progress, by policy
 
     # ---------------------------------------------------------------- facts
 
@@ -159,14 +160,24 @@ class PolicyWorker:
             release_freed_memory()  # the update's activations and gradients: back to the system, not kept
             return metrics, UpdateSpan(os.getpid(), _host(), start, time.time()), self.handles[name].version
 
-    def warm_up(self, name: str, demonstrations: list, steps: int, batch_size: int, lr: float, seed: int,
-                abort: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """The supervised format warm-up of ``name`` (``mas.learning.sft``), scored as its learner scores
-        turns; the serving copy (if any) then gets the new weights."""
+    def warm_up_begin(self, name: str, demonstrations: list, batch_size: int, lr: float, seed: int) -> int:
+        """Start the supervised format warm-up of ``name`` (``mas.learning.sft.SupervisedRun``), scored
+        as its learner scores turns; its steps come in parts (``warm_up_steps``), so the driver shows
+        progress and can stop between them.  Returns the number of usable demonstrations."""
         learner = self.learners[name]
-        got = supervised_steps(self.handles[name], demonstrations, steps, batch_size, lr, seed,
-                               micro_batch_tokens=learner.micro_batch_tokens, logprob_chunk=learner.logprob_chunk,
-                               abort=abort)
+        run = SupervisedRun(self.handles[name], demonstrations, batch_size, lr, seed,
+                            micro_batch_tokens=learner.micro_batch_tokens, logprob_chunk=learner.logprob_chunk)
+        self.warmups[name] = run
+        return len(run.demos)
+
+    def warm_up_steps(self, name: str, steps: int) -> list[float]:
+        """``steps`` more warm-up steps of ``name``; their losses."""
+        return self.warmups[name].run(steps)
+
+    def warm_up_end(self, name: str) -> dict[str, Any]:
+        """End ``name``'s warm-up: its optimizer is dropped, the serving copy (if any) gets the new
+        weights; the warm-up's record (``SupervisedRun.close``)."""
+        got = self.warmups.pop(name).close()
         self._publish(name)
         self.sync(name)
         return got

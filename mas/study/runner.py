@@ -70,12 +70,14 @@ import gc
 import json
 import math
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from tqdm import tqdm
 
 try:
     import fcntl  # POSIX; where it is missing, runs are not locked
@@ -95,6 +97,7 @@ SPEC_FILE = "study_spec.json"
 DONE_FILE = "study_run.json"
 NA_FILE = "not_applicable.json"
 SCALING_SPEC_FILE = "scaling_spec.json"
+PROGRESS_POLL_S = 2.0  # how often the Ray study's bar reads the runs' step counts
 
 
 @dataclass(frozen=True)
@@ -337,13 +340,14 @@ class BudgetStop:
 # --- running one job ------------------------------------------------------------------------------
 
 
-def run_job(job: Job | dict, control: StudyStop | None = None) -> dict:
+def run_job(job: Job | dict, control: StudyStop | None = None, progress: bool = False) -> dict:
     """Train (or resume, or skip) one run; returns its ``study_run.json`` record.
 
     Importable by Ray workers: takes and returns plain data.  ``control``: the study's stop flag
     (``mas study`` sets it at Ctrl-C): the run stops as ``mas train`` does, at its step's next
     safe point with a checkpoint, and is left unfinished (``interrupted`` in the record) so that
-    the next ``mas study`` resumes it.
+    the next ``mas study`` resumes it.  ``progress``: the run's own bars (its warm-up, its steps)
+    on stderr, for runs made one at a time.
     """
     if isinstance(job, dict):
         job = Job(**job)
@@ -351,7 +355,7 @@ def run_job(job: Job | dict, control: StudyStop | None = None) -> dict:
     with run_lock(run_dir) as held:
         if not held:
             return {"method": job.method, "seed": job.seed, "run_dir": str(run_dir), "busy": True}
-        return _train_run(job, run_dir, control)
+        return _train_run(job, run_dir, control, progress)
 
 
 class StudyStop:
@@ -404,7 +408,7 @@ def run_lock(run_dir: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _train_run(job: Job, run_dir: Path, control: StudyStop | None = None) -> dict:
+def _train_run(job: Job, run_dir: Path, control: StudyStop | None = None, progress: bool = False) -> dict:
     """Train, resume or skip the run in ``run_dir`` (its lock held); its ``study_run.json`` record."""
     from mas.training.team import build_team
     from mas.training.trainer import train
@@ -414,7 +418,9 @@ def _train_run(job: Job, run_dir: Path, control: StudyStop | None = None) -> dic
         return json.loads((run_dir / DONE_FILE).read_text())
     if state == "new" and run_dir.exists():  # started before but never reached a checkpoint: start again
         shutil.rmtree(run_dir)
-    cfg = validate_config(copy.deepcopy(job.config), f"{job.name}")
+    data = copy.deepcopy(job.config)
+    data.setdefault("logging", {})["progress"] = progress  # recorded as false (job_config): runs side by side do not show bars
+    cfg = validate_config(data, f"{job.name}")
     resume = state == "resume"
     budget = BudgetStop.resuming(job.budget_kind, job.budget, run_dir) if resume else BudgetStop(job.budget_kind, job.budget)
     t0 = time.time()
@@ -515,19 +521,21 @@ def prepare_study(spec: StudySpec, log=print) -> list[Job]:
 
 
 def run_jobs(jobs: list[Job], executor: Literal["local", "ray"] = "local", ray_address: str | None = None,
-             cpus_per_run: float = 1.0, log=print, control: StudyStop | None = None) -> list[dict]:
+             cpus_per_run: float = 1.0, log=print, control: StudyStop | None = None, progress: bool = True) -> list[dict]:
     """Run every unfinished job (locally one by one, or all at once as Ray tasks); their records.
     Locally, a stop requested on ``control`` (Ctrl-C in ``mas study``) checkpoints the run in
-    progress and starts no other: the same command continues the study from there."""
+    progress and starts no other: the same command continues the study from there.  ``progress``:
+    locally each run's own bars after its ``[i/n]`` line; with Ray one bar of the steps every run
+    has written (read from their metrics.jsonl)."""
     todo = [j for j in jobs if j.state != "done"]
     if executor == "ray" and todo:
-        return _run_ray(todo, ray_address, cpus_per_run, log)
+        return _run_ray(todo, ray_address, cpus_per_run, log, progress)
     records = []
     for i, job in enumerate(todo):
         if control is not None and control.should_stop:
             break
         log(f"[{i + 1}/{len(todo)}] {job.name}: {'resuming' if job.state == 'resume' else 'training'} ({job.run_dir})")
-        records.append(run_job(job, control))
+        records.append(run_job(job, control, progress))
         if records[-1].get("busy"):
             log(f"[{i + 1}/{len(todo)}] {busy_note(job)}")
         if records[-1].get("interrupted"):
@@ -606,7 +614,12 @@ def run_sizes(spec: StudySpec, configs: list[str] | tuple[str, ...], executor: L
     return list(by_dir.values())
 
 
-def _run_ray(jobs: list[Job], address: str | None, cpus_per_run: float, log) -> list[dict]:
+def steps_written(jobs: list[Job]) -> int:
+    """The step records the jobs' runs have written so far (their metrics.jsonl)."""
+    return sum(sum(r.get("kind") == "step" for r in read_jsonl(Path(j.run_dir) / "metrics.jsonl")) for j in jobs)
+
+
+def _run_ray(jobs: list[Job], address: str | None, cpus_per_run: float, log, progress: bool = False) -> list[dict]:
     """Every job as one Ray task; a local Ray instance when ``address`` is None and none is running."""
     import os
 
@@ -630,14 +643,26 @@ def _run_ray(jobs: list[Job], address: str | None, cpus_per_run: float, log) -> 
         log(f"ray: {len(refs)} runs submitted ({cpus_per_run:g} CPU each; {ray.cluster_resources().get('CPU', 0):g} CPUs in the cluster)")
         records = []
         pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            record = ray.get(ready[0])
-            if record.get("busy"):
-                log(busy_note(refs[ready[0]]))
-            else:
-                log(f"done: {refs[ready[0]].name} ({record['budget']['kind']} used {record['budget']['used']:g})")
-            records.append(record)
+        total = sum(int(j.config["trainer"]["steps"]) for j in jobs)
+        bar = tqdm(total=total, initial=min(total, steps_written(jobs)), desc="study steps", unit="step",
+                   file=sys.stderr, dynamic_ncols=True, disable=not progress)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1, timeout=PROGRESS_POLL_S if progress else None)
+                if progress:
+                    bar.update(min(total, steps_written(jobs)) - bar.n)
+                if not ready:
+                    continue
+                record = ray.get(ready[0])
+                bar.clear()  # the line below, then the bar again under it
+                if record.get("busy"):
+                    log(busy_note(refs[ready[0]]))
+                else:
+                    log(f"done: {refs[ready[0]].name} ({record['budget']['kind']} used {record['budget']['used']:g})")
+                bar.refresh()
+                records.append(record)
+        finally:
+            bar.close()
         return records
     finally:
         if started:

@@ -458,6 +458,13 @@ class RunLogger:
             self.tb.close()
             self.tb = _tensorboard_writer(self.run_dir / "tensorboard", purge_step=step + 1)
 
+    def drop_evals(self, names: tuple[str, ...]) -> None:
+        """Drop the evaluation records named ``names`` from metrics.jsonl: a run resumed from the
+        warm-up's checkpoint runs the evaluations that followed it again."""
+        if self.metrics_path.exists():
+            keep = [line for line in self.metrics_path.read_text().splitlines() if _eval_of(line) not in names]
+            self.metrics_path.write_text("".join(line + "\n" for line in keep))
+
     def write_run_info(self, info: dict) -> None:
         """What the run trained on (models, data, credit method, devices): the report's checklist."""
         write_keeping_earlier(self.run_dir / "run_info.json", json.dumps(info, indent=2))
@@ -636,6 +643,15 @@ def _step_of(line: str) -> int:
         return 2**62
     step = record.get("step")
     return step if isinstance(step, int) else -1  # evaluations and run-wide warnings have no step
+
+
+def _eval_of(line: str) -> str | None:
+    """The name of an evaluation record (``log_eval``); None for other lines."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record.get("eval") if isinstance(record, dict) and record.get("kind") == "eval" else None
 
 
 def _tensorboard_writer(path: Path, purge_step: int | None = None):

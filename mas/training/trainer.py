@@ -364,6 +364,8 @@ def train(
         summary = state["summary"]
         summary.pop("stopped", None)
         logger.truncate_after(state["step"])
+        if state["step"] == -1:  # the warm-up's checkpoint: the evaluations after it run again
+            logger.drop_evals(("warmup", "noise"))
     elif method.state is not None:  # a fresh run starts without history from earlier runs
         method.state.reset()
     if not resume and cfg.trainer.eval_size and cfg.trainer.eval_before:
@@ -376,25 +378,29 @@ def train(
         hooks.on_eval("before", summary["eval_before"])
     if cfg.trainer.warmup.steps and "warmup" not in summary:  # the format warm-up: its own phase, before RL
         try:
-            summary["warmup"] = warm_up(team, logger.info, abort)
-            if cfg.trainer.warmup.eval and cfg.trainer.eval_size:
-                summary["eval_warmup"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort)
+            summary["warmup"] = warm_up(team, logger.info, abort, progress=logger.show_progress)
         except StepAbandoned:  # nothing RL-trained yet and nothing checkpointed: a new run starts again
             return _stopped(summary, logger, control, None, "during the format warm-up")
         logger.log_warmup(summary["warmup"])
-        if "eval_warmup" in summary:
-            logger.info(f"held-out team {eval_summary(summary['eval_warmup'])} after the warm-up")
-            logger.log_eval("warmup", summary["eval_warmup"])
-            hooks.on_eval("warmup", summary["eval_warmup"])
-    if not resume and cfg.trainer.eval_size:
+        if start < cfg.trainer.steps:
+            # the warm-up's weights (cpu_facts: 40 minutes), saved as soon as it ends: a run stopped
+            # or killed later, in the evaluations that follow or before its first step checkpoint,
+            # resumes from here instead of warming up again
+            hooks.on_checkpoint(-1, save_checkpoint(run_dir, -1, team, summary))
+    if start == 0 and "warmup" in summary and "eval_warmup" not in summary and cfg.trainer.warmup.eval and cfg.trainer.eval_size:
+        try:
+            summary["eval_warmup"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort)
+        except StepAbandoned:  # the warm-up's checkpoint stays: resuming evaluates it again
+            return _stopped(summary, logger, control, -1, "during the evaluation after the warm-up")
+        logger.info(f"held-out team {eval_summary(summary['eval_warmup'])} after the warm-up")
+        logger.log_eval("warmup", summary["eval_warmup"])
+        hooks.on_eval("warmup", summary["eval_warmup"])
+    if start == 0 and cfg.trainer.eval_size:  # a resume from the warm-up's checkpoint runs them again
         try:
             _start_evals(team, run_dir, summary, logger, abort)
         except StepAbandoned:
-            return _stopped(summary, logger, control, None, "during the evaluations at the start")
-    if not resume and "warmup" in summary and start < cfg.trainer.steps:
-        # the warm-up's weights (cpu_facts: 40 minutes): a run stopped or killed before its first
-        # step checkpoint resumes from here instead of warming up again
-        hooks.on_checkpoint(-1, save_checkpoint(run_dir, -1, team, summary))
+            return _stopped(summary, logger, control, -1 if "warmup" in summary else None,
+                            "during the evaluations at the start")
     due = summary.pop("eval_due", None)  # a periodic evaluation a stop dropped: it comes first
     if due is not None and not _periodic_eval(team, summary, logger, hooks, due, abort):
         summary["eval_due"] = due

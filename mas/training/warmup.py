@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from mas.agents.prompts import render_prompt
 from mas.rollout.backends.scripted import ScriptedBackend
@@ -40,6 +43,7 @@ from mas.process.memory import release_freed_memory
 from mas.learning.sft import Demonstration
 from mas.topologies import build_topology, kind_of
 from mas.topologies.teaching import NoTeacher, Teacher
+from mas.types import StepAbandoned
 
 DEMO_STREAM = 1_000_003  # the teacher's task stream: the env's seed plus this (training split, apart from the run's)
 
@@ -143,9 +147,12 @@ def file_demonstrations(team: Any, path: str) -> list[tuple[str, Demonstration]]
     return out
 
 
-def warm_up(team: Any, log: Callable[[str], None], abort: Callable[[], bool] | None = None) -> dict[str, Any]:
+def warm_up(team: Any, log: Callable[[str], None], abort: Callable[[], bool] | None = None,
+            progress: bool = False) -> dict[str, Any]:
     """Fine-tune every trainable policy on its agents' demonstrations (``trainer.warmup``);
-    returns the phase's record: per policy its steps, losses, tokens and seconds."""
+    returns the phase's record: per policy its steps, losses, tokens and seconds.  ``progress``:
+    a bar per policy on stderr (steps, loss, time left).  ``abort`` is asked before each step:
+    the warm-up then ends without a record (``StepAbandoned``)."""
     cfg = team.cfg
     w = cfg.trainer.warmup
     if w.demonstrations is not None:
@@ -166,9 +173,28 @@ def warm_up(team: Any, log: Callable[[str], None], abort: Callable[[], bool] | N
     for name, items in by_policy.items():
         log(f"warm-up: policy {name!r} on {len(items)} demonstration turns, {w.steps} supervised steps before RL "
             f"(its own phase: trainer.steps does not shorten it; trainer.warmup.steps=N does, 0 skips it)")
-        got = team.runtime.warm_up(name, items, steps=w.steps, batch_size=w.batch_size, lr=w.lr,
-                                   seed=cfg.trainer.seed, abort=abort)
+        got = supervised_phase(team.runtime, name, items, w, cfg.trainer.seed, abort, progress)
         team.backend.sync_weights(name)
         release_freed_memory()  # this policy's activations and its dropped optimizer: back to the system before the next phase
         record["policies"][name] = {**got, "loss_first": got["losses"][0], "loss_last": got["losses"][-1]}
     return record
+
+
+def supervised_phase(runtime: Any, name: str, items: list[Demonstration], w: Any, seed: int,
+                     abort: Callable[[], bool] | None, progress: bool) -> dict[str, Any]:
+    """``w.steps`` supervised steps of policy ``name`` through its runtime, one step a call, so a
+    stop is seen between steps (Ray actors included) and the bar moves with each."""
+    runtime.warm_up_begin(name, items, batch_size=w.batch_size, lr=w.lr, seed=seed)
+    bar = tqdm(total=w.steps, desc=f"warm-up {name}", unit="step", file=sys.stderr, dynamic_ncols=True,
+               disable=not progress)
+    try:
+        for step in range(w.steps):
+            if abort is not None and abort():
+                raise StepAbandoned(f"policy {name!r}: warm-up stopped before step {step + 1} of {w.steps}")
+            loss = runtime.warm_up_steps(name, 1)[-1]
+            bar.set_postfix_str(f"loss {loss:.3f}", refresh=False)
+            bar.update(1)
+    finally:
+        bar.close()
+        got = runtime.warm_up_end(name)  # its optimizer dropped whether or not it finished
+    return got

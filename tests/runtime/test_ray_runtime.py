@@ -13,12 +13,13 @@ from team_helpers import dyad_config, team_config, varied_reward
 
 from mas.training.checkpoint import latest_checkpoint, load_checkpoint
 from mas.cli import main
-from mas import sources
+from mas.models import sources
 from mas.config.schema import PolicyConfig, ResourcesConfig, load_config, validate_config
 from mas.runtime.ray_runtime import RayLearner, actor_groups
 from mas.training.team import build_team
 from mas.models.tiny import tiny_causal_lm
 from mas.training.trainer import train, train_step
+from mas.types import StepAbandoned
 from ray_helpers import REPO
 
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -213,3 +214,26 @@ def test_overlapped_rollouts_sample_weights_one_update_old_and_the_quickstart_st
         assert sampled <= {max(ep["step"] - 1, 0)}, (ep["step"], sampled)  # the weights before step t-1's update
     before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
     assert after >= before + 0.2, (before, after)
+
+
+def test_the_warm_up_in_ray_actors_takes_the_local_warm_ups_steps_and_a_stop_between_them(ray_instance):
+    """The warm-up's steps come one call at a time (the driver's bar and stop): in actors the
+    losses are those of the local runtime, and a stop asked between steps ends it there."""
+    from mas.training.warmup import warm_up
+
+    extra = ("trainer.warmup.steps=3", "trainer.warmup.episodes=4", "trainer.warmup.batch_size=2", "trainer.eval_size=0")
+    records = {}
+    for kind in ("local", "ray"):
+        with build_team(quickstart(kind, *extra)) as team:
+            records[kind] = warm_up(team, lambda _: None)
+    for name, got in records["local"]["policies"].items():
+        assert len(got["losses"]) == 3
+        assert max(abs(a - b) for a, b in zip(got["losses"], records["ray"]["policies"][name]["losses"])) < 1e-6, name
+    asked = []
+    with build_team(quickstart("ray", *extra)) as team:
+        try:
+            warm_up(team, lambda _: None, abort=lambda: asked.append(1) or len(asked) > 1)
+        except StepAbandoned as e:
+            assert "before step 2 of 3" in str(e)
+        else:
+            raise AssertionError("the stop was not seen between the warm-up's steps")

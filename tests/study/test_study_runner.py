@@ -167,11 +167,23 @@ def ray_cluster():
         yield ray
 
 
-def test_runs_go_out_as_ray_tasks(tmp_path, tiny_model_dir, ray_cluster):
-    """--executor ray: each run is one Ray task in another process; the same run directories result."""
+def test_a_local_study_shows_each_runs_bar_after_its_line(tmp_path, tiny_model_dir, capfd):
+    team_yaml = tiny_team_yaml(tmp_path / "team.yaml", tiny_model_dir, steps=2)
+    spec = StudySpec(config=team_yaml, methods=("grpo",), seeds=2, out=str(tmp_path / "out"), eval_every=1)
+    run_study(spec)
+    got = capfd.readouterr()
+    assert "[1/2] grpo" in got.out and "[2/2] grpo" in got.out
+    bars = [line for line in got.err.replace("\r", "\n").splitlines() if line.startswith("train")]
+    assert sum("2/2" in line for line in bars) >= 2, got.err  # each run's steps, to its last
+
+
+def test_runs_go_out_as_ray_tasks(tmp_path, tiny_model_dir, ray_cluster, capfd):
+    """--executor ray: each run is one Ray task in another process; the same run directories
+    result, and one bar counts the steps every run has written."""
     team_yaml = tiny_team_yaml(tmp_path / "team.yaml", tiny_model_dir, steps=1)
     spec = StudySpec(config=team_yaml, methods=("grpo", "dr_mas"), seeds=1, out=str(tmp_path / "out"), eval_every=1)
     result = run_study(spec, executor="ray")
+    assert "study steps" in capfd.readouterr().err
     assert sorted(r["method"] for r in result.records) == ["dr_mas", "grpo"]
     for job in plan_jobs(spec):
         assert job.state == "done" and steps_of(Path(job.run_dir)) == [0]
