@@ -432,7 +432,7 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("MAS_CACHE_DIR", str(tmp_path / "cache"))
     built = []
 
-    def fake_build(recipe, out, log):
+    def fake_build(recipe, out, log, progress):
         built.append(out)
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")

@@ -73,7 +73,7 @@ def test_a_corrupt_cached_copy_is_never_used_and_is_rebuilt(empty_cache, monkeyp
         embedded_path()
     built = []
 
-    def fake_build(recipe, out, log):  # stands in for the 6-minute build: a sealed folder
+    def fake_build(recipe, out, log, progress):  # stands in for the 6-minute build: a sealed folder
         built.append(out)
         shutil.copytree(ARTIFACT_DIR, out)
         write_manifest(out, recipe)
@@ -130,7 +130,7 @@ def test_ship_takes_the_measured_cached_build_and_rebuilds_only_a_refused_one(em
     monkeypatch.setattr("mas.embedded.build.ARTIFACT_DIR", target)
     built = []
 
-    def fake_build(recipe, out, log):
+    def fake_build(recipe, out, log, progress):
         built.append(out)
         shutil.copytree(ARTIFACT_DIR, out)
         write_manifest(out, recipe)

@@ -13,6 +13,8 @@
    the base pool plus the added formats' turns.  A research stage (``Recipe.research``) starts
    from the two-stage model the same way and trains on long episodes, each agent's invocation
    one sequence, with the pool replayed beside them, at raised positions.
+   Each stage's steps show as a progress bar on stderr (steps, loss, time left) unless the
+   caller passes ``progress=False``.
 4. Model and tokenizer are saved in Hugging Face format with a manifest (the recipe key and
    every file's sha256; ``artifact.py``): into the cache (``$MAS_CACHE_DIR`` or
    ``~/.cache/mas``) when a run needs a model that was not shipped (``ensure_embedded``), or
@@ -25,6 +27,7 @@ import hashlib
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from mas.agents.agent import Agent
 from mas.agents.parsers import PARSERS
@@ -106,16 +110,16 @@ def teacher_transcripts(recipe: Recipe, tokenizer, log=print, mix: tuple[tuple[s
 # ---------------------------------------------------------------------------------------------
 
 
-def build_embedded(recipe: Recipe, out: Path, log=print) -> None:
+def build_embedded(recipe: Recipe, out: Path, log=print, progress: bool = True) -> None:
     """The recipe's last stage (the warm start, its second stage, or a research stage, each from
-    the one before it) saved to ``out``."""
+    the one before it) saved to ``out``; ``progress``: a bar on stderr for each stage's steps."""
     t0 = time.perf_counter()
     if recipe.research:
-        model, base = _research_stage(recipe, log)
+        model, base = _research_stage(recipe, log, progress)
     elif recipe.extend:
-        model, base = _second_stage(recipe, log)
+        model, base = _second_stage(recipe, log, progress)
     else:
-        model, tok = _first_stage(recipe, log)
+        model, tok = _first_stage(recipe, log, progress)
     model.eval()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))  # unique: concurrent first runs
@@ -152,7 +156,7 @@ def _examples(tok, turns: Transcript) -> list[tuple[list[int], list[int]]]:
     return [(render_prompt(tok, m), tok.encode(c, add_special_tokens=False) + [tok.eos_token_id]) for m, c in turns]
 
 
-def _first_stage(recipe: Recipe, log=print):
+def _first_stage(recipe: Recipe, log=print, progress: bool = True):
     """Teacher transcripts -> tokenizer -> a new model warm-started on them."""
     from mas.models.tiny import TINY_CHAT_TEMPLATE, tiny_causal_lm, train_tokenizer
 
@@ -167,17 +171,17 @@ def _first_stage(recipe: Recipe, log=print):
     log(f"embedded model: {len(examples)} teacher turns, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params; "
         f"warm start ({recipe.steps} steps)...")
     _fit(model, [(_rows(examples), recipe.batch_size, None)], recipe.steps, recipe.lr, recipe.seed, pad_id=tok.pad_token_id,
-         log=log)
+         log=log, stage="warm start", progress=progress)
     return model, tok
 
 
-def _base_model(recipe: Recipe, log=print) -> tuple[Any, Any, Path]:
+def _base_model(recipe: Recipe, log=print, progress: bool = True) -> tuple[Any, Any, Path]:
     """The finished model of the recipe this one's last stage starts from (shipped, cached or
     built now), its tokenizer and its folder; torch seeded for the stage."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    base = ensure_embedded(recipe.base(), log=log)
+    base = ensure_embedded(recipe.base(), log=log, progress=progress)
     hf_logging.disable_progress_bar()  # a 26-tensor model needs no loading bar
     tok = load_tokenizer(base)
     model = AutoModelForCausalLM.from_pretrained(base)
@@ -185,16 +189,16 @@ def _base_model(recipe: Recipe, log=print) -> tuple[Any, Any, Path]:
     return model, tok, base
 
 
-def _second_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
+def _second_stage(recipe: Recipe, log=print, progress: bool = True) -> tuple[Any, Path]:
     """The base recipe's finished model (shipped, cached or built now), trained ``extend_steps``
     more on the base pool plus the ``extend`` formats' turns with the base's tokenizer; and the
     base's folder."""
-    model, tok, base = _base_model(recipe, log)
+    model, tok, base = _base_model(recipe, log, progress)
     turns, _ = _provisional_turns(replace(recipe, formats=(*recipe.formats, *recipe.extend), extend=()), log)
     examples = _examples(tok, turns)
     log(f"embedded model: second stage from {base.name}, {len(examples)} teacher turns ({recipe.extend_steps} steps)...")
     _fit(model, [(_rows(examples), recipe.batch_size, None)], recipe.extend_steps, recipe.extend_lr, recipe.seed,
-         pad_id=tok.pad_token_id, log=log)
+         pad_id=tok.pad_token_id, log=log, stage="second stage", progress=progress)
     return model, base
 
 
@@ -211,7 +215,7 @@ def _batches(lengths: list[int], batch_size: int, gen: torch.Generator, pool: in
             yield batches[b]
 
 
-def _research_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
+def _research_stage(recipe: Recipe, log=print, progress: bool = True) -> tuple[Any, Path]:
     """The model this stage starts from (``recipe.base()``, the two-stage model; shipped, cached
     or built now), trained ``research_steps`` more on the ``research`` formats' episodes, each
     agent invocation one sequence (``_sequences``) at its own length, and on their first turns
@@ -224,7 +228,7 @@ def _research_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
     greedy) and cut what RL had left to gain (docs/benchmarks/research_stage.md)."""
     from transformers import AutoModelForCausalLM
 
-    model, tok, base = _base_model(recipe, log)
+    model, tok, base = _base_model(recipe, log, progress)
     model.config.max_position_embeddings = recipe.positions
     pool, _ = _provisional_turns(replace(recipe, formats=(*recipe.formats, *recipe.extend), extend=(), research=()), log)
     research, _ = _provisional_turns(recipe, log, mix=recipe.research)
@@ -240,7 +244,7 @@ def _research_stage(recipe: Recipe, log=print) -> tuple[Any, Path]:
     streams = [(rows, recipe.research_batch_size, None), (_rows(firsts), recipe.research_first_turns, None),
                (_rows(_examples(tok, pool)), recipe.batch_size, frozen)]
     _fit(model, [s for s in streams if s[1] > 0], recipe.research_steps, recipe.research_lr, recipe.seed,
-         pad_id=tok.pad_token_id, log=log)
+         pad_id=tok.pad_token_id, log=log, stage="research stage", progress=progress)
     return model, base
 
 
@@ -279,12 +283,17 @@ def _sequences(examples: list[tuple[list[int], list[int]]]) -> list[tuple[list[i
 Stream = tuple[list[tuple[list[int], list[int]]], int, Any]  # (rows, batch size, None or a frozen model to distil)
 
 
-def _fit(model, streams: list[Stream], steps: int, lr: float, seed: int, pad_id: int, log=print, log_every: int = 500) -> None:
+def _fit(model, streams: list[Stream], steps: int, lr: float, seed: int, pad_id: int, log=print, log_every: int = 500,
+         stage: str = "warm start", progress: bool = True) -> None:
     """AdamW for ``steps`` steps (50 of warm-up, then linear decay to 5%); each step draws one
     batch from each stream (``(rows, batch size, teacher)``: batches of rows of similar length)
     and takes the sum of their mean losses, one forward pass each: the cross-entropy of the
     rows' labels, or, where the stream has a frozen ``teacher`` model, the KL divergence from the
-    teacher's next-token distributions at the labelled positions (``_distillation``)."""
+    teacher's next-token distributions at the labelled positions (``_distillation``).
+
+    ``progress``: a bar on stderr named for the ``stage``, with its steps, the streams' mean
+    losses since the last ``log`` line and the time left (a stage runs for minutes to an hour);
+    the every-``log_every``-steps lines go to ``log`` either way (a log file has no bar)."""
     from mas.models.tiny import sequence_batch
 
     gen = torch.Generator().manual_seed(seed)
@@ -293,20 +302,28 @@ def _fit(model, streams: list[Stream], steps: int, lr: float, seed: int, pad_id:
     draws = [(rows, _batches([len(ids) for ids, _ in rows], size, gen), teacher) for rows, size, teacher in streams]
     model.train()
     t0, running = time.perf_counter(), [0.0] * len(streams)
-    for step in range(steps):
-        opt.zero_grad()
-        for k, (rows, batches, teacher) in enumerate(draws):
-            batch = sequence_batch([rows[i] for i in next(batches)], pad_id)
-            loss = model(**batch).loss if teacher is None else _distillation(model, teacher, batch)
-            loss.backward()
-            running[k] += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if (step + 1) % log_every == 0:
-            losses = " + ".join(f"{r / log_every:.3f}" for r in running)
-            log(f"  warm start step {step + 1}/{steps}: loss {losses} ({time.perf_counter() - t0:.0f}s)")
-            running = [0.0] * len(streams)
+    bar = tqdm(total=steps, desc=stage, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not progress)
+    try:
+        for step in range(steps):
+            opt.zero_grad()
+            for k, (rows, batches, teacher) in enumerate(draws):
+                batch = sequence_batch([rows[i] for i in next(batches)], pad_id)
+                loss = model(**batch).loss if teacher is None else _distillation(model, teacher, batch)
+                loss.backward()
+                running[k] += loss.item()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            since = step % log_every + 1  # steps in ``running``
+            losses = " + ".join(f"{r / since:.3f}" for r in running)
+            bar.set_postfix_str(f"loss {losses}", refresh=False)
+            bar.update()
+            if since == log_every:
+                with tqdm.external_write_mode(file=sys.stderr):  # the line above the bar, not through it
+                    log(f"  {stage} step {step + 1}/{steps}: loss {losses} ({time.perf_counter() - t0:.0f}s)")
+                running = [0.0] * len(streams)
+    finally:
+        bar.close()
 
 
 def _distillation(model, teacher, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -321,9 +338,10 @@ def _distillation(model, teacher, batch: dict[str, torch.Tensor]) -> torch.Tenso
     return torch.nn.functional.kl_div(logp, target, log_target=True, reduction="batchmean")
 
 
-def ensure_embedded(recipe: Recipe | None = None, log=print) -> Path:
+def ensure_embedded(recipe: Recipe | None = None, log=print, progress: bool = True) -> Path:
     """The verified embedded model for ``recipe`` (``artifact.embedded_path``): the shipped one,
-    or one built into the cache now when none may be used (saying why first)."""
+    or one built into the cache now when none may be used (saying why first; ``progress``: the
+    build's bars on stderr)."""
     recipe = recipe or Recipe()
     try:
         return embedded_path(recipe)
@@ -332,11 +350,11 @@ def ensure_embedded(recipe: Recipe | None = None, log=print) -> Path:
     out = cache_folder(recipe)
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out, ignore_errors=True)  # a refused copy (stale or corrupt) is replaced, never used
-    build_embedded(recipe, out, log=log)
+    build_embedded(recipe, out, log=log, progress=progress)
     return embedded_path(recipe)
 
 
-def ship(log=print) -> Path:
+def ship(log=print, progress: bool = True) -> Path:
     """Make the project's recipe the shipped artifact (``mas build-embedded --ship``): the build
     already in the cache when it is there and verifies (the one that was measured: a build depends
     on the machine's floating point and thread count, so a rebuild is a different model), else a
@@ -349,7 +367,7 @@ def ship(log=print) -> Path:
         log(f"shipping the cached build {cached.name} (verified against its manifest)")
         shutil.copytree(cached, fresh)
     else:
-        build_embedded(recipe, fresh, log=log)
+        build_embedded(recipe, fresh, log=log, progress=progress)
     shutil.rmtree(ARTIFACT_DIR, ignore_errors=True)
     os.replace(fresh, ARTIFACT_DIR)
     return ARTIFACT_DIR
