@@ -257,6 +257,72 @@ def make_team(factory: Any, clients: Mapping[str, Any]) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+# what an agent's reply must hold for the team to work (mas validate measures it in its tokens)
+# ---------------------------------------------------------------------------------------------
+
+HANDOFF_EFFECT = "its call is cut before </tool_call>, so the handoff fails and the swarm never moves on"
+SELECTOR_EFFECT = "AutoGen finds no whole name in it and, after its tries, keeps the previous speaker"
+
+
+def handoff_name(target: str) -> str:
+    """The tool name AutoGen gives a handoff to ``target`` (``Handoff``'s default)."""
+    return f"transfer_to_{target}".lower()
+
+
+def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
+    """``(agent, what, text, effect)``: each text one of the agent's replies must hold whole for the
+    team to work, as the agent's model writes it: a swarm agent's handoff (a ``transfer_to_<agent>``
+    tool call in the ``<tool_call>`` format its mas client reads) and a selector's reply (a
+    participant's name).  A YAML team's from its config; a factory's from the team it builds with
+    clients that cannot answer ([] where it does not build: the ``errors`` hook says why)."""
+    from mas.tools import tool_call_text
+
+    t, names = cfg.topology, cfg.agent_names
+    if t.factory is None:
+        needs = [(src, f"its handoff call {handoff_name(dst)!r}", tool_call_text(handoff_name(dst), {}), HANDOFF_EFFECT)
+                 for src, targets in t.handoffs.items() for dst in targets]
+        if t.team == "selector" and t.selector is not None:
+            needs += [(t.selector, f"the name of participant {m!r}", m, SELECTOR_EFFECT) for m in participants_of(t, names)]
+        return needs
+    if not _autogen_installed():
+        return []
+    try:
+        team = make_team(import_ref(t.factory), ClientMap({n: _client(None, n) for n in names}))
+    except Exception:  # noqa: BLE001 - a factory that does not build: its errors are the `errors` hook's
+        return []
+    return _team_needs(team)
+
+
+def _team_needs(team: Any) -> list[tuple[str, str, str, str]]:
+    """``reply_needs`` of a built team: its agents' handoffs and its selector's names (nested teams too)."""
+    from autogen_agentchat.teams import SelectorGroupChat
+
+    from mas.tools import tool_call_text
+    from mas.topologies.autogen_client import MasModelClient
+
+    needs: list[tuple[str, str, str, str]] = []
+    seen: set[int] = set()
+
+    def walk(obj: Any) -> None:
+        if obj is None or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        client = getattr(obj, "_model_client", None)
+        if isinstance(client, MasModelClient):
+            if isinstance(obj, SelectorGroupChat):
+                needs.extend((client.agent, f"the name of participant {n!r}", n, SELECTOR_EFFECT)
+                             for n in getattr(obj, "_participant_names", None) or ())
+            for name in getattr(obj, "_handoffs", None) or {}:
+                needs.append((client.agent, f"its handoff call {name!r}", tool_call_text(name, {}), HANDOFF_EFFECT))
+        for child in getattr(obj, "_participants", None) or ():
+            walk(child)
+        walk(getattr(obj, "_team", None))  # a SocietyOfMindAgent's inner team
+
+    walk(team)
+    return needs
+
+
+# ---------------------------------------------------------------------------------------------
 # how many model calls the team's termination allows (the derived topology.max_model_calls)
 # ---------------------------------------------------------------------------------------------
 
@@ -589,6 +655,11 @@ class Autogen:
         t = cfg.topology
         bound = config_bound(cfg) if t.max_model_calls is not None else None
         return [(("topology", "max_model_calls"), t.max_model_calls, m) for m in cap_warnings(t.max_model_calls, bound)]
+
+    def reply_needs(self, cfg: Any) -> list[tuple[str, str, str, str]]:
+        """Texts an agent's reply must hold whole (``reply_needs``); ``mas validate`` measures them
+        against the agent's ``max_new_tokens`` in its own tokens (``mas.training.context_plan``)."""
+        return reply_needs(cfg)
 
     def drawing(self, cfg: Any) -> Drawing:
         """A YAML AutoGen team as who may speak after whom; a factory's team as one box (it is code)."""

@@ -13,7 +13,10 @@ whose bound exceeds its model's ``max_position_embeddings``:
 
 It also names each tool-using agent whose ``max_new_tokens`` cannot hold one call of its tools
 (the tool's own example call, in the agent's tokens): such a reply is cut before
-``</tool_call>``, and every call fails to parse.
+``</tool_call>``, and every call fails to parse.  The same for what a framework team's own
+protocol needs of a reply, where the topology's kind says (its optional ``reply_needs(cfg)``:
+an AutoGen swarm agent's ``transfer_to_<agent>`` handoff call, a selector's participant names):
+``reply_issues`` names the agent, its budget and the tokens the longest such text takes.
 
 Tool responses are measured, not guessed: the env's own ``search`` is run on the sampled tasks'
 questions at the largest k the env allows, and its own ``read`` on every title those searches
@@ -102,6 +105,34 @@ def context_bounds(cfg: Any, tokenizer_of: Callable[[str], Any], positions_of: C
     return rows
 
 
+def reply_issues(cfg: Any, tokenizer_of: Callable[[str], Any]) -> list[str]:
+    """Agents whose ``max_new_tokens`` cannot hold a text their team's protocol needs whole in one
+    reply (the kind's ``reply_needs``: ``(agent, what, text, effect)``), in the agent's own tokens;
+    ``tokenizer_of(policy)`` may give None to skip a policy."""
+    needs_of = getattr(kind_of(cfg.topology), "reply_needs", None)
+    if needs_of is None:
+        return []
+    longest: dict[str, tuple[int, str, str]] = {}  # agent -> (tokens, what, effect) of its longest need
+    for agent_name, what, text, effect in needs_of(cfg):
+        if agent_name not in cfg.agent_names:
+            continue
+        tok = tokenizer_of(cfg.agent(agent_name).policy)
+        if tok is None:
+            continue
+        n = len(tok.encode(text, add_special_tokens=False))
+        if n > longest.get(agent_name, (0, "", ""))[0]:
+            longest[agent_name] = (n, what, effect)
+    out = []
+    for agent_name, (n, what, effect) in longest.items():
+        agent = cfg.agent(agent_name)
+        budget = agent.sampling.max_new_tokens
+        if n > budget:
+            out.append(f"agents.{agent_name}.sampling.max_new_tokens={budget} cannot hold {what}, which takes {n} tokens "
+                       f"of policy {agent.policy!r}: every such reply is cut before it ends ({effect}). Raise it: "
+                       f"agents.{agent_name}.sampling.max_new_tokens={n} or more")
+    return out
+
+
 def context_issues(cfg: Any) -> list[str]:
     """Warnings for agents whose conversations can outgrow their models' positions (module docstring)."""
     from transformers import AutoTokenizer
@@ -112,6 +143,20 @@ def context_issues(cfg: Any) -> list[str]:
     from mas.learning.memory_plan import model_config
 
     cache: dict[str, tuple[Any, int | None]] = {}
+    tokenizers: dict[str, Any] = {}
+
+    def tokenizer_of(policy: str) -> Any:
+        """The policy's tokenizer whatever its positions (None: not readable offline, or a GGUF file)."""
+        if policy not in tokenizers:
+            tok = model_of(policy)[0]
+            model = cfg.policies[policy].model
+            if tok is None and not is_gguf_model(model):
+                try:
+                    tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
+                except Exception:  # not readable offline: nothing to measure
+                    tok = None
+            tokenizers[policy] = tok
+        return tokenizers[policy]
 
     def model_of(policy: str) -> tuple[Any, int | None]:
         if policy not in cache:
@@ -130,11 +175,15 @@ def context_issues(cfg: Any) -> list[str]:
         return cache[policy]
 
     try:
+        replies = reply_issues(cfg, tokenizer_of)
+    except Exception:  # noqa: BLE001 - the team's code did not build: the `errors` hook says why
+        replies = []
+    try:
         env = build_env(cfg.env)
     except Exception:  # the env's data are not here: `mas validate` reports that on its own (data_issues)
-        return []
+        return replies
     rows = context_bounds(cfg, lambda p: model_of(p)[0], lambda p: model_of(p)[1], env)
-    out = []
+    out = replies
     for r in rows:
         cut = {t: n for t, n in r["call_tokens"].items() if n > r["max_new_tokens"]}
         if cut:

@@ -1,0 +1,84 @@
+"""Reply budgets against what a framework team's own protocol needs (issue 54): a swarm agent's
+handoff is a ``transfer_to_<agent>`` tool call (58-65 of the embedded model's tokens) and a
+selector's reply is a participant's name (up to 15 tokens for the docs' 'data_analyst_agent').
+``mas validate`` measured reply budgets against the env's tool calls only, so a config that cut
+every handoff or every selection passed silently; now it names the agent, its budget, the
+tokens needed and the setting that fixes it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from mas.config.schema import validate_config
+from mas.tools import tool_call_text
+from mas.training.context_plan import context_issues, reply_issues
+
+ARITH = {"name": "synthetic_math", "num_ops": 1, "seed": 0}
+
+
+class CharTokenizer:
+    """One token per character: the lengths can be written down by hand."""
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text)
+
+
+def team(agents: dict[str, int], topology: dict) -> dict:
+    """A team on the embedded model; ``agents``: name -> max_new_tokens."""
+    return {
+        "team": {"name": "replies"},
+        "policies": {"p": {"kind": "full", "model": "embedded"}},
+        "agents": [{"name": n, "policy": "p", "role": f"You are {n}.", "parser": "raw" if n == "selector" else "answer",
+                    "sampling": {"max_new_tokens": budget}} for n, budget in agents.items()],
+        "topology": topology, "env": ARITH, "credit": {"method": "grpo"},
+    }
+
+
+SWARM = {"kind": "autogen", "team": "swarm", "handoffs": {"lead": ["checker"], "checker": ["lead"]},
+         "termination": {"text": "TERMINATE", "max_messages": 8}}
+
+
+def test_a_swarm_budget_under_its_handoff_call_is_named_with_the_tokens_it_needs():
+    call = tool_call_text("transfer_to_checker", {})
+    assert call == '<tool_call>{"name": "transfer_to_checker", "arguments": {}}</tool_call>'
+    cfg = validate_config(team({"lead": 32, "checker": 96}, SWARM))
+    (line,) = reply_issues(cfg, lambda policy: CharTokenizer())
+    assert line.startswith(f"agents.lead.sampling.max_new_tokens=32 cannot hold its handoff call 'transfer_to_checker', "
+                           f"which takes {len(call)} tokens of policy 'p': every such reply is cut before it ends")
+    assert "the swarm never moves on" in line and f"agents.lead.sampling.max_new_tokens={len(call)} or more" in line
+
+
+def test_mas_validate_measures_handoffs_and_selections_in_the_embedded_models_tokens():
+    swarm = validate_config(team({"lead": 32, "checker": 96}, SWARM))
+    lines = [x for x in context_issues(swarm) if "cannot hold its handoff" in x]
+    assert lines == [line for line in lines if line.startswith("agents.lead.")] and len(lines) == 1
+    assert "cannot hold its handoff call 'transfer_to_checker', which takes 58 tokens of policy 'p'" in lines[0]
+    assert not [x for x in context_issues(validate_config(team({"lead": 96, "checker": 96}, SWARM))) if "cannot hold" in x]
+
+    selector = {"kind": "autogen", "team": "selector", "selector": "selector", "termination": {"max_messages": 6}}
+    cfg = validate_config(team({"selector": 8, "planner": 24, "web_search_agent": 24}, selector))
+    (line,) = [x for x in context_issues(cfg) if "cannot hold" in x]
+    assert line.startswith("agents.selector.sampling.max_new_tokens=8 cannot hold the name of participant "
+                           "'web_search_agent', which takes 14 tokens of policy 'p'")
+    assert "keeps the previous speaker" in line
+
+
+def test_a_factory_teams_handoffs_and_selector_are_read_from_the_team_it_builds():
+    swarm = team({"lead": 16, "checker": 16}, {"kind": "autogen", "factory": "test_framework_limits:swarm"})
+    lines = reply_issues(validate_config(swarm), lambda policy: CharTokenizer())
+    assert [x.split(" cannot hold ")[0] for x in lines] == ["agents.lead.sampling.max_new_tokens=16",
+                                                          "agents.checker.sampling.max_new_tokens=16"]
+    assert "its handoff call 'transfer_to_lead'" in lines[1]
+
+    names = {"selector": 6, "planning_agent": 64, "web_search_agent": 64, "data_analyst_agent": 64}
+    docs = team(names, {"kind": "autogen", "factory": "test_model_call_cap:web_search_team"})
+    (line,) = reply_issues(validate_config(docs), lambda policy: CharTokenizer())
+    assert line.startswith("agents.selector.sampling.max_new_tokens=6 cannot hold the name of participant "
+                           f"'data_analyst_agent', which takes {len('data_analyst_agent')} tokens")
+
+
+def test_kinds_without_a_framework_protocol_need_nothing():
+    chain = validate_config(team({"a": 4, "b": 4}, {"kind": "chain", "sequence": ["a", "b"]}))
+    assert reply_issues(chain, lambda policy: CharTokenizer()) == []
+    cfg = SimpleNamespace(topology=chain.topology)
+    assert reply_issues(cfg, lambda policy: None) == []
