@@ -88,3 +88,59 @@ def test_a_stop_between_warm_up_steps_ends_it_and_drops_its_optimizer(tiny_model
         with pytest.raises(StepAbandoned, match="before step 3 of 5"):
             supervised_phase(team.runtime, "main", demos, w, seed=0, abort=abort, progress=False)
         assert taken == [1, 1] and team.runtime.worker.warmups == {}  # two steps taken; its optimizer is gone
+
+
+def quickstart_warm(*overrides: str):
+    from mas.config.schema import load_config
+    from ray_helpers import REPO
+
+    return load_config(REPO / "configs" / "quickstart.yaml",
+                       ["logging.progress=false", "trainer.steps=1", "trainer.eval_size=0", "trainer.warmup.steps=4",
+                        "trainer.warmup.episodes=4", "trainer.warmup.batch_size=2", *overrides])
+
+
+@pytest.mark.parametrize("stop_at", [3, 6])  # in the first policy's warm-up; in the second's, the first done
+def test_a_warm_up_stopped_part_way_resumes_from_its_next_step_as_if_never_stopped(tmp_path, stop_at):
+    """A stop (Ctrl-C) between warm-up steps checkpoints the weights and where the warm-up stood
+    (its AdamW moments and draw); the resumed run takes the remaining steps, and its losses and
+    final weights are those of a run never stopped."""
+    from safetensors.torch import load_file
+
+    from mas.training.callbacks import RunControl
+    from mas.training.team import build_team
+    from mas.training.trainer import train
+
+    whole, parted = tmp_path / "whole", tmp_path / "parted"
+    with build_team(quickstart_warm()) as team:
+        train(team, whole)
+    control, taken = RunControl(), []
+    with build_team(quickstart_warm()) as team:
+        steps = team.runtime.warm_up_steps
+
+        def counted(name, n):
+            taken.append(name)
+            if len(taken) == stop_at - 1:  # asked for at the next step's start
+                control.request_stop("test", abandon=True)
+            return steps(name, n)
+
+        team.runtime.warm_up_steps = counted
+        summary = train(team, parted, control=control)
+    assert summary["stopped"]["after_step"] == -2 and "warmup" not in summary
+    assert (parted / "checkpoints" / "latest").read_text() == "step_-00002"
+    assert len(taken) == stop_at - 1
+    with build_team(quickstart_warm()) as team:
+        resumed_steps = team.runtime.warm_up_steps
+        after = []
+        team.runtime.warm_up_steps = lambda name, n: after.append(name) or resumed_steps(name, n)
+        train(team, parted, resume=True)
+    assert len(after) == 8 - (stop_at - 1)  # only the steps not taken before the stop
+    a = json.loads((whole / "summary.json").read_text())["warmup"]["policies"]
+    b = json.loads((parted / "summary.json").read_text())["warmup"]["policies"]
+    assert set(a) == set(b) == {"planner", "workers"}
+    for name in a:
+        assert len(b[name]["losses"]) == 4
+        assert max(abs(x - y) for x, y in zip(a[name]["losses"], b[name]["losses"])) < 1e-6, name
+    for policy in ("planner", "workers"):
+        wa = load_file(next((whole / "checkpoints" / "step_000000" / "policies" / policy).glob("*.safetensors")))
+        wb = load_file(next((parted / "checkpoints" / "step_000000" / "policies" / policy).glob("*.safetensors")))
+        assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6, policy

@@ -94,6 +94,22 @@ class SupervisedRun:
             self.seconds += time.perf_counter() - t0
         return self.losses[start:]
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this run stands (its optimizer's moments, its draw of demonstrations, its
+        losses), for a warm-up stopped part-way to go on from (``load_state_dict``)."""
+        if self.optimizer is None:
+            raise RuntimeError(f"policy {self.policy.name!r}: this warm-up is closed")
+        return {"optimizer": self.optimizer.state_dict(), "rng": self.rng.getstate(), "order": list(self.order),
+                "losses": list(self.losses), "tokens": self.tokens, "seconds": self.seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from ``state_dict()``'s record: the next step is the one the stopped run would have taken."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.setstate(state["rng"])
+        self.order = list(state["order"])
+        self.losses = list(state["losses"])
+        self.tokens, self.seconds = int(state["tokens"]), float(state["seconds"])
+
     def close(self) -> dict[str, Any]:
         """Drop the optimizer; the run's record: the loss of every step, the tokens trained on,
         the seconds its steps took and the number of demonstrations."""

@@ -292,7 +292,7 @@ def _tags(run: RunData) -> list[str]:
     stopped = run.summary.get("stopped")
     if isinstance(stopped, dict):
         after = stopped.get("after_step")
-        tags.append(f"stopped {'after step ' + str(after) if after is not None else 'before the first step'}: "
+        tags.append(f"stopped {'after step ' + str(after) if isinstance(after, int) and after >= 0 else 'before the first step'}: "
                     f"{stopped.get('reason', '?')}")
     if run.skipped_lines:
         tags.append(f"{run.skipped_lines} unreadable log lines skipped")

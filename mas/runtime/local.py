@@ -46,6 +46,9 @@ class LocalRuntime:
     def warm_up_steps(self, name: str, steps: int) -> list[float]:
         return self.worker.warm_up_steps(name, steps)
 
+    def warm_up_state(self, name: str) -> dict[str, Any]:
+        return self.worker.warm_up_state(name)
+
     def warm_up_end(self, name: str) -> dict[str, Any]:
         return self.worker.warm_up_end(name)
 

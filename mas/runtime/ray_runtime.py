@@ -363,6 +363,12 @@ class RayRuntime:
     def warm_up_steps(self, name: str, steps: int) -> list[float]:
         return self._warm_up_call(name, "warm_up_steps", steps)
 
+    def warm_up_state(self, name: str) -> dict[str, Any] | None:
+        """Where ``name``'s warm-up stands; None for a group of several workers (a sharded
+        optimizer's state is split over them: a stop there starts the warm-up again)."""
+        group = next(g for g in self.groups if name in g.names)
+        return self._warm_up_call(name, "warm_up_state") if len(group.actors) == 1 else None
+
     def warm_up_end(self, name: str) -> dict[str, Any]:
         got = self._warm_up_call(name, "warm_up_end")
         group = next(g for g in self.groups if name in g.names)

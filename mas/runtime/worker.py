@@ -160,15 +160,23 @@ class PolicyWorker:
             release_freed_memory()  # the update's activations and gradients: back to the system, not kept
             return metrics, UpdateSpan(os.getpid(), _host(), start, time.time()), self.handles[name].version
 
-    def warm_up_begin(self, name: str, demonstrations: list, batch_size: int, lr: float, seed: int) -> int:
+    def warm_up_begin(self, name: str, demonstrations: list, batch_size: int, lr: float, seed: int,
+                      state: dict[str, Any] | None = None) -> int:
         """Start the supervised format warm-up of ``name`` (``mas.learning.sft.SupervisedRun``), scored
         as its learner scores turns; its steps come in parts (``warm_up_steps``), so the driver shows
-        progress and can stop between them.  Returns the number of usable demonstrations."""
+        progress and can stop between them.  ``state``: a stopped warm-up's ``warm_up_state``, to go
+        on from.  Returns the number of steps already taken."""
         learner = self.learners[name]
         run = SupervisedRun(self.handles[name], demonstrations, batch_size, lr, seed,
                             micro_batch_tokens=learner.micro_batch_tokens, logprob_chunk=learner.logprob_chunk)
+        if state is not None:
+            run.load_state_dict(state)
         self.warmups[name] = run
-        return len(run.demos)
+        return len(run.losses)
+
+    def warm_up_state(self, name: str) -> dict[str, Any]:
+        """Where ``name``'s warm-up stands (``SupervisedRun.state_dict``), for a checkpoint."""
+        return self.warmups[name].state_dict()
 
     def warm_up_steps(self, name: str, steps: int) -> list[float]:
         """``steps`` more warm-up steps of ``name``; their losses."""

@@ -12,6 +12,8 @@
                                         data-parallel worker
         trainer_state.json            step, data cursor, credit-method state (e.g. CCPO v1's history), summary
         random_states_0.pkl           the driver's RNG (accelerate's format)
+    checkpoints/step_-00002/          a warm-up stopped part-way (Ctrl-C): the same files, with
+        warmup_state.pt               the stopped policy's warm-up optimizer and draw (``WARMUP_STATE``)
     checkpoints/latest                name of the newest complete checkpoint
     checkpoints/best/                 with trainer.keep_best: the checkpoint of the best greedy held-out
                                       accuracy so far (the start's weights if nothing beat them); the
@@ -38,6 +40,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from mas.credit import get_credit
 from mas.errors import CheckpointError
 from mas.models.files import weight_file_problems
@@ -49,6 +53,13 @@ if TYPE_CHECKING:
 
 
 BEST = "best"  # the checkpoint trainer.keep_best keeps: the best greedy held-out accuracy so far
+WARMUP_STEP = -2  # the step of a checkpoint taken in the warm-up (-1: the warm-up done, before step 0)
+WARMUP_STATE = "warmup_state.pt"  # in that checkpoint: where the stopped policy's warm-up stood
+
+
+def load_extra(path: Path, file: str) -> Any:
+    """A file ``save_checkpoint(extra=...)`` wrote into checkpoint ``path``; None if absent."""
+    return torch.load(Path(path) / file, weights_only=True) if (Path(path) / file).is_file() else None
 
 
 def _ckpt_dir(run_dir: Path) -> Path:
@@ -57,12 +68,13 @@ def _ckpt_dir(run_dir: Path) -> Path:
 
 def save_checkpoint(
     run_dir: Path, step: int, team: "Team", summary: dict[str, Any], env_state: dict[str, Any] | None = None,
-    name: str | None = None,
+    name: str | None = None, extra: dict[str, Any] | None = None,
 ) -> Path:
     """Checkpoint the run after ``step``.  ``env_state``: the task stream's position to record
     when the env has already moved on (a rollout of the next step taken early, max_staleness 1).
     ``name``: a named checkpoint (``best``) instead of ``step_N``: written the same way, but
-    ``latest`` is left alone and pruning never removes it."""
+    ``latest`` is left alone and pruning never removes it.  ``extra``: more state, by file name,
+    written with ``torch.save`` inside the checkpoint (a stopped warm-up's optimizer, ``WARMUP_STATE``)."""
     root = _ckpt_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     label = name or f"step_{step:06d}"
@@ -79,6 +91,8 @@ def save_checkpoint(
     state = {"step": step, "env": env, "summary": summary, "credit": credit_state}
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     save_rng_state(tmp, rank=0)
+    for file, value in (extra or {}).items():
+        torch.save(value, tmp / file)
     pause_point("checkpoint_written", step)
     old = root / f"{label}.old"
     if final.exists():  # re-saving a step: move the old copy aside, never leave `latest` dangling

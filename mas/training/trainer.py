@@ -29,7 +29,8 @@ import torch
 
 from mas.rollout.backends.base import policy_seed, take_backend_metrics
 from mas.training.callbacks import Callback, CallbackList, RunControl
-from mas.training.checkpoint import BEST, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from mas.training.checkpoint import (BEST, WARMUP_STATE, WARMUP_STEP, latest_checkpoint, load_checkpoint, load_extra,
+                                     prune_checkpoints, save_checkpoint)
 from mas.config.checks import config_warnings, machine_warnings
 from mas.config.schema import _path
 from mas.credit import build_credit_batch, get_credit, run_credit
@@ -45,7 +46,7 @@ from mas.training.metrics import (RunLogger, Silence, credit_cost, divergence_wa
 from mas.training.rundir import check_fresh
 from mas.runtime import PolicyActorDied
 from mas.training.team import Team, describe_team
-from mas.training.warmup import warm_up
+from mas.training.warmup import WarmupStopped, warm_up
 from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, StepAbandoned, flatten_turns
 
 
@@ -354,18 +355,22 @@ def train(
             logger.warn(f"{_path(path)}: {message} (found {value!r})", kind="machine")
     start = 0
     summary: dict = {}
+    warmup_from: WarmupStopped | None = None  # a warm-up stopped part-way, which this run goes on with
     method = get_credit(cfg.credit.method)
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
             raise FileNotFoundError(f"--resume {run_dir}: no complete checkpoint there (checkpoints/latest is missing)")
         state = load_checkpoint(ckpt, team)
-        start = state["step"] + 1
+        start = max(0, state["step"] + 1)
         summary = state["summary"]
         summary.pop("stopped", None)
         logger.truncate_after(state["step"])
-        if state["step"] == -1:  # the warm-up's checkpoint: the evaluations after it run again
+        if state["step"] < 0:  # a warm-up checkpoint: the evaluations after it run again
             logger.drop_evals(("warmup", "noise"))
+        if state["step"] == WARMUP_STEP:
+            part = summary.pop("warmup_stopped")
+            warmup_from = WarmupStopped("", part["record"], part["current"], load_extra(ckpt, WARMUP_STATE))
     elif method.state is not None:  # a fresh run starts without history from earlier runs
         method.state.reset()
     if not resume and cfg.trainer.eval_size and cfg.trainer.eval_before:
@@ -378,9 +383,13 @@ def train(
         hooks.on_eval("before", summary["eval_before"])
     if cfg.trainer.warmup.steps and "warmup" not in summary:  # the format warm-up: its own phase, before RL
         try:
-            summary["warmup"] = warm_up(team, logger.info, abort, progress=logger.show_progress)
-        except StepAbandoned:  # nothing RL-trained yet and nothing checkpointed: a new run starts again
-            return _stopped(summary, logger, control, None, "during the format warm-up")
+            summary["warmup"] = warm_up(team, logger.info, abort, progress=logger.show_progress, resume=warmup_from)
+        except WarmupStopped as e:  # its weights and where it stood: the resumed run goes on from the next step
+            part = {"record": e.record, "current": e.current}
+            hooks.on_checkpoint(WARMUP_STEP, save_checkpoint(run_dir, WARMUP_STEP, team, {**summary, "warmup_stopped": part},
+                                                             extra={WARMUP_STATE: e.state} if e.state is not None else None))
+            return _stopped(summary, logger, control, WARMUP_STEP, f"during the format warm-up ({e}); its checkpoint "
+                            f"keeps the steps taken")
         logger.log_warmup(summary["warmup"])
         if start < cfg.trainer.steps:
             # the warm-up's weights (cpu_facts: 40 minutes), saved as soon as it ends: a run stopped
@@ -551,7 +560,7 @@ def keep_if_best(team: Team, summary: dict, run_dir: Path, step: int, result: di
 def _stopped(summary: dict, logger: RunLogger, control: RunControl, after_step: int | None, where: str,
              close_progress: bool = False) -> dict:
     """End a run that a stop cut short ``where``; ``after_step``: the step its last checkpoint holds
-    (-1: the state before step 0; None: no checkpoint)."""
+    (-1: the state before step 0; -2, ``WARMUP_STEP``: part-way through the warm-up; None: no checkpoint)."""
     if close_progress:
         logger.close_progress()
     summary["stopped"] = {"reason": control.stop_reason, "after_step": after_step}

@@ -147,12 +147,26 @@ def file_demonstrations(team: Any, path: str) -> list[tuple[str, Demonstration]]
     return out
 
 
+class WarmupStopped(StepAbandoned):
+    """A stop between warm-up steps.  ``record``: the warm-up's record with the policies that
+    finished; ``current``: the policy it stopped in, ``state`` where that one stands
+    (``SupervisedRun.state_dict``): what a checkpoint keeps so that the resumed run goes on from
+    the next step (``warm_up(resume=...)``).  ``state`` is None where the runtime cannot say (a
+    policy sharded over several workers): the resumed run then warms that policy up again, from
+    the weights the checkpoint holds."""
+
+    def __init__(self, message: str, record: dict[str, Any], current: str, state: dict[str, Any] | None):
+        super().__init__(message)
+        self.record, self.current, self.state = record, current, state
+
+
 def warm_up(team: Any, log: Callable[[str], None], abort: Callable[[], bool] | None = None,
-            progress: bool = False) -> dict[str, Any]:
+            progress: bool = False, resume: WarmupStopped | None = None) -> dict[str, Any]:
     """Fine-tune every trainable policy on its agents' demonstrations (``trainer.warmup``);
     returns the phase's record: per policy its steps, losses, tokens and seconds.  ``progress``:
     a bar per policy on stderr (steps, loss, time left).  ``abort`` is asked before each step:
-    the warm-up then ends without a record (``StepAbandoned``)."""
+    the warm-up then stops with ``WarmupStopped``, which ``resume`` takes back to go on from
+    there (the weights are the checkpoint's; the demonstrations are played again, the same)."""
     cfg = team.cfg
     w = cfg.trainer.warmup
     if w.demonstrations is not None:
@@ -170,10 +184,21 @@ def warm_up(team: Any, log: Callable[[str], None], abort: Callable[[], bool] | N
             by_policy.setdefault(policy, []).append(demo)
     record: dict[str, Any] = {"steps": w.steps, "batch_size": w.batch_size, "lr": w.lr,
                               "source": w.demonstrations or "teacher", "teacher_reward": teacher_reward, "policies": {}}
+    if resume is not None:
+        record["policies"].update(resume.record["policies"])
     for name, items in by_policy.items():
+        if name in record["policies"]:  # finished before the stop the run resumed from
+            continue
+        state = resume.state if resume is not None and resume.current == name else None
+        done = len(state["losses"]) if state is not None else 0
         log(f"warm-up: policy {name!r} on {len(items)} demonstration turns, {w.steps} supervised steps before RL "
-            f"(its own phase: trainer.steps does not shorten it; trainer.warmup.steps=N does, 0 skips it)")
-        got = supervised_phase(team.runtime, name, items, w, cfg.trainer.seed, abort, progress)
+            f"(its own phase: trainer.steps does not shorten it; trainer.warmup.steps=N does, 0 skips it)"
+            + (f"; going on from step {done + 1}" if done else ""))
+        try:
+            got = supervised_phase(team.runtime, name, items, w, cfg.trainer.seed, abort, progress, state)
+        except WarmupStopped as e:
+            e.record = record
+            raise
         team.backend.sync_weights(name)
         release_freed_memory()  # this policy's activations and its dropped optimizer: back to the system before the next phase
         record["policies"][name] = {**got, "loss_first": got["losses"][0], "loss_last": got["losses"][-1]}
@@ -181,16 +206,18 @@ def warm_up(team: Any, log: Callable[[str], None], abort: Callable[[], bool] | N
 
 
 def supervised_phase(runtime: Any, name: str, items: list[Demonstration], w: Any, seed: int,
-                     abort: Callable[[], bool] | None, progress: bool) -> dict[str, Any]:
+                     abort: Callable[[], bool] | None, progress: bool, state: dict[str, Any] | None = None) -> dict[str, Any]:
     """``w.steps`` supervised steps of policy ``name`` through its runtime, one step a call, so a
-    stop is seen between steps (Ray actors included) and the bar moves with each."""
-    runtime.warm_up_begin(name, items, batch_size=w.batch_size, lr=w.lr, seed=seed)
-    bar = tqdm(total=w.steps, desc=f"warm-up {name}", unit="step", file=sys.stderr, dynamic_ncols=True,
+    stop is seen between steps (Ray actors included) and the bar moves with each; ``state``:
+    where a stopped warm-up of it stood (``WarmupStopped.state``)."""
+    done = runtime.warm_up_begin(name, items, batch_size=w.batch_size, lr=w.lr, seed=seed, state=state)
+    bar = tqdm(total=w.steps, initial=done, desc=f"warm-up {name}", unit="step", file=sys.stderr, dynamic_ncols=True,
                disable=not progress)
     try:
-        for step in range(w.steps):
+        for step in range(done, w.steps):
             if abort is not None and abort():
-                raise StepAbandoned(f"policy {name!r}: warm-up stopped before step {step + 1} of {w.steps}")
+                raise WarmupStopped(f"policy {name!r}: warm-up stopped before step {step + 1} of {w.steps}",
+                                    {}, name, runtime.warm_up_state(name))
             loss = runtime.warm_up_steps(name, 1)[-1]
             bar.set_postfix_str(f"loss {loss:.3f}", refresh=False)
             bar.update(1)
