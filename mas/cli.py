@@ -231,7 +231,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from mas.config.checks import meaning_errors
     from mas.rollout.endpoint import EndpointServer, PolicySession
-    from mas.training.checkpoint import latest_checkpoint
+    from mas.training.checkpoint import check_policy_files, latest_checkpoint
     from mas.training.team import build_team
 
     source, ckpt = Path(args.source), None
@@ -242,9 +242,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ckpt = source / "checkpoints" / "best" if (source / "checkpoints" / "best").is_dir() else latest_checkpoint(source)
         source = source / "config.yaml"
     cfg = load_config(source, args.overrides, check=meaning_errors)
+    loaded = [name for name in cfg.policies if ckpt is not None and (ckpt / "policies" / name).is_dir()]
+    if ckpt is not None:
+        check_policy_files(ckpt, loaded)  # a damaged file is named (CheckpointError), before any model loads
     with build_team(cfg, eval_size=(0, "mas serve")) as team:
         if ckpt is not None:
-            loaded = [name for name in cfg.policies if (ckpt / "policies" / name).is_dir()]
             team.runtime.load_policies(ckpt, loaded, learner_state=False)
             print(f"loaded {', '.join(loaded) or 'no policy'} from {ckpt}", file=sys.stderr)
         loop = asyncio.new_event_loop()

@@ -110,6 +110,27 @@ def test_resuming_or_evaluating_a_cut_checkpoint_names_the_policy_and_the_file(t
     assert code == 2 and "policy 'main'" in text and str(bad) in text, text
 
 
+def config_not_json(ckpt: Path) -> Path:
+    path = ckpt / "policies" / "main" / "config.json"
+    path.write_text("{not json")
+    return path
+
+
+SERVE_DAMAGE = {"cut_weights": (cut_weights, "cut short"), "config_not_json": (config_not_json, "not valid JSON")}
+
+
+@pytest.mark.parametrize("damage", list(SERVE_DAMAGE))
+def test_serving_a_damaged_checkpoint_names_the_policy_and_the_file_and_serves_nothing(damage, trained_run, tmp_path,
+                                                                                      capsys):
+    _, run, ckpt = copy_run(trained_run, tmp_path)
+    assert not (run / "checkpoints" / "best").exists()  # mas serve takes the latest checkpoint: the one damaged here
+    make, words = SERVE_DAMAGE[damage]
+    bad = make(ckpt)
+    code, text = run_cli(["serve", run, "--port", "0"], capsys)
+    assert code == 2 and f"policy 'main': the checkpoint {ckpt} is damaged: {bad}: " in text and words in text, text
+    assert "base_url" not in text and "loaded" not in text  # refused before any model loaded or anything was served
+
+
 def test_resuming_with_a_damaged_trainer_state_says_which_file(trained_run, tmp_path, capsys):
     _, run, ckpt = copy_run(trained_run, tmp_path)
     (ckpt / "trainer_state.json").write_text('{"step": 0, ')
