@@ -1,5 +1,7 @@
 """The OpenAI-compatible endpoint's server (mas/rollout/endpoint.py) against hostile clients: every
-bad request gets a 4xx with OpenAI's error body and changes nothing, and the server keeps serving."""
+bad request gets a 4xx with OpenAI's error body and changes nothing, and the server keeps serving.
+And ``mas serve``'s session under concurrent clients: their requests are generated together, and
+each gets what it would get alone."""
 
 from __future__ import annotations
 
@@ -155,3 +157,150 @@ def test_a_stream_ends_with_done_and_a_client_that_leaves_early_ends_only_its_ca
     with client.stream("POST", f"{server.url(token)}/chat/completions", json=ok_body(stream=True)) as resp:
         next(resp.iter_lines())  # read one event, then hang up
     assert client.post(f"{server.url(token)}/chat/completions", json=ok_body()).status_code == 200
+
+
+# --- mas serve: concurrent clients are generated together (PolicySession with the hf backend) -----------
+
+
+class CountingBackend:
+    """The team's backend, recording each ``generate_batch`` call's rows; ``hold`` makes the next
+    call wait until it returns True, so that the requests of a burst queue behind it."""
+
+    def __init__(self, backend, poison: str | None = None):
+        self.backend, self.poison = backend, poison
+        self.batches: list[list] = []
+        self.hold = None
+
+    def generate_batch(self, requests, seed=None):
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            wait_for(hold)
+        self.batches.append(list(requests))
+        if self.poison and any(self.poison in m["content"] for r in requests for m in r.messages):
+            raise ValueError(f"a row holds {self.poison}")
+        return self.backend.generate_batch(requests, seed=seed)
+
+
+class Arrivals:
+    """A session that counts the requests that reached it, then lets the real one answer."""
+
+    def __init__(self, session):
+        self.session, self.agents, self.loop, self.count = session, session.agents, session.loop, 0
+
+    async def complete(self, req):
+        self.count += 1
+        return await self.session.complete(req)
+
+
+def wait_for(cond, limit_s: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+@pytest.fixture(scope="module")
+def policy_served():
+    """``mas serve``'s session on the embedded model (hf, float32) behind a real server; two policies."""
+    from team_helpers import team_config
+
+    from mas.config.schema import validate_config
+    from mas.rollout.endpoint import PolicySession
+    from mas.training.team import build_team
+
+    cfg = team_config("embedded", "chain")
+    for policy in cfg["policies"].values():
+        policy["dtype"] = "float32"
+    for agent in cfg["agents"]:
+        agent["sampling"]["max_new_tokens"] = 12
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    server = EndpointServer().start()
+    with build_team(validate_config(cfg)) as team:
+        backend = CountingBackend(team.backend, poison="POISON")
+        arrivals = Arrivals(PolicySession(team.agents, team.runtime.tokenizers, backend, loop))
+        yield server.url(server.register(arrivals)), backend, arrivals
+    server.close()
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def serve_body(i: int, **changes) -> dict:
+    """Request i of a burst: agents on both policies, prompts of different lengths (left padding
+    in a batch), budgets of their own."""
+    agent = ["lead", "helper", "checker"][i % 3]
+    text = f"Task: {i}+{i * 7}" + "".join(f"-{k}" for k in range(i))
+    return {"model": agent, "messages": [{"role": "user", "content": text}], "logprobs": True,
+            "max_tokens": [12, 3, 7, 1][i % 4], **changes}
+
+
+def burst(url: str, bodies: list[dict], backend: CountingBackend, arrivals: Arrivals) -> list:
+    """Every body at once from its own thread; the first generate_batch call waits until all have
+    reached the session, so the rest queue behind it whatever the machine's speed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = arrivals.count
+    backend.hold = lambda: arrivals.count >= before + len(bodies)
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(lambda b: httpx.post(f"{url}/chat/completions", json=b, timeout=120), bodies))
+
+
+def reply_of(resp) -> tuple:
+    """(text, finish reason, tokens, usage), and the tokens' logprobs apart."""
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    [choice] = body["choices"]
+    tokens = [t["token"] for t in choice["logprobs"]["content"]]
+    return (choice["message"]["content"], choice["finish_reason"], tokens, body["usage"]), \
+        [t["logprob"] for t in choice["logprobs"]["content"]]
+
+
+def assert_same_replies(got: list, expected: list) -> None:
+    """The same tokens, text and finish exactly; logprobs to float32 rounding (a row's matmuls in
+    a padded batch of another shape round differently in the last bits)."""
+    assert [r for r, _ in got] == [r for r, _ in expected]
+    for (_, lp), (_, want) in zip(got, expected):
+        assert lp == pytest.approx(want, abs=1e-5)
+
+
+def test_concurrent_greedy_requests_are_batched_and_get_what_sequential_ones_get(policy_served):
+    url, backend, arrivals = policy_served
+    bodies = [serve_body(i) for i in range(8)]
+    backend.batches.clear()
+    sequential = [reply_of(httpx.post(f"{url}/chat/completions", json=b, timeout=120)) for b in bodies]
+    assert [len(b) for b in backend.batches] == [1] * 8  # one after another: one call each
+    backend.batches.clear()
+    concurrent = [reply_of(r) for r in burst(url, bodies, backend, arrivals)]
+    assert_same_replies(concurrent, sequential)
+    assert len({text for (text, _, _, _), _ in sequential}) >= 4  # replies that differ, not one repeated token
+    assert sum(len(b) for b in backend.batches) == 8 and len(backend.batches) <= 2 < 8  # the first, then the rest
+    assert any({r.policy for r in b} == {"main", "judge"} for b in backend.batches)  # both policies in one call
+    for ((_, _, tokens, usage), _), body in zip(concurrent, bodies):
+        assert len(tokens) == usage["completion_tokens"] <= body["max_tokens"]  # each request's own budget
+
+
+def test_each_requests_sampling_settings_reach_the_backend_in_a_shared_batch(policy_served):
+    url, backend, arrivals = policy_served
+    bodies = [serve_body(0), serve_body(1, temperature=0.7, top_p=0.9), serve_body(2, temperature=1.3, n=3),
+              serve_body(3, max_tokens=2)]
+    backend.batches.clear()
+    replies = burst(url, bodies, backend, arrivals)
+    assert [r.status_code for r in replies] == [200] * 4
+    assert [len(r.json()["choices"]) for r in replies] == [1, 1, 3, 1]
+    rows = [r for b in backend.batches for r in b]
+    assert len(backend.batches) <= 2 and len(rows) == 6
+    seen = {(r.agent, r.temperature, r.top_p, r.max_new_tokens) for r in rows}
+    assert seen == {("lead", 0.0, 1.0, 12), ("helper", 0.7, 0.9, 3), ("checker", 1.3, 1.0, 7), ("lead", 0.0, 1.0, 2)}
+    for resp, body in zip(replies, bodies):
+        assert all(len(c["logprobs"]["content"]) <= body["max_tokens"] for c in resp.json()["choices"])
+
+
+def test_a_request_the_backend_cannot_serve_fails_alone_and_the_others_of_its_batch_are_answered(policy_served):
+    url, backend, arrivals = policy_served
+    bodies = [serve_body(i) for i in range(4)]
+    bad = serve_body(4, messages=[{"role": "user", "content": "POISON"}])
+    alone = [reply_of(httpx.post(f"{url}/chat/completions", json=b, timeout=120)) for b in bodies]
+    replies = burst(url, bodies[:2] + [bad] + bodies[2:], backend, arrivals)
+    assert replies[2].status_code == 500 and "POISON" in replies[2].json()["error"]["message"]
+    assert_same_replies([reply_of(r) for r in replies[:2] + replies[3:]], alone)
+    assert_same_replies([reply_of(httpx.post(f"{url}/chat/completions", json=bodies[0], timeout=120))], alone[:1])

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mas.agents.prompts import render_prompt, template_takes_tools
-from mas.rollout.backends.base import GenRequest
+from mas.rollout.backends.base import BackendUnavailable, BatchError, GenRequest, GenResult
 from mas.tools import has_tool_call, parse_tool_calls, tool_call_text
 from mas.topologies.adapters import (EpisodeCalls, Generation, describe_tools, finish_messages, outside_calls,
                                      tool_results_text, tool_schema)
@@ -389,18 +389,119 @@ class EpisodeSession:
         return [choice_of(g, tokenizer) for g in gens]
 
 
+class ServeBatcher:
+    """The requests of concurrent clients, generated together (``mas serve``).
+
+    A request that finds the backend idle starts at once (after one turn of the loop, so that
+    requests handed to it at the same moment join); those that arrive while a batch generates
+    wait, and when it is done everything waiting goes to the backend as one ``generate_batch``
+    call, in the order it arrived.  A backend takes mixed policies and sampling settings in one
+    call, as the engine's ``Batcher`` sends them (hf groups them by policy and sampling
+    parameters and cuts each row at its own ``max_new_tokens``; vLLM and the openai backend
+    take each request's own), so nothing is grouped here.  No seed is passed: what a greedy
+    request gets does not depend on which others shared its batch.
+
+    Runs on one event loop (the session's); the backend is called from one worker thread at a
+    time, under a lock, since a backend is not thread-safe.  A batch that fails is retried one
+    client request at a time, so a request the backend cannot serve fails alone (as the engine's
+    ``Batcher`` does); a ``BatchError`` fails only the client requests whose rows failed, and
+    ``BackendUnavailable`` every request of the batch."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.calls = 0  # generate_batch calls made
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[list[GenRequest], asyncio.Future]] = []
+        self._server: asyncio.Task | None = None
+
+    async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        """One client request's rows (``n`` of them), generated with whatever else is waiting."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._waiting.append((requests, fut))
+        if self._server is None or self._server.done():
+            self._server = loop.create_task(self._serve())
+        return await fut
+
+    async def _serve(self) -> None:
+        await asyncio.sleep(0)  # one turn of the loop: requests handed to it together are served together
+        while True:
+            batch = [(reqs, fut) for reqs, fut in self._waiting if not fut.done()]  # done: its client went away
+            self._waiting = []
+            if not batch:
+                return
+            try:
+                await self._generate(batch)
+            except Exception as exc:  # a bug here must not leave clients waiting forever
+                for _, fut in batch + self._waiting:
+                    _settle_future(fut, error=exc)
+                self._waiting = []
+                raise
+
+    async def _generate(self, batch: list[tuple[list[GenRequest], asyncio.Future]]) -> None:
+        rows = [r for reqs, _ in batch for r in reqs]
+        try:
+            results = await asyncio.to_thread(self._call, rows)
+        except BackendUnavailable as exc:
+            for _, fut in batch:
+                _settle_future(fut, error=exc)
+            return
+        except BatchError as exc:  # the backend says which rows failed: only their requests fail
+            at = 0
+            for reqs, fut in batch:
+                errors = [e for e in exc.errors[at:at + len(reqs)] if e is not None]
+                _settle_future(fut, result=exc.results[at:at + len(reqs)], error=errors[0] if errors else None)
+                at += len(reqs)
+            return
+        except Exception as exc:  # noqa: BLE001 - one client request at a time: a bad one fails alone
+            if len(batch) == 1:
+                _settle_future(batch[0][1], error=exc)
+                return
+            for reqs, fut in batch:
+                try:
+                    _settle_future(fut, result=await asyncio.to_thread(self._call, reqs))
+                except Exception as one:  # noqa: BLE001 - this client gets the error (500)
+                    _settle_future(fut, error=one)
+            return
+        if len(results) != len(rows):
+            err = RuntimeError(f"the backend returned {len(results)} results for {len(rows)} requests")
+            for _, fut in batch:
+                _settle_future(fut, error=err)
+            return
+        at = 0
+        for reqs, fut in batch:
+            _settle_future(fut, result=results[at:at + len(reqs)])
+            at += len(reqs)
+
+    def _call(self, rows: list[GenRequest]) -> list[GenResult]:
+        with self._lock:
+            self.calls += 1
+            return self.backend.generate_batch(rows, seed=None)
+
+
+def _settle_future(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    if fut.done():  # its client went away (cancelled)
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
 class PolicySession:
     """``mas serve``: the team's agents answering requests outside any episode.  Each request is
     rendered as in training (the role as system message when there is none, tools by the chat
-    template or described in the system message) and sampled by the backend on its own; greedy
-    unless the request sends a temperature.  Nothing is recorded."""
+    template or described in the system message) and sampled by the backend together with the
+    other clients' requests waiting at that moment (``ServeBatcher``); greedy unless the request
+    sends a temperature, and a greedy reply is the one the request would get alone.  Nothing is
+    recorded."""
 
     def __init__(self, agents: dict[str, Any], tokenizers: dict[str, Any], backend: Any,
                  loop: asyncio.AbstractEventLoop):
         self.team, self.tokenizers, self.backend, self.loop = agents, tokenizers, backend, loop
         self.agents = list(agents)
         self.raw_text: dict[str, str] = {}  # call id -> the text that made it (bounded below)
-        self._lock = threading.Lock()  # one generation at a time: a backend is not thread-safe
+        self.batcher = ServeBatcher(backend)  # on self.loop, where complete() runs
         self._calls = 0
 
     async def complete(self, req: ChatRequest) -> list[Choice]:
@@ -418,7 +519,7 @@ class PolicySession:
         gen = GenRequest(policy=agent.policy, prompt_ids=rendered, temperature=req.temperature or 0.0,
                          top_p=1.0 if req.top_p is None else req.top_p, top_k=0,
                          max_new_tokens=min(req.max_tokens or budget, budget), agent=req.agent, messages=messages)
-        results = await asyncio.to_thread(self._generate, [gen] * req.n)
+        results = await self.batcher.generate([gen] * req.n)
         choices = []
         for res in results:
             self._calls += 1
@@ -438,10 +539,6 @@ class PolicySession:
                             self.raw_text[cid] = text
             choices.append(choice_of(Generation(turn, calls, outside_calls(text) if calls else text), tokenizer))
         return choices
-
-    def _generate(self, requests: list[GenRequest]) -> list[Any]:
-        with self._lock:
-            return self.backend.generate_batch(requests, seed=None)
 
 
 # ---------------------------------------------------------------------------------------------
