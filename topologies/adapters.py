@@ -228,7 +228,7 @@ class EpisodeCalls:
             if template_tools is not None:
                 options["tools"] = template_tools
             turn = await self.ctx.call(agent, messages, parent=parent, run_tools=bool(ours), framework_tools=framework,
-                                       **options)
+                                       fit_positions=True, **options)  # code renders these prompts: fitted at run time
         except BaseException as exc:
             if self.error is None:
                 self.error = exc

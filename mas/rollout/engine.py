@@ -84,6 +84,7 @@ from mas.types import (
 )
 
 from mas.rollout.faults import FAULT_KINDS, Faults  # noqa: F401 - FAULT_KINDS is read from here too
+from mas.rollout.positions import fit_budget, model_positions
 
 MASK_TEXT = "[masked]"
 
@@ -356,6 +357,7 @@ class _Overrides:
     top_p: float | None = None
     max_new_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    fit_positions: bool = False
 
 
 _NO_OVERRIDES = _Overrides()
@@ -408,9 +410,12 @@ class EpisodeContext:
         tool_runner: Callable[..., Any] | None = None,
         faults: Faults | None = None,
         prompts: PromptCache | None = None,
+        positions: Mapping[str, int | None] | None = None,
     ):
-        """``prompts``: renders prompt ids (the engine shares one memo among a run's episodes)."""
+        """``prompts``: renders prompt ids (the engine shares one memo among a run's episodes);
+        ``positions``: each policy's model's positions, which a call with ``fit_positions`` is fitted to."""
         self.key = key
+        self.positions = dict(positions or {})
         self.tools = dict(tools or {})
         self.tool_runner = tool_runner  # runs a tool by name (a Sandbox); None: in this process
         self.faults = faults if faults is not None else Faults()
@@ -478,6 +483,7 @@ class EpisodeContext:
         top_p: float | None = None,
         max_new_tokens: int | None = None,
         stop: tuple[str, ...] = (),
+        fit_positions: bool = False,
     ) -> Turn:
         """One invocation of an agent: its reply, after any tool rounds (each one more Turn).
 
@@ -494,9 +500,11 @@ class EpisodeContext:
         and ``top_p`` instead of the agent's (a greedy run stays greedy); ``max_new_tokens``, at
         most the agent's own budget; ``stop``, texts that end the completion: it is cut after the
         first token whose text holds one (the ids and logprobs with it, so the turn keeps what
-        was sampled up to there), and the text before the stop is its reply.
+        was sampled up to there), and the text before the stop is its reply.  ``fit_positions``: a
+        team whose prompts are code (the framework adapters) has each generation fitted to its
+        model's positions (``mas.rollout.positions``; the built-in topologies' are bounded at validate).
         """
-        over = _Overrides(tools, temperature, top_p, max_new_tokens, tuple(stop))
+        over = _Overrides(tools, temperature, top_p, max_new_tokens, tuple(stop), fit_positions)
         if self.stopped is not None:
             raise self._refusal()
         if agent_name not in self.agents:
@@ -549,13 +557,18 @@ class EpisodeContext:
                         finish_reason="masked" if d.kind == "mask" else "removed", trainable=False)
         else:
             s = agent.sampling
+            budget = s.max_new_tokens if over.max_new_tokens is None else min(over.max_new_tokens, s.max_new_tokens)
+            limit = self.positions.get(agent.policy) if over.fit_positions else None
+            budget, overflow = fit_budget(agent_name, agent.policy, len(prompt_ids), budget, limit)
+            if overflow is not None:  # past the model's positions: the budget cut to fit, counted
+                self.faults.add("context_overflow", overflow)
             req = GenRequest(
                 policy=agent.policy,
                 prompt_ids=prompt_ids,
                 temperature=0.0 if self.greedy else (s.temperature if over.temperature is None else over.temperature),
                 top_p=s.top_p if over.top_p is None else over.top_p,
                 top_k=s.top_k,
-                max_new_tokens=s.max_new_tokens if over.max_new_tokens is None else min(over.max_new_tokens, s.max_new_tokens),
+                max_new_tokens=budget,
                 agent=agent_name,
                 messages=messages,
             )
@@ -631,11 +644,14 @@ class Engine:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         verify: TurnVerifier | None = None,
         verify_timeout_s: float = 2.0,
+        positions: Mapping[str, int | None] | None = None,
     ):
         """``tool_*``: limits of the sandbox the env's tools run in (see ``mas.process.sandbox``);
         ``sleep``: what an episode's and a verifier call's time limits wait with (a test injects a
         manual clock); ``verify``: the turn verifier (``mas.envs.verifiers``), called on every turn
-        of a scored episode, each call within ``verify_timeout_s``."""
+        of a scored episode, each call within ``verify_timeout_s``; ``positions``: each policy's
+        model's positions (default: read beside its tokenizer, ``mas.rollout.positions``)."""
+        self.positions = dict(positions) if positions is not None else {p: model_positions(t) for p, t in tokenizers.items()}
         self.tools = dict(tools or {})  # the env's tools by name; each agent may call those in its Agent.tools
         for agent in agents.values():
             missing = [t for t in agent.tools if t not in self.tools]
@@ -807,7 +823,7 @@ class Engine:
                        prompts: PromptCache) -> None:
         runner = self.sandbox if self.tools else None
         ctx = EpisodeContext(key, ep, self.agents, self.tokenizers, self.trainable, batcher, script, greedy, self.tools,
-                             tool_runner=runner, faults=self.faults, prompts=prompts)
+                             tool_runner=runner, faults=self.faults, prompts=prompts, positions=self.positions)
         limit = self.episode_timeout
 
         def timed_out() -> None:  # from now on the episode's model calls raise: a team that never stops unwinds

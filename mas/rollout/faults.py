@@ -11,6 +11,9 @@ FAULT_KINDS: dict[str, str] = {
     "backend_error": "failed generations of agent turns, and batches that failed as a whole (their requests are then retried one at a time)",
     "episode_timeout": "episodes over runtime.episode_timeout_s (their model calls refused from then on, so a team that never stops unwinds)",
     "model_call_limit": "episodes of a framework team (kind: autogen, langgraph or openai) stopped at topology.max_model_calls model calls",
+    "context_overflow": "generations of a framework team (kind: autogen, langgraph or openai) whose prompt plus max_new_tokens "
+                        "passed the positions of the policy's model: the reply cut to fit, or, where the prompt alone filled "
+                        "them, read past them (mas.rollout.positions)",
     "score_error": "episodes whose reward function raised or returned NaN/inf (scored 0)",
     "tool_error": "tool calls that raised (a ToolError, the tool's answer to a bad argument, is not a fault)",
     "tool_timeout": "tool calls stopped at runtime.tool_timeout_s",
