@@ -108,12 +108,16 @@ def with_settings(task: str, base_url: str, api_key: str) -> str:
     return base_url
 
 
+FIRST_CALL_DONE = threading.Event()  # set by ``slow`` once its first call has its reply (the test's clock waits for it)
+
+
 def slow(task: str, base_url: str, api_key: str) -> str:
     """One call, then a pause past the episode's timeout, then another call (to an ended episode)."""
     import time
 
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
+    FIRST_CALL_DONE.set()
     time.sleep(2)
     client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
     return base_url

@@ -280,15 +280,16 @@ class Choice:
     tokens: list[str]  # each completion id's text
 
 
-def choice_of(gen: Generation, tokenizer: Any) -> Choice:
-    """The protocol's view of one generation (its turn holds the ids)."""
+def choice_of(gen: Generation, tokenizer: Any, tokens: bool = True) -> Choice:
+    """The protocol's view of one generation (its turn holds the ids); ``tokens``: each completion
+    token's text, decoded one by one (what a reply's logprobs show; skipped when none were asked for)."""
     turn = gen.turn
     calls = [{"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
              for cid, name, args in gen.calls]
     finish = "tool_calls" if calls else "length" if turn.finish_reason == "length" else "stop"
     content = (gen.content or None) if calls else gen.content
     return Choice(content, calls, finish, list(turn.prompt_ids), list(turn.completion_ids), list(turn.logprobs),
-                  [tokenizer.decode([i]) for i in turn.completion_ids])
+                  [tokenizer.decode([i]) for i in turn.completion_ids] if tokens else [])
 
 
 def _logprobs(c: Choice) -> dict[str, Any]:
@@ -386,7 +387,7 @@ class EpisodeSession:
                                                                **options) for _ in range(req.n)))
         except Exception as exc:  # noqa: BLE001 - the episode's error (kept by EpisodeCalls); the client is told
             raise EndpointError(410, f"this episode has ended: {type(exc).__name__}: {exc}", code="episode_ended") from exc
-        return [choice_of(g, tokenizer) for g in gens]
+        return [choice_of(g, tokenizer, tokens=req.logprobs) for g in gens]
 
 
 class ServeBatcher:
@@ -553,8 +554,12 @@ class EndpointServer:
         self.host, self.max_body_bytes = host, max_body_bytes
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on accepted
+        # sockets whose protocol says TCP, and uvicorn writes a reply's headers and body apart, so with
+        # Nagle on the body waited for the client's delayed ACK, up to 40 ms a call (bench/endpoint_overhead.py)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((host, port))
         self._sock.listen(1024)
         self.port = self._sock.getsockname()[1]

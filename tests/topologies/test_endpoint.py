@@ -137,8 +137,15 @@ def test_the_cap_on_model_calls_ends_a_team_that_never_stops(tiny_tokenizer):
 def test_the_episode_timeout_ends_the_team_and_its_later_requests_find_no_episode(tiny_tokenizer):
     import asyncio
 
+    from endpoint_helpers import FIRST_CALL_DONE
+
+    async def after_the_first_call(_seconds):  # the clock: the limit passes once the first call has its reply
+        while not FIRST_CALL_DONE.is_set():
+            await asyncio.sleep(0.01)
+
+    FIRST_CALL_DONE.clear()
     engine, _ = scripted_engine(endpoint_config("m", "slow"), scripted_reply, tiny_tokenizer)
-    engine.episode_timeout, engine.sleep = 30.0, lambda s: asyncio.sleep(0.1)  # the limit, on a short clock
+    engine.episode_timeout, engine.sleep = 30.0, after_the_first_call
     [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=1, seed=0)
     ep = group.episodes[0]
     assert ep.status == "error" and "timeout" in ep.error and len(ep.turns) == 1
