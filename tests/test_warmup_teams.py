@@ -14,6 +14,7 @@ import yaml
 
 from mas.tools import has_tool_call
 from mas.config.schema import apply_overrides, validate_config
+from mas.models.tiny import tiny_causal_lm
 from mas.training.team import build_team
 from mas.training.warmup import scripted_teacher, teacher_demonstrations, warm_up
 
@@ -23,6 +24,20 @@ SMOL = sorted((ROOT / "configs").glob("smol_*.yaml"))
 # the teacher's mean reward with the config's own knobs: 1.0 where its weakness costs nothing
 # (the verifier or checker catches every slip, the orchestrator and debaters are always right)
 EXACT = {"smol_orchestrator": 1.0, "smol_debate": 1.0, "smol_gsm8k": 1.0, "smol_langgraph": 1.0, "smol_heterogeneous": 1.0}
+# the OpenAI Agents SDK's system message, its handoff tools described, is about 590 tokens of the
+# tiny tokenizer (190 of SmolLM2's): past the tiny model's 512 positions
+LONG_PROMPTS = {"smol_openai_handoffs"}
+# agents the team's teacher never gives a turn: the generic framework teacher hands off in the order
+# the tools are listed (docs/bring_your_own_team.md, its limits), always to the addition tutor
+TEACHER_SILENT = {"smol_openai_handoffs": {"subtraction_tutor"}}
+
+
+@pytest.fixture(scope="module")
+def long_tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    path = tmp_path_factory.mktemp("tiny-model-long")
+    tiny_causal_lm(tiny_tokenizer, max_positions=2048, seed=0).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return path
 
 
 def smol_team(path: Path, model_dir: Path, extra: tuple[str, ...] = ()):
@@ -45,16 +60,17 @@ def turns_of(team, demos):
 
 def test_every_smol_config_is_covered():
     assert {p.stem for p in SMOL} >= {"smol_orchestrator", "smol_debate", "smol_gsm8k", "smol_research", "smol_autogen",
-                                      "smol_langgraph", "smol_heterogeneous"}
+                                      "smol_langgraph", "smol_heterogeneous", "smol_openai_handoffs"}
 
 
 @pytest.mark.parametrize("path", SMOL, ids=lambda p: p.stem)
-def test_teacher_demonstrations_parse_with_each_agents_parser(path, tiny_model_dir):
-    with smol_team(path, tiny_model_dir) as team:
+def test_teacher_demonstrations_parse_with_each_agents_parser(path, tiny_model_dir, request):
+    model_dir = request.getfixturevalue("long_tiny_model_dir") if path.stem in LONG_PROMPTS else tiny_model_dir
+    with smol_team(path, model_dir) as team:
         teacher = scripted_teacher(team.cfg, dict(team.cfg.trainer.warmup.teacher))
         demos, reward = teacher_demonstrations(team, 12, teacher, seed=0)
         turns = turns_of(team, demos)
-    assert {a for a, *_ in turns} == set(team.agents)  # every agent speaks in the demonstrations
+    assert {a for a, *_ in turns} == set(team.agents) - TEACHER_SILENT.get(path.stem, set())  # every agent speaks
     bad = [(a, t) for a, t, _, valid in turns if not valid and not has_tool_call(t)]
     assert bad == []
     if path.stem in EXACT:
