@@ -45,7 +45,9 @@ render it:
 A kind may also set ``packages``: the top-level modules it runs on beyond mas's own
 dependencies (AutoGen's, from an extra); where one is missing, ``mas validate`` says what
 installs it and ``mas train`` refuses to start (``mas.config.checks.package_issues``).  None by
-default.
+default.  And ``reply_needs(cfg) -> [(agent, what, text, effect)]``: texts an agent's reply must
+hold whole for the team's protocol (a handoff call, a speaker's name), which ``mas validate``
+measures against the agent's reply budget (``mas.training.context_plan``).
 
 An ``Issue`` is ``(yaml path, value found, message)``.
 """
