@@ -218,7 +218,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if base:  # a trainable policy the checkpoint does not hold is evaluated as it starts
                 print(f"warning: {ckpt} holds no weights for {', '.join(base)}: evaluated at their initial weights",
                       file=sys.stderr)
-        result = evaluate(team, size, cfg.trainer.seed)
+        result = evaluate(team, size, cfg.trainer.seed, progress=cfg.logging.progress, label="eval")
     print(json.dumps(result, indent=2))
     return 0
 

@@ -699,15 +699,16 @@ class Engine:
     # -- public API ------------------------------------------------------------------------
 
     def rollout(self, tasks: list[Task], group_size: int, seed: int, greedy: bool = False,
-                abort: Callable[[], bool] | None = None) -> list[EpisodeGroup]:
+                abort: Callable[[], bool] | None = None, done: Callable[[], None] | None = None) -> list[EpisodeGroup]:
         """G joint episodes for each of B tasks, run concurrently.  ``abort`` is asked before
-        every generation batch: True stops the rollout with ``StepAbandoned``."""
+        every generation batch: True stops the rollout with ``StepAbandoned``; ``done`` is called
+        as each episode ends (a progress bar)."""
         groups = [
             EpisodeGroup(task, [Episode(task=task, group_id=b, sample_id=g, seed=seed) for g in range(group_size)])
             for b, task in enumerate(tasks)
         ]
         jobs = [(ep, None) for grp in groups for ep in grp.episodes]
-        self._run(jobs, seed, greedy, abort=abort)
+        self._run(jobs, seed, greedy, abort=abort, done=done)
         return groups
 
     def execute(self, requests: list[Request], seed: int, abort: Callable[[], bool] | None = None) -> Results:
@@ -752,26 +753,26 @@ class Engine:
         return out
 
     def evaluate(self, tasks: list[Task], seed: int, abort: Callable[[], bool] | None = None,
-                 sample: bool = False) -> list[Episode]:
+                 sample: bool = False, done: Callable[[], None] | None = None) -> list[Episode]:
         """One episode per task: greedy, or sampled at each agent's own settings with ``sample``."""
-        return [g.episodes[0] for g in self.rollout(tasks, 1, seed, greedy=not sample, abort=abort)]
+        return [g.episodes[0] for g in self.rollout(tasks, 1, seed, greedy=not sample, abort=abort, done=done)]
 
     # -- internals -------------------------------------------------------------------------
 
     def _run(
         self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest] = (),
-        abort: Callable[[], bool] | None = None,
+        abort: Callable[[], bool] | None = None, done: Callable[[], None] | None = None,
     ) -> list[str]:
         # Sync framework code (a LangGraph node written with `def`) runs in the loop's default
         # executor and blocks its thread while it waits for a model call; the batch it waits
         # for is served only when every episode waits, so every episode must get a thread.
         # Threads are started only when needed.
         executor = ThreadPoolExecutor(max_workers=max(32, 4 * len(jobs)), thread_name_prefix="mas-episode")
-        return _run_loop(self._run_async(jobs, seed, greedy, list(critiques), abort), executor)
+        return _run_loop(self._run_async(jobs, seed, greedy, list(critiques), abort, done), executor)
 
     async def _run_async(
         self, jobs: list[tuple[Episode, Script | None]], seed: int, greedy: bool, critiques: list[CritiqueRequest],
-        abort: Callable[[], bool] | None = None,
+        abort: Callable[[], bool] | None = None, done: Callable[[], None] | None = None,
     ) -> list[str]:
         batcher = Batcher(self.backend, seed, faults=self.faults, count_tokens=self._generated_tokens, abort=abort)
         prompts = PromptCache()  # one memo per run: a run's episodes share many prompts (see PromptCache)
@@ -779,7 +780,7 @@ class Engine:
         server = asyncio.create_task(batcher.serve())
         server.add_done_callback(batcher.fail_pending)  # a server that dies must not leave episodes waiting
         try:
-            episodes = [self._episode(k, ep, script, batcher, greedy, prompts) for k, (ep, script) in enumerate(jobs)]
+            episodes = [_then(self._episode(k, ep, script, batcher, greedy, prompts), done) for k, (ep, script) in enumerate(jobs)]
             asks = [self._critique(len(jobs) + i, req, batcher, prompts) for i, req in enumerate(critiques)]
             texts = (await asyncio.gather(*episodes, *asks))[len(jobs):]
         finally:
@@ -944,6 +945,14 @@ def _drop_outcome(task: asyncio.Future) -> None:
     """Mark a stopped task's error as seen (asyncio would log it as never retrieved)."""
     if not task.cancelled():
         task.exception()
+
+
+async def _then(work: Awaitable[Any], done: Callable[[], None] | None) -> Any:
+    """``work``'s result, with ``done()`` called once it has ended (None: nothing)."""
+    result = await work
+    if done is not None:
+        done()
+    return result
 
 
 def _run_loop(main: Awaitable[Any], executor: ThreadPoolExecutor) -> Any:

@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections.abc import Callable
 from typing import Any
+
+from tqdm import tqdm
 
 from mas.envs import build_env
 from mas.process.memory import release_freed_memory
@@ -57,15 +60,23 @@ def training_probe(team, size: int) -> list:
     return probe
 
 
-def evaluate(team, size: int, seed: int, abort: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """One held-out evaluation of ``size`` tasks (module docstring)."""
+def evaluate(team, size: int, seed: int, abort: Callable[[], bool] | None = None, progress: bool = False,
+             label: str = "eval") -> dict[str, Any]:
+    """One held-out evaluation of ``size`` tasks (module docstring).  ``progress``: a bar of its
+    episodes on stderr (``label``, done / all, time left), gone when it ends."""
     cfg = team.cfg
     tool_agents = [a.name for a in cfg.agents if a.tools]
     k = sampled_k(cfg)
-    out = measure(team, team.env.eval_tasks(size), seed, k, tool_agents, abort)
-    if cfg.trainer.eval_train:  # greedy only: the gap under the deployed decoding, at a third of the cost
-        train = measure(team, training_probe(team, size), seed, 0, tool_agents, abort)
-        out["train"] = {"accuracy": train["accuracy"]}
+    total = size * (1 + k + (1 if cfg.trainer.eval_train else 0))  # greedy, k sampled each, the training probe
+    with tqdm(total=total, desc=label, unit="episode", file=sys.stderr, dynamic_ncols=True, leave=False,
+              disable=not progress) as bar:
+        def done() -> None:
+            bar.update(1)
+
+        out = measure(team, team.env.eval_tasks(size), seed, k, tool_agents, abort, done)
+        if cfg.trainer.eval_train:  # greedy only: the gap under the deployed decoding, at a third of the cost
+            train = measure(team, training_probe(team, size), seed, 0, tool_agents, abort, done)
+            out["train"] = {"accuracy": train["accuracy"]}
     faults, _ = team.engine.take_faults()
     # the evaluation's generate calls (KV caches and logits of up to hundreds of rows) leave a
     # fragmented heap that glibc keeps; without this, the warm-up or evaluation that follows
@@ -74,13 +85,14 @@ def evaluate(team, size: int, seed: int, abort: Callable[[], bool] | None = None
     return {**out, "faults": faults}
 
 
-def measure(team, tasks: list, seed: int, k: int, tool_agents: list[str], abort=None) -> dict[str, Any]:
+def measure(team, tasks: list, seed: int, k: int, tool_agents: list[str], abort=None,
+            done: Callable[[], None] | None = None) -> dict[str, Any]:
     """Greedy results on ``tasks`` (with ``decoding`` and per-task ``tasks`` rewards), and ``sampled``
-    (k episodes per task) where k > 0."""
-    greedy = team.engine.evaluate(tasks, seed=seed, abort=abort)
+    (k episodes per task) where k > 0; ``done`` is called as each episode ends."""
+    greedy = team.engine.evaluate(tasks, seed=seed, abort=abort, done=done)
     out = {**eval_metrics(greedy, tool_agents=tool_agents), "decoding": "greedy", "tasks": [ep.reward for ep in greedy]}
     if k:
-        groups = team.engine.rollout(tasks, k, seed, greedy=False, abort=abort)
+        groups = team.engine.rollout(tasks, k, seed, greedy=False, abort=abort, done=done)
         out["sampled"] = sampled_metrics([g.episodes for g in groups], tool_agents)
         out["sampled"]["temperature"] = {a.name: a.sampling.temperature for a in team.cfg.agents}
     return out

@@ -375,7 +375,8 @@ def train(
         method.state.reset()
     if not resume and cfg.trainer.eval_size and cfg.trainer.eval_before:
         try:
-            summary["eval_before"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort)
+            summary["eval_before"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort, logger.show_progress,
+                                              "eval before training")
         except StepAbandoned:  # nothing was trained: nothing to checkpoint
             return _stopped(summary, logger, control, None, "during the evaluation before training")
         logger.info(f"held-out team {eval_summary(summary['eval_before'])} before training")
@@ -398,7 +399,8 @@ def train(
             hooks.on_checkpoint(-1, save_checkpoint(run_dir, -1, team, summary))
     if start == 0 and "warmup" in summary and "eval_warmup" not in summary and cfg.trainer.warmup.eval and cfg.trainer.eval_size:
         try:
-            summary["eval_warmup"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort)
+            summary["eval_warmup"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort, logger.show_progress,
+                                              "eval after the warm-up")
         except StepAbandoned:  # the warm-up's checkpoint stays: resuming evaluates it again
             return _stopped(summary, logger, control, -1, "during the evaluation after the warm-up")
         logger.info(f"held-out team {eval_summary(summary['eval_warmup'])} after the warm-up")
@@ -483,7 +485,8 @@ def train(
             summary["eval_after"] = {k: v for k, v in last_eval.items() if k != "step"}
         else:
             try:
-                summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort)
+                summary["eval_after"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed, abort, logger.show_progress,
+                                                 "eval after training")
             except StepAbandoned:  # the last checkpoint is written: a resume evaluates again
                 return _stopped(summary, logger, control, end - 1, "during the evaluation after training")
             check_regression(summary, summary["eval_after"], logger, end - 1)
@@ -501,7 +504,8 @@ def _periodic_eval(team: Team, summary: dict, logger: RunLogger, hooks: Callback
                    abort: Callable[[], bool]) -> bool:
     """The held-out evaluation after ``step`` (``trainer.eval_every``); False if a stop dropped it."""
     try:
-        summary["eval_last"] = {"step": step, **evaluate(team, team.cfg.trainer.eval_size, team.cfg.trainer.seed, abort)}
+        summary["eval_last"] = {"step": step, **evaluate(team, team.cfg.trainer.eval_size, team.cfg.trainer.seed, abort,
+                                                          logger.show_progress, f"eval after step {step}")}
     except StepAbandoned:
         return False
     check_regression(summary, summary["eval_last"], logger, step)
@@ -524,7 +528,8 @@ def _start_evals(team: Team, run_dir: Path, summary: dict, logger: RunLogger, ab
     if start is None:  # eval_before: false and no warm-up evaluation: nothing to compare with
         return
     if cfg.trainer.eval_noise:
-        summary["eval_noise"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed + 1, abort)
+        summary["eval_noise"] = evaluate(team, cfg.trainer.eval_size, cfg.trainer.seed + 1, abort, logger.show_progress,
+                                         "eval noise floor")
         logger.log_eval("noise", summary["eval_noise"])
     keep_if_best(team, summary, run_dir, -1, start)
 
