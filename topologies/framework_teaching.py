@@ -12,31 +12,51 @@ the framework built, and answers from what it finds there:
 * **A router** (AutoGen's selector, or an agent with the ``raw`` parser, such as a LangGraph
   supervisor that replies with a worker's name) names a candidate that has not spoken yet in
   the episode: from the ``['a', 'b']`` list AutoGen puts in its selector prompt, else the
-  team's agents its prompt names, in the order it names them.  When all of them have spoken
-  it replies with the word its prompt asks for to finish (``FINISH``), or names an agent that
-  can end the team.
+  team's agents its prompt names, in the order it names them; in the team's order, not the
+  list's: a member that plans (its prompt says so, or AutoGen's ``<name>: <description>`` roles
+  list does) first, then the members in the order the planner's prompt names them.  When all of
+  them have spoken it replies with the word its prompt asks for to finish (``FINISH``), or names
+  the agent whose prompt asks for the team's stop word (else any agent that can end the team).
 * **An agent offered tools** (described in its system message by ``topologies/adapters.py``):
-  it calls its first tool once, with the task as the argument when the tool takes one (a
-  calculator); it hands off (``transfer_to_<name>``) to an agent that has not spoken yet, or
-  back to one that can reach them.
+  it calls one of its tools once, on the task (``tool_arguments``): no arguments; the task as a
+  tool's one argument (a calculator's expression); the task's numbers as a tool's numeric
+  parameters, in order, or those either side of the operation the tool's name names
+  (``add(a: int, b: int)`` on ``What is 12+7?``: a=12, b=7; ``subtract`` on ``2+9-4``: 9 and 4),
+  a tool named for the task's operation first.  It hands off (``transfer_to_<name>``) to an agent
+  that has not spoken yet, or back to one that can reach them.
+* **A planner** (its own prompt says it plans, delegates or assigns the work to the team:
+  ``delegates``) with members still to speak and no tool to reach them writes a delegation in
+  the form its prompt asks for, one line per pending member (``<member>: <subtask>``; AutoGen's
+  selector tutorial's ``1. <agent> : <task>`` where the prompt shows none), in the order its
+  prompt names them, the subtask being the task itself (``the task`` where its prompt is long).
+  When they have spoken it answers, and ends the team with its stop word.
 * **Otherwise it answers** in the env's format, ``ANSWER: <gold>`` (a verdict agent adds
-  ``ACCEPT`` or ``REJECT``).  The agent that speaks when everyone else has spoken adds the
-  team's termination words: the texts of the AutoGen team's ``TextMentionTermination``s and
-  the capitalised words its own prompt asks for (``TERMINATE``, ``FINAL ANSWER``).
+  ``ACCEPT`` or ``REJECT``).  The agent that speaks when everyone else has spoken adds the stop
+  words that are its to write: the capitalised words its own prompt asks for (``TERMINATE``,
+  ``FINAL ANSWER``), and the texts of the AutoGen team's ``TextMentionTermination``s that no other
+  member's prompt asks for.  A word another member's prompt asks for is that member's (a planner's
+  "end with TERMINATE"): the others answer without it, and hand back to that member where they
+  can (a swarm's ``transfer_to_planner``).  The teacher learns each agent's prompt from its
+  requests' system messages (before its first request: what the kind read from the team's code,
+  else the YAML ``role``).
 
 Who has spoken is read from the messages too: a line ``<agent>: ...`` (how the AutoGen client
 shows another agent's message and AutoGen's selector its history; a LangGraph graph must write
-a report that way, as the examples do), and the agent's own assistant messages.
+a report that way, as the examples do), and the agent's own assistant messages; a delegation's
+line ``<member>: <the task>`` is not that member's turn.
 
 The deliberate weakness, for RL to fix (as the other teachers' ``p_direct``): in a share
-``p_skip`` of the episodes (chosen per task) the first agent to speak answers and ends the team
-at once, without consulting the others, and such an answer is a near miss with probability
-``p_slip``.  Where the team can stop early (a termination word, a supervisor that finishes),
-the teacher's reward is then about ``1 - p_skip * p_slip``.
+``p_skip`` of the episodes (chosen per task) the first agent to speak answers at once and the
+team ends (the agent whose prompt asks for the stop word writes it), without consulting the
+others, and such an answer is a near miss with probability ``p_slip``.  Where the team can stop
+early (a termination word, a supervisor that finishes), the teacher's reward is then about
+``1 - p_skip * p_slip``.
 
 Limits: a LangGraph graph that routes on something other than the agents' text, or stops on a
-word its prompts do not name, is not followed; a request with no training task in its messages
-is a ``KeyError`` (the warm-up then fails loudly: give ``trainer.warmup.demonstrations``).
+word its prompts do not name, is not followed; a delegation's length is not measured against the
+planner's ``max_new_tokens`` (the teacher has no tokenizer); a tool with two string parameters,
+or a list, is not called; a request with no training task in its messages is a ``KeyError``
+(the warm-up then fails loudly: give ``trainer.warmup.demonstrations``).
 
 Two framework teams on arithmetic have teachers of their own, which read the task where the
 framework puts it (``arithmetic_task``): an AutoGen selector of specialists (``SelectorTeacher``)
@@ -132,10 +152,12 @@ class TaskBook:
 
 @dataclass(frozen=True)
 class Tool:
-    """A tool a request offers, as the adapters describe it: its name and (parameter, required) pairs."""
+    """A tool a request offers, as the adapters describe it: its name, (parameter, required) pairs, and
+    each parameter's type as the adapters write it (``int``, ``str``, ``any``; ``""`` where none is written)."""
 
     name: str
     params: tuple[tuple[str, bool], ...]
+    types: tuple[str, ...] = ()
 
 
 def offered_tools(system: str) -> list[Tool]:
@@ -148,9 +170,108 @@ def offered_tools(system: str) -> list[Tool]:
         m = _TOOL_LINE.match(line)
         if m is None:
             break
-        params = tuple((p.split(":")[0].strip(), "= optional" not in p) for p in m.group(2).split(",") if p.strip())
-        out.append(Tool(m.group(1), params))
+        parts = [p for p in m.group(2).split(",") if p.strip()]
+        params = tuple((p.split(":")[0].strip(), "= optional" not in p) for p in parts)
+        types = tuple(p.split(":", 1)[1].split("=")[0].strip() if ":" in p else "" for p in parts)
+        out.append(Tool(m.group(1), params, types))
     return out
+
+
+# -- a tool's arguments, read from the task ---------------------------------------------------------
+
+_NUMERIC_TYPES = {"int", "integer", "float", "number"}  # as the adapters write JSON's integer and number, and as is
+_TEXT_TYPES = {"str", "string"}
+# the operations a tool's name can name (by a whole word of it: add_numbers, subtractTwo), and how a task
+# writes each between two numbers
+_OPERATIONS = (
+    ({"add", "addition", "plus", "sum"}, ("+", "plus")),
+    ({"sub", "subtract", "subtraction", "minus", "difference", "diff"}, ("-", "\u2212", "minus")),
+    ({"mul", "multiply", "multiplication", "times", "product"}, ("*", "\u00d7", "times")),
+    ({"div", "divide", "division", "quotient"}, ("/", "\u00f7", "divided by")),
+)
+_OPERAND = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")  # a number, not a piece of a word or of a longer number
+_MINUS = ("-", "\u2212")
+
+
+def task_numbers(text: str) -> list[tuple[str, int, int]]:
+    """The numbers ``text`` writes, in order, as ``(number, start, end)``.  A minus right before a
+    number is its sign where no operand comes before it (``-3+5``, ``What is -3?``, ``4 - -2``) and the
+    operator where one does (``9-4`` is 9 and 4)."""
+    out = []
+    for m in _OPERAND.finditer(text):
+        value, start = m.group(0), m.start()
+        before = text[:start].rstrip(" \t")
+        if before.endswith(_MINUS):
+            prev = before[:-1].rstrip(" \t")
+            if not prev or not (prev[-1].isdigit() or prev[-1] == ")"):
+                value, start = "-" + value, len(before) - 1
+        out.append((value, start, m.end()))
+    return out
+
+
+def tool_operation(name: str) -> tuple[str, ...] | None:
+    """How a task writes the operation a tool's name names (``add`` -> ``+``, ``plus``), or None."""
+    words = set(re.split(r"[^a-z]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()))
+    return next((forms for names, forms in _OPERATIONS if words & names), None)
+
+
+def operands(operation: tuple[str, ...] | None, text: str, k: int) -> list[str] | None:
+    """``k`` numbers of the task ``text`` for a tool's numeric parameters: for two parameters of a tool
+    that names an operation, the two numbers either side of the first such operation in the task
+    (``subtract`` on ``2+9-4``: 9 and 4); otherwise the task's first ``k`` numbers in order.  None
+    where the task has fewer."""
+    numbers = task_numbers(text)
+    if k == 2 and operation is not None:
+        for (a, _, end), (b, start, _) in zip(numbers, numbers[1:]):
+            between = text[end:start].strip().lower()
+            if between in operation:
+                return [a, b]
+    return [n for n, _, _ in numbers[:k]] if len(numbers) >= k else None
+
+
+def names_task_operation(name: str, text: str) -> bool:
+    """Whether a tool's name names an operation the task ``text`` has between two of its numbers
+    (``subtract`` or ``subtractNumbers`` on ``9-4``)."""
+    forms = tool_operation(name)
+    numbers = task_numbers(text)
+    return forms is not None and any(text[end:start].strip().lower() in forms
+                                     for (_, _, end), (_, start, _) in zip(numbers, numbers[1:]))
+
+
+def _as_json_number(text: str, kind: str) -> int | float | None:
+    """A task's number as a tool's ``int`` or ``float`` argument (an ``int`` one must be whole)."""
+    value = float(text)
+    if value.is_integer():
+        return int(value)
+    return None if kind in ("int", "integer") else value
+
+
+def tool_arguments(tool: Tool, prompt: str) -> dict[str, Any] | None:
+    """The call of ``tool`` on the task ``prompt``: no arguments; the prompt as its one argument
+    (a calculator's expression, a search's query); the task's numbers as its numeric arguments
+    (``add(a: int, b: int)`` on ``What is 12+7?``: a=12, b=7; ``operands``), with the prompt as its
+    one string argument if it also has one.  None where the task cannot fill them (two string
+    parameters, a list, too few numbers)."""
+    types = tool.types or ("",) * len(tool.params)
+    required = [(p, t) for (p, needed), t in zip(tool.params, types) if needed]
+    if not required:
+        return {}
+    numeric = [(p, t) for p, t in required if t in _NUMERIC_TYPES]
+    other = [p for p, t in required if t not in _NUMERIC_TYPES]
+    if len(required) == 1 and other:
+        return {other[0]: prompt}  # one argument that is no number: the task itself
+    if len(other) > 1 or (other and dict(required)[other[0]] not in _TEXT_TYPES):
+        return None
+    values = operands(tool_operation(tool.name), prompt, len(numeric))
+    if values is None:
+        return None
+    args: dict[str, Any] = {p: prompt for p in other}
+    for (p, t), text in zip(numeric, values):
+        number = _as_json_number(text, t)
+        if number is None:
+            return None
+        args[p] = number
+    return {p: args[p] for p, _ in required}  # in the tool's order
 
 
 def asked_words(text: str) -> list[str]:
@@ -185,6 +306,22 @@ def transcript(messages: list[dict[str, str]], task: Task) -> list[str]:
     return lines if found else [line for m in messages if m.get("role") == "user" for line in m["content"].splitlines()]
 
 
+def before_task(messages: list[dict[str, str]], task: Task) -> list[str]:
+    """The lines of the user messages before the task's prompt first appears (AutoGen's selector
+    prompt: its ``<name>: <description>`` list of the participants)."""
+    words = task.prompt.split()
+    pattern = re.compile(r"\s+".join(map(re.escape, words))) if words else None
+    lines: list[str] = []
+    for m in messages:
+        if m.get("role") != "user":
+            continue
+        hit = pattern.search(m["content"]) if pattern is not None else None
+        lines += (m["content"] if hit is None else m["content"][:hit.start()]).splitlines()
+        if hit is not None:
+            return lines
+    return []
+
+
 def said_by(lines: list[str], agents: Iterable[str]) -> list[tuple[str, str]]:
     """``(agent, text)`` of each line ``<agent>: <text>``, in order."""
     names = tuple(agents)
@@ -196,10 +333,49 @@ def said_by(lines: list[str], agents: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
+# -- a planner's delegation -------------------------------------------------------------------------
+
+# an agent whose own prompt says it plans the work and hands it out to the team ("You plan ... give each one
+# to a team member", "You are a planning agent ... you only plan and delegate tasks")
+# ("Do the subtask the planner gives you", "check the plan" say no such thing); a description of the agent
+# (AutoGen's selector lists them) says it in the third person: "Plans the work: ..."
+_PLANS = re.compile(r"\b(?:you(?: \w+){0,3} (?:plan|delegate|assign)s?\b|planning\b|delegat\w*"
+                    r"|assign(?:s|ing)? (?:\w+ ){0,2}?(?:tasks?|subtasks?|work)\b|hands? out\b)"
+                    r"|^[ \t]*(?:plans|delegates|assigns)\b", re.I | re.M)
+_TEAM = re.compile(r"\b(?:team|teammates?|members?|agents?|workers?|specialists?|others)\b", re.I)
+# the form of a delegation a prompt asks for: "1. <agent> : <task>" (AutoGen's selector tutorial), "<member>: <subtask>"
+_FORM = re.compile(r"(?P<num>\b1[.)][ \t]*)?<\s*(?:agent|agent name|member|team member|member name|worker|specialist|name)\s*>"
+                   r"(?P<sep>[ \t]*(?::|-|->|=>)[ \t]*)<\s*(?:task|sub-?task|job|work|assignment|instruction)\s*>", re.I)
+_SHORT_TASK = 60  # a task prompt longer than this is named "the task" in a delegation (a reply budget is small)
+
+
+def delegates(system: str, agent: str, members: Iterable[str]) -> bool:
+    """Whether ``agent``'s own prompt says it plans the work and hands it to other members: a planning
+    word (plan, delegate, assign, subtask) outside the agents' names ("check the planner's result" is
+    none), and the team (another member by name, or "team", "members", "agents").  The adapters' tool
+    list is not the agent's own words."""
+    text = system.split(TOOLS_HEADER)[0]
+    others = [m for m in members if m != agent]
+    named = any(re.search(rf"(?<!\w){re.escape(m)}(?!\w)", text) for m in others)
+    for name in sorted([*others, agent], key=len, reverse=True):
+        text = re.sub(rf"(?<!\w){re.escape(name)}(?!\w)", " ", text)
+    return bool(_PLANS.search(text)) and (named or bool(_TEAM.search(text)))
+
+
+def delegation(system: str, names: list[str], subtask: str) -> str:
+    """A planner's message handing ``subtask`` to each of ``names``, one line each, in the form its
+    prompt asks for (``<member>: <subtask>``; numbered where the form is, ``1. <agent> : <task>``),
+    else in AutoGen's selector-tutorial form ``1. <agent> : <task>``."""
+    m = _FORM.search(system.split(TOOLS_HEADER)[0])
+    number, sep = ("1. ", " : ") if m is None else (m.group("num") or "", m.group("sep"))
+    return "\n".join(f"{f'{i}{number[1:]}' if number else ''}{name}{sep}{subtask}" for i, name in enumerate(names, 1))
+
+
 @dataclass(frozen=True)
 class FrameworkTeacher:
     """The generic teacher of an AutoGen or LangGraph team (module docstring): every agent speaks,
-    hands off where it can, and answers ``ANSWER: <gold>``; weakness ``p_skip``/``p_slip``."""
+    a planner delegates, agents hand off where they can and answer ``ANSWER: <gold>``; the stop words
+    go to the agent whose prompt asks for them; weakness ``p_skip``/``p_slip``."""
 
     book: TaskBook = field(compare=False)
     members: tuple[str, ...]  # the agents that do the work, in YAML order
@@ -208,27 +384,33 @@ class FrameworkTeacher:
     terminations: tuple[tuple[str, tuple[str, ...] | None], ...] = ()  # the team's (stop text, sources or None)
     p_skip: float = 0.5
     p_slip: float = 0.5
+    # agent -> its system prompt: as the kind gave it (or the YAML role), then as each request shows it
+    prompts: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __call__(self, req: GenRequest, rng: random.Random) -> str:
         messages = req.messages or []
         task = self.book.find(messages)
         skip = random.Random(f"framework-teacher/{task.task_id}").random() < self.p_skip  # one choice per episode
         system = "\n".join(m["content"] for m in messages if m.get("role") == "system")
+        if system.strip() and req.agent is not None:
+            self.prompts[req.agent] = system  # its own words: what it asks for, whether it plans
         chat = [m for m in messages if m.get("role") != "system"]
-        said = said_by(transcript(chat, task), self.members)
+        subtask = self._subtask(task)
+        lines = said_by(transcript(chat, task), self.members)
+        said = [(a, text) for a, text in lines if _key(text) != subtask]  # a delegation's line is no member's turn
         spoke = list(dict.fromkeys(a for a, _ in said))
         if req.agent in self.routers:
-            return self._route(chat, system, said, skip)
+            return self._route(chat, system, said, skip, task)
         mine = [c.name for m in chat if m.get("role") == "assistant" for c in parse_tool_calls(m["content"])]
         pending = [] if skip else [a for a in self.members if a not in spoke and a != req.agent]
         tools = offered_tools(system)
         targets = {t.name[len(HANDOFF):]: t.name for t in tools if t.name.startswith(HANDOFF)}
         handoffs = {a: name for a, name in targets.items() if a in self.members and a != req.agent}  # not to "user"
         work = [t for t in tools if not t.name.startswith(HANDOFF)]
-        if work and not skip and work[0].name not in mine:
-            args = self._arguments(work[0], task)
-            if args is not None:
-                return tool_call_text(work[0].name, args)
+        if work and not skip and not any(t.name in mine for t in work):
+            call = self._tool_call(work, task)
+            if call is not None:
+                return call
         if handoffs and pending:
             target = next((a for a in pending if a in handoffs), None)
             if target is not None:
@@ -236,11 +418,16 @@ class FrameworkTeacher:
             back = next((a for a in reversed(spoke) if a in handoffs), None)  # an agent that can reach the others
             if back is not None and sum(name.startswith(HANDOFF) for name in mine) < len(self.members):
                 return f"ANSWER: {task.answer.strip()}\n{tool_call_text(handoffs[back], {})}"  # report, then hand back
-        return self._answer(req.agent, task, said, system, final=not pending, skip=skip, rng=rng)
+        by_tool = bool(handoffs) or any(t.name in self.members for t in tools)  # it reaches the others by its tools
+        if pending and not by_tool and delegates(system, req.agent, self.members):
+            return delegation(system, self._protocol_order(pending), subtask)
+        reply = self._answer(req.agent, task, said, system, final=not pending, skip=skip, rng=rng)
+        owner = None if pending else next((a for a in self._owners_of_words(req.agent, system) if a in handoffs), None)
+        return reply if owner is None else f"{reply}\n{tool_call_text(handoffs[owner], {})}"  # the one who ends it
 
     # -- the moves --------------------------------------------------------------------------
 
-    def _route(self, chat: list[dict[str, str]], system: str, said: list[tuple[str, str]], skip: bool) -> str:
+    def _route(self, chat: list[dict[str, str]], system: str, said: list[tuple[str, str]], skip: bool, task: Task) -> str:
         last = next((m["content"] for m in reversed(chat) if m.get("role") == "user"), "")
         listed = _LISTED.findall(last)
         if listed:
@@ -250,22 +437,42 @@ class FrameworkTeacher:
             at = {a: m.start() for a in self.members if (m := re.search(rf"(?<!\w){re.escape(a)}(?!\w)", text))}
             candidates = sorted(at, key=at.get)
         answered = any(parse_answer(text)[1] for _, text in said)
-        pending = [a for a in candidates if a not in {a for a, _ in said}]
+        described = dict(said_by(before_task(chat, task), candidates))  # AutoGen's {roles}: "<name>: <description>"
+        pending = self._protocol_order([a for a in candidates if a not in {a for a, _ in said}], described)
         if pending and not (skip and answered):
             return pending[0]
         finish = [w for w in asked_words(f"{system}\n{last}") if w not in self.members]
         if finish:
             return finish[0]
-        enders = [a for a in candidates if self._stop_words(a, "")]
-        return (enders or candidates or list(self.members))[0]
+        enders = [a for a in candidates if self._stop_words(a, self.prompts.get(a, ""))]
+        asking = [a for a in enders if self._asks(a)]  # its own prompt asks for the stop word: it ends the team
+        return (asking or enders or candidates or list(self.members))[0]
+
+    def _protocol_order(self, names: list[str], described: Mapping[str, str] | None = None) -> list[str]:
+        """``names`` in the team's order: a member that plans first (its prompt says so, or the router's
+        description of it: AutoGen's selector prompt lists each participant's), then the order in which
+        the planner's prompt names them, then the agents' list order."""
+        about = {a: f"{self.prompts.get(a, '')}\n{(described or {}).get(a, '')}" for a in self.members}
+        planners = [a for a in self.members if delegates(about[a], a, self.members)]
+        plan = "\n".join(about[a].split(TOOLS_HEADER)[0] for a in planners)
+        at = {a: m.start() for a in names if (m := re.search(rf"(?<!\w){re.escape(a)}(?!\w)", plan))}
+        return sorted(names, key=lambda a: (a not in planners, a not in at, at.get(a, 0), names.index(a)))
 
     @staticmethod
-    def _arguments(tool: Tool, task: Task) -> dict[str, str] | None:
-        """The call of a tool on the task: no arguments, or the task's prompt as its one argument."""
-        required = [p for p, needed in tool.params if needed]
-        if not required:
-            return {}
-        return {required[0]: task.prompt} if len(required) == 1 else None
+    def _subtask(task: Task) -> str:
+        """What a delegation hands each member: the task's prompt, or "the task" where it is long."""
+        prompt = _key(task.prompt)
+        return prompt if len(prompt) <= _SHORT_TASK else "the task"
+
+    @staticmethod
+    def _tool_call(work: list[Tool], task: Task) -> str | None:
+        """The call of one of the offered tools on the task: the first whose arguments the task fills
+        (``tool_arguments``), a tool that names an operation the task has first (``subtract`` on ``9-4``)."""
+        for tool in sorted(work, key=lambda t: not names_task_operation(t.name, task.prompt)):
+            args = tool_arguments(tool, task.prompt)
+            if args is not None:
+                return tool_call_text(tool.name, args)
+        return None
 
     def _answer(self, agent: str, task: Task, said: list[tuple[str, str]], system: str, final: bool, skip: bool,
                 rng: random.Random) -> str:
@@ -281,19 +488,40 @@ class FrameworkTeacher:
             lines = [w for w in words if prefixed(system, w)] + lines + [w for w in words if not prefixed(system, w)]
         return "\n".join(lines)
 
+    def _asks(self, agent: str, system: str | None = None) -> list[str]:
+        """The capitalised words ``agent``'s own prompt asks it to write (not the agents' names)."""
+        text = self.prompts.get(agent, "") if system is None else system
+        return [w for w in asked_words(text) if w not in self.members and w not in self.routers]
+
+    def _owners(self, word: str) -> list[str]:
+        """The members whose own prompts ask for ``word`` (as far as the teacher has seen their prompts)."""
+        return [a for a in self.members if word in self._asks(a)]
+
     def _stop_words(self, agent: str, system: str) -> list[str]:
-        """The words with which ``agent`` ends the team: the team's text terminations it may trigger,
-        and the capitalised words its own prompt asks for."""
+        """The words with which ``agent`` ends the team: the capitalised words its own prompt asks for,
+        and the team's text terminations it may trigger that no other member's prompt asks for (those
+        are that member's to write)."""
+        own = self._asks(agent, system)
         team = [text for text, sources in self.terminations if sources is None or agent in sources]
-        return list(dict.fromkeys([*team, *(w for w in asked_words(system) if w not in self.members)]))
+        return list(dict.fromkeys([*(w for w in team if w in own or not set(self._owners(w)) - {agent}), *own]))
+
+    def _owners_of_words(self, agent: str, system: str) -> list[str]:
+        """The members that write a team termination ``agent`` could trigger but leaves to them (their
+        prompts ask for it): whom it hands back to when everyone has spoken."""
+        own = self._asks(agent, system)
+        team = [text for text, sources in self.terminations if sources is None or agent in sources]
+        return list(dict.fromkeys(o for w in team if w not in own for o in self._owners(w) if o != agent))
 
 
 def framework_teacher(cfg: Any, env: Any, knobs: Mapping[str, float], selector: str | None = None,
-                      terminations: tuple[tuple[str, tuple[str, ...] | None], ...] = ()) -> FrameworkTeacher:
+                      terminations: tuple[tuple[str, tuple[str, ...] | None], ...] = (),
+                      prompts: Mapping[str, str] | None = None) -> FrameworkTeacher:
     """The framework teacher of ``cfg``'s AutoGen or LangGraph team, reading its tasks from ``env``
     (the teacher's own task stream).  ``selector``: the agent that picks speakers (a router), if
-    the team has one; ``terminations``: its text terminations ``(text, sources or None)``.  Knobs:
-    ``p_skip`` (0.5) and ``p_slip`` (0.5)."""
+    the team has one; ``terminations``: its text terminations ``(text, sources or None)``;
+    ``prompts``: the agents' system prompts where the kind can read them from the team's code (a
+    factory's agents), else each agent's YAML ``role`` until its first request shows its own.
+    Knobs: ``p_skip`` (0.5) and ``p_slip`` (0.5)."""
     names = [a.name for a in cfg.agents]
     routers = tuple(a.name for a in cfg.agents if a.name == selector or a.parser == "raw")
     return FrameworkTeacher(
@@ -304,6 +532,7 @@ def framework_teacher(cfg: Any, env: Any, knobs: Mapping[str, float], selector: 
         terminations=tuple(terminations),
         p_skip=float(knobs.get("p_skip", 0.5)),
         p_slip=float(knobs.get("p_slip", 0.5)),
+        prompts={**{a.name: a.role for a in cfg.agents if getattr(a, "role", None)}, **dict(prompts or {})},
     )
 
 
