@@ -121,3 +121,19 @@ def slow(task: str, base_url: str, api_key: str) -> str:
     time.sleep(2)
     client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
     return base_url
+
+
+def tool_turns(task: str, base_url: str, api_key: str) -> str:
+    """lead is offered a tool; helper answers after a tool round the client writes itself (its
+    assistant tool call and the tool's result), each with logprobs."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    a = client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}], tools=[LOOKUP],
+                                       logprobs=True)
+    call = {"id": "call_lookup_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    b = client.chat.completions.create(model="helper", tools=[LOOKUP], logprobs=True, messages=[
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_lookup_1", "content": "7"}])
+    for agent, reply in (("lead", a), ("helper", b)):
+        _keep(base_url, agent=agent, logprobs=_lps(reply.choices[0])[0])
+    return base_url
