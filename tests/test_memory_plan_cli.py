@@ -42,7 +42,10 @@ def test_the_parts_of_a_full_policy_by_hand(tiny_model_dir):
     assert main_plan.pass_saved == act + logits  # a tiny pass fits its budget: no saver
     rows = cfg.trainer.batch_size * cfg.trainer.group_size  # every episode of a step asks at once
     new = max(a.sampling.max_new_tokens for a in cfg.agents if a.policy == "main")
-    assert main_plan.generation == 2 * c.num_hidden_layers * kv * head_dim * rows * (100 + new) * 4
+    kv_token = 2 * c.num_hidden_layers * kv * head_dim * 4  # keys and values of a position, float32
+    prefill = rows * 100 * 4 * (2 * c.num_hidden_layers * kv * head_dim + 8 * c.hidden_size + 6 * c.intermediate_size)
+    decode = rows * (100 + new) * kv_token + rows * new * c.vocab_size * 4  # the cache, and the logits generate keeps
+    assert main_plan.generation == max(prefill, decode)  # one generate call of every episode's request
     judge = next(p for p in plans[0].policies if p.name == "judge")
     assert judge.trainable == 0 and judge.gradients == judge.optimizer == 0 and judge.pass_plain is None
     # the peak: what stays, plus the larger transient of one policy (an update or a rollout)

@@ -12,10 +12,20 @@ per policy (a LoRA family shares one base, counted once):
                    estimate (``plan_memory_savers`` below, which the learner runs: activations kept
                    for backward, and the output head's logits), without any saver and with the savers
                    ``auto`` (or the config) would choose on this device
-    generation     the hf backend's KV cache for one rollout batch (every episode of a step asking
-                   at once: trainer.batch_size x trainer.group_size rows of ``prompt_tokens`` +
-                   the agents' max_new_tokens), or a vLLM engine's own copy of the weights and its
-                   KV cache (on GPU a share of the device, as mas gives it; on CPU 1 GiB)
+    generation     the hf backend's largest generate call (``generate_bytes``): of a step's rollout
+                   (trainer.batch_size x trainer.group_size episodes asking at once, sampled), of a
+                   held-out evaluation's greedy pass (eval_size episodes) and of its sampled pass
+                   (eval_size x eval_sampled_k episodes, where the team trains by sampling); each
+                   episode asks once per agent of the policy that speaks at the same time (a debate's
+                   debaters), and a call holds as many rows as the backend puts in one (its logits
+                   budget, rollout_batch_tokens, the greedy default).  One call holds the KV cache of
+                   its prompts and replies, the float32 logits generate keeps of every step (rows x
+                   max_new_tokens x vocabulary: the largest part for a small model's long vocabulary),
+                   or, while it reads the prompts, one layer's prefill activations.  The prompt is the
+                   longest an agent of the policy gets (``longest_prompts``: the context check's bound
+                   less the agent's own reply) unless ``prompt_tokens`` is given.  Or a vLLM engine's
+                   own copy of the weights and its KV cache (on GPU a share of the device, as mas gives
+                   it; on CPU 1 GiB)
     serving copy   ``trainer.max_staleness: 1`` samples from a copy of each trained model
 
 With ``sharding: fsdp`` over ``workers: N``, weights, gradients and optimizer state are divided
@@ -33,6 +43,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,10 +52,12 @@ from torch import nn
 
 from mas.models.devices import resolve_dtype
 from mas.process.memory import rss_mb
+from mas.topologies import kind_of
 
 GiB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-PROMPT_TOKENS = 512  # a rollout prompt's length when the plan has to guess it (--prompt-tokens)
+PROMPT_TOKENS = None  # a rollout prompt's length when given (--prompt-tokens); None: ``longest_prompts`` estimates it
+GUESSED_PROMPT_TOKENS = 512  # ... and where that cannot (the env or a tokenizer is not readable offline)
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,6 +208,151 @@ def learner_savers(model: nn.Module, tokens: int, checkpointing: Any, logprob_ch
 
 
 # --------------------------------------------------------------------------------------------
+# conversation lengths: the context check's bound (mas.training.context_plan), and the prompts
+# the memory plan sizes generate calls with
+# --------------------------------------------------------------------------------------------
+
+
+TASK_SAMPLE = 16  # training tasks whose questions are measured (and searched)
+CHAT_OVERHEAD = 32  # tokens of chat template around the messages (role markers, separators)
+
+
+def longest_tool_response(env: Any, env_cfg: Any, tasks: list) -> str:
+    """The longest response that the env's tools gave on ``tasks`` ("" without tools)."""
+    tools = getattr(env, "tools", None) or {}
+    longest = ""
+
+    def run(name: str, **args: Any) -> str:
+        try:
+            return str(tools[name].fn(**args))
+        except Exception as e:  # a refused call is answered with its error text, which is short
+            return str(e)
+
+    titles: set[str] = set()
+    for name, spec in tools.items():
+        if name == "search":
+            k = getattr(env_cfg, "max_k", None) or getattr(env_cfg, "search_k", None)
+            for task in tasks:
+                out = run("search", query=task.prompt, **({"k": k} if k else {}))
+                longest = max(longest, out, key=len)
+                titles |= {m.group(1) for m in re.finditer(r"^\d+\. (.+?): ", out, re.M)}
+        elif name != "read":
+            longest = max(longest, run(name, **{p.name: p.example for p in spec.params if p.example is not None}), key=len)
+    if "read" in tools:
+        for title in sorted(titles):
+            longest = max(longest, run("read", title=title), key=len)
+    return longest
+
+
+def transcript_order(cfg: Any) -> list[str] | None:
+    """The agents in the order they speak where each reads every earlier reply (a chain, as its
+    kind says); None for other topologies, where no agent is counted as hearing another's reply."""
+    return kind_of(cfg.topology).transcript_order(cfg.topology)
+
+
+def context_bounds(cfg: Any, tokenizer_of: Callable[[str], Any], positions_of: Callable[[str], int | None],
+                   env: Any) -> list[dict[str, Any]]:
+    """Per agent whose model's positions are known: its bound (module docstring) and the
+    positions.  ``tokenizer_of(policy)`` / ``positions_of(policy)`` read the policy's model;
+    either may give None to skip it."""
+    tasks = env.sample_tasks(TASK_SAMPLE)
+    response_text = longest_tool_response(env, cfg.env, tasks) if any(a.tools for a in cfg.agents) else ""
+    block = f"<tool_response>\n{response_text}\n</tool_response>"
+    order = transcript_order(cfg)
+    chain = order is not None
+    heard_tokens, heard_results = 0, 0  # in a chain: what the agents before this one wrote, and their tool results
+    rows = []
+    for name in order or [a.name for a in cfg.agents]:
+        agent = cfg.agent(name)
+        tok, positions = tokenizer_of(agent.policy), positions_of(agent.policy)
+        reply = agent.sampling.max_new_tokens
+        rounds = agent.max_tool_calls if agent.tools else 0
+        if tok is not None and positions:
+            count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
+            tools = getattr(env, "tools", None) or {}
+            calls = {t: count(tools[t].example()) for t in (agent.tools or []) if t in tools}
+            task = max(count(t.prompt) for t in tasks) if tasks else 0
+            response = count(block) if response_text else 0
+            heard = heard_tokens + heard_results * response
+            bound = CHAT_OVERHEAD + count(agent.role) + task + heard + rounds * (reply + response) + reply
+            rows.append({"agent": name, "policy": agent.policy, "bound": bound, "positions": positions,
+                         "tool_calls": rounds, "tool_response_tokens": response if rounds else 0,
+                         "max_new_tokens": reply, "call_tokens": calls})
+        if chain:  # a chain's transcript shows each earlier reply and tool turn, with its results
+            heard_tokens += reply + rounds * reply
+            heard_results += rounds
+    return rows
+
+
+def converted_gguf_folder(model: str):
+    """A Hugging Face folder a GGUF model (a file or a short name) was converted into before, in any
+    dtype (mas.models.sources.gguf_folder); None where there is none yet."""
+    from mas.models.sources import _COMPLETE, cache_dir, file_sha256, gguf_file
+
+    digest = file_sha256(gguf_file(model))
+    done = sorted(p for p in (cache_dir() / "gguf").glob(f"{digest}-*") if (p / _COMPLETE).is_file())
+    return done[0] if done else None
+
+
+def longest_prompts(cfg: Any) -> dict[str, int]:
+    """Per policy, the longest prompt in tokens one of its agents can get: ``context_bounds`` less
+    the agent's own reply (the prompt of its last call).  Policies whose tokenizer cannot be read
+    offline (or GGUF files) are left out, and so is everything where the env cannot be built."""
+    from transformers import AutoTokenizer
+
+    from mas.embedded.artifact import embedded_path
+    from mas.envs import build_env
+    from mas.models.sources import is_gguf_model
+
+    tokenizers: dict[str, Any] = {}
+
+    def tokenizer_of(policy: str) -> Any:
+        if policy not in tokenizers:
+            model = cfg.policies[policy].model
+            try:
+                if model == "embedded":
+                    tokenizers[policy] = AutoTokenizer.from_pretrained(str(embedded_path()))
+                elif cfg.policies[policy].backend == "openai":
+                    tokenizers[policy] = None
+                elif is_gguf_model(model):  # only from a folder converted before (reading the GGUF file takes long)
+                    folder = converted_gguf_folder(model)
+                    tokenizers[policy] = AutoTokenizer.from_pretrained(str(folder)) if folder else None
+                else:
+                    from mas.models.hub import hub_access
+
+                    tokenizers[policy] = AutoTokenizer.from_pretrained(hub_access(model, local_only=True))
+            except Exception:  # noqa: BLE001 - not readable offline: no estimate for this policy
+                tokenizers[policy] = None
+        return tokenizers[policy]
+
+    try:
+        env = build_env(cfg.env)
+        rows = context_bounds(cfg, tokenizer_of, lambda policy: 1 << 30, env)
+    except Exception:  # noqa: BLE001 - the env's data are not here, or its tools fail: the guess stands
+        return {}
+    heard = debate_heard(cfg)
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["policy"]] = max(out.get(r["policy"], 0), r["bound"] - r["max_new_tokens"] + heard.get(r["agent"], 0))
+    return out
+
+
+DEBATE_LINE_TOKENS = 8  # a debate's round prompt: the name and marks around each answer it shows
+DEBATE_FRAME_TOKENS = 16  # ... and the lines around them ("Other answers from the previous round:", ...)
+
+
+def debate_heard(cfg: Any) -> dict[str, int]:
+    """Tokens a debater's later rounds add to its prompt (the other debaters' previous answers, which
+    the context check's bound, counting no agent of a non-chain topology as hearing another, leaves
+    out); {} for other topologies and single rounds."""
+    topo = cfg.topology
+    if topo.kind != "debate" or getattr(topo, "rounds", 1) < 2:
+        return {}
+    replies = {d: cfg.agent(d).sampling.max_new_tokens for d in topo.debaters}
+    return {d: DEBATE_FRAME_TOKENS + sum(n + DEBATE_LINE_TOKENS for o, n in replies.items() if o != d) for d in topo.debaters}
+
+
+# --------------------------------------------------------------------------------------------
 # the plan of a whole run
 # --------------------------------------------------------------------------------------------
 
@@ -314,6 +472,71 @@ def kv_cache_bytes(model: torch.nn.Module, tokens: int) -> int:
     return 2 * layers * heads * head_dim * tokens * next(model.parameters()).element_size()
 
 
+def generate_bytes(model: torch.nn.Module, rows: int, prompt: int, new: int) -> int:
+    """Memory of one hf generate call of ``rows`` prompts of ``prompt`` tokens with ``new`` steps
+    (mas.rollout.backends.hf): while it reads the prompts, ``prompt_token_bytes`` a prompt token
+    (its keys and values, one layer's prefill activations); then, as it decodes, the KV cache of
+    prompts and replies and the float32 logits generate keeps of every step (``new`` x the
+    vocabulary a row).  The larger of the two."""
+    from mas.rollout.backends.hf import prompt_token_bytes
+
+    cfg = model.config
+    per_prompt = prompt_token_bytes(model) or kv_cache_bytes(model, 1)
+    prefill = rows * prompt * per_prompt
+    decode = kv_cache_bytes(model, rows * (prompt + new)) + rows * new * cfg.vocab_size * 4
+    return max(prefill, decode)
+
+
+def rows_per_call(model: torch.nn.Module, rows: int, prompt: int, new: int, batch_tokens: int | None, greedy: bool,
+                  device: str, capacity: int | None) -> int:
+    """Rows of one generate call, as the hf backend cuts ``rows`` requests (``HFBackend.rows_per_call``):
+    the kept logits within its logits budget, rows x ``prompt`` within the policy's ``batch_tokens``
+    (rollout_batch_tokens) or, for a greedy call, within the default bound of the device."""
+    import inspect
+
+    from mas.rollout.backends.hf import HFBackend, default_prompt_budget, prompt_token_bytes
+
+    budget = inspect.signature(HFBackend).parameters["logits_budget_bytes"].default
+    most = budget // (max(1, new) * model.config.vocab_size * 4)
+    cap = batch_tokens
+    if cap is None and greedy and prompt_token_bytes(model):
+        if device.startswith("cuda"):
+            share = capacity // 8 if capacity is not None else None  # an eighth of the device (default_prompt_budget)
+        else:
+            share = default_prompt_budget(torch.device("cpu"))
+        cap = share // prompt_token_bytes(model) if share else None
+    if cap:
+        most = min(most, cap // max(1, prompt))
+    return max(1, min(rows, most))
+
+
+def calls_at_once(cfg, names: list[str]) -> int:
+    """Requests one episode makes of the policies ``names`` at the same time: a debate's debaters of
+    one round ask together (each of them that uses these policies); every other topology asks one
+    agent at a time."""
+    debaters = getattr(cfg.topology, "debaters", None) if cfg.topology.kind == "debate" else None
+    if not debaters:
+        return 1
+    return max(1, sum(1 for d in debaters if cfg.agent(d).policy in names))
+
+
+def generation_passes(cfg, names: list[str]) -> list[tuple[str, int, bool]]:
+    """The runs of episodes that ask the policies ``names`` at once: (what, episodes, greedy).  A step's
+    rollout (sampled), and each held-out evaluation's greedy pass and, where the team trains by sampling,
+    its sampled one (eval_size x eval_sampled_k episodes: mas.training.evaluation)."""
+    t = cfg.trainer
+    agents = [a for a in cfg.agents if a.policy in names]
+    sampled = any(a.sampling.temperature > 0 for a in agents)
+    out = [("a step's rollout", t.batch_size * t.group_size, not sampled)]
+    if t.eval_size:
+        out.append(("an evaluation, greedy", t.eval_size, True))
+        trains_by_sampling = any(a.sampling.temperature > 0 for a in cfg.agents if cfg.policies[a.policy].kind != "frozen")
+        k = t.eval_sampled_k if trains_by_sampling else 0
+        if k and sampled:
+            out.append((f"an evaluation, sampled ({k} a task)", t.eval_size * k, False))
+    return out
+
+
 def _families(cfg, named: str | None = None) -> list[list[str]]:
     """Policies that share weights: a LoRA family (one base, in one resolved dtype: agents/policy.py)
     is one entry; every other policy alone."""
@@ -342,7 +565,7 @@ def _device_of(policy, named: str | None) -> str:
     return policy.device
 
 
-def plan_policy(cfg, names: list[str], device: str, capacity: int | None, prompt_tokens: int = PROMPT_TOKENS,
+def plan_policy(cfg, names: list[str], device: str, capacity: int | None, prompt_tokens: int | None = PROMPT_TOKENS,
                 dtype: str | None = None) -> PolicyPlan:
     """The plan of one policy or LoRA family (module docstring) on ``device`` with ``capacity`` bytes,
     in the dtype its weights load in there (``dtype: auto`` resolved for ``device``; ``dtype`` forces one).
@@ -407,9 +630,21 @@ def plan_policy(cfg, names: list[str], device: str, capacity: int | None, prompt
         else:
             generation = full + CPU_KV_CACHE_BYTES
             notes.append("vLLM on CPU: its own copy of the weights and a 1 GiB KV cache")
+    elif agents:
+        at_once = calls_at_once(cfg, names)
+        prompt = prompt_tokens if prompt_tokens is not None else GUESSED_PROMPT_TOKENS
+        generation, largest = 0, ""
+        for what, episodes, greedy in generation_passes(cfg, names):
+            rows = episodes * at_once
+            per_call = rows_per_call(model, rows, prompt, new_tokens, first.rollout_batch_tokens, greedy, device, capacity)
+            size = generate_bytes(model, per_call, prompt, new_tokens)
+            if size > generation:
+                generation = size
+                largest = (f"generation: largest call in {what}: {per_call} of {rows} rows of up to {prompt} prompt tokens "
+                           f"and {new_tokens} new ones")
+        notes.append(largest)
     else:
-        rows = cfg.trainer.batch_size * cfg.trainer.group_size
-        generation = kv_cache_bytes(model, rows * (prompt_tokens + new_tokens)) if agents else 0
+        generation = 0
     plan = PolicyPlan("+".join(names), device, kind, params, trainable, weights, grads, optim, pass_plain, pass_saved, savers,
                       generation, serving, workers, sharded, notes, dtype=choice.dtype, dtype_setting=dtype or first.dtype,
                       dtype_reason=choice.reason)
@@ -426,15 +661,20 @@ def _default_lora():
     return LoraConfig()
 
 
-def plan_run(cfg, device: str | None = None, devices: int | None = None, prompt_tokens: int = PROMPT_TOKENS) -> list[DevicePlan]:
+def plan_run(cfg, device: str | None = None, devices: int | None = None,
+             prompt_tokens: int | None = PROMPT_TOKENS) -> list[DevicePlan]:
     """Every device's plan: the config's own devices (each with what it has free now), or every
-    policy on one named device (``'cuda:80GB'``)."""
+    policy on one named device (``'cuda:80GB'``).  ``prompt_tokens``: every rollout prompt's length;
+    None: each policy's longest (``longest_prompts``), ``GUESSED_PROMPT_TOKENS`` where it cannot tell."""
     named, capacity = parse_device(device) if device else (None, None)
+    longest = longest_prompts(cfg) if prompt_tokens is None else {}
     by_device: dict[str, list[PolicyPlan]] = {}
     for names in _families(cfg, named):
         where = _device_of(cfg.policies[names[0]], named)
         cap = capacity if named else _capacity(where)
-        by_device.setdefault(where, []).append(plan_policy(cfg, names, where, cap, prompt_tokens))
+        known = [longest[n] for n in names if n in longest]
+        prompt = prompt_tokens if prompt_tokens is not None else (max(known) if known else None)
+        by_device.setdefault(where, []).append(plan_policy(cfg, names, where, cap, prompt))
     out = []
     for where, policies in by_device.items():
         cap = capacity if named else _capacity(where)

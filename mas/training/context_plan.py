@@ -28,81 +28,13 @@ their metadata takes tens of seconds; SmolLM2's 8,192 positions hold any shipped
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
+# the bound itself is computed where the memory plan also reads it (a prompt's length sizes the
+# rollout's generate calls): mas.learning.memory_plan
+from mas.learning.memory_plan import CHAT_OVERHEAD, TASK_SAMPLE, context_bounds, longest_tool_response  # noqa: F401
 from mas.topologies import kind_of
-
-TASK_SAMPLE = 16  # training tasks whose questions are measured (and searched)
-CHAT_OVERHEAD = 32  # tokens of chat template around the messages (role markers, separators)
-
-
-def longest_tool_response(env: Any, env_cfg: Any, tasks: list) -> str:
-    """The longest response that the env's tools gave on ``tasks`` ("" without tools)."""
-    tools = getattr(env, "tools", None) or {}
-    longest = ""
-
-    def run(name: str, **args: Any) -> str:
-        try:
-            return str(tools[name].fn(**args))
-        except Exception as e:  # a refused call is answered with its error text, which is short
-            return str(e)
-
-    titles: set[str] = set()
-    for name, spec in tools.items():
-        if name == "search":
-            k = getattr(env_cfg, "max_k", None) or getattr(env_cfg, "search_k", None)
-            for task in tasks:
-                out = run("search", query=task.prompt, **({"k": k} if k else {}))
-                longest = max(longest, out, key=len)
-                titles |= {m.group(1) for m in re.finditer(r"^\d+\. (.+?): ", out, re.M)}
-        elif name != "read":
-            longest = max(longest, run(name, **{p.name: p.example for p in spec.params if p.example is not None}), key=len)
-    if "read" in tools:
-        for title in sorted(titles):
-            longest = max(longest, run("read", title=title), key=len)
-    return longest
-
-
-def _order(cfg: Any) -> list[str] | None:
-    """The agents in the order they speak where each reads every earlier reply (a chain, as its
-    kind says); None for other topologies, where no agent is counted as hearing another's reply."""
-    return kind_of(cfg.topology).transcript_order(cfg.topology)
-
-
-def context_bounds(cfg: Any, tokenizer_of: Callable[[str], Any], positions_of: Callable[[str], int | None],
-                   env: Any) -> list[dict[str, Any]]:
-    """Per agent whose model's positions are known: its bound (module docstring) and the
-    positions.  ``tokenizer_of(policy)`` / ``positions_of(policy)`` read the policy's model;
-    either may give None to skip it."""
-    tasks = env.sample_tasks(TASK_SAMPLE)
-    response_text = longest_tool_response(env, cfg.env, tasks) if any(a.tools for a in cfg.agents) else ""
-    block = f"<tool_response>\n{response_text}\n</tool_response>"
-    order = _order(cfg)
-    chain = order is not None
-    heard_tokens, heard_results = 0, 0  # in a chain: what the agents before this one wrote, and their tool results
-    rows = []
-    for name in order or [a.name for a in cfg.agents]:
-        agent = cfg.agent(name)
-        tok, positions = tokenizer_of(agent.policy), positions_of(agent.policy)
-        reply = agent.sampling.max_new_tokens
-        rounds = agent.max_tool_calls if agent.tools else 0
-        if tok is not None and positions:
-            count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
-            tools = getattr(env, "tools", None) or {}
-            calls = {t: count(tools[t].example()) for t in (agent.tools or []) if t in tools}
-            task = max(count(t.prompt) for t in tasks) if tasks else 0
-            response = count(block) if response_text else 0
-            heard = heard_tokens + heard_results * response
-            bound = CHAT_OVERHEAD + count(agent.role) + task + heard + rounds * (reply + response) + reply
-            rows.append({"agent": name, "policy": agent.policy, "bound": bound, "positions": positions,
-                         "tool_calls": rounds, "tool_response_tokens": response if rounds else 0,
-                         "max_new_tokens": reply, "call_tokens": calls})
-        if chain:  # a chain's transcript shows each earlier reply and tool turn, with its results
-            heard_tokens += reply + rounds * reply
-            heard_results += rounds
-    return rows
 
 
 def reply_issues(cfg: Any, tokenizer_of: Callable[[str], Any]) -> list[str]:
