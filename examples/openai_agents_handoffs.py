@@ -12,7 +12,9 @@ ones mas passes in, with the model named after the YAML agent (the SDK docs' rec
 LLM providers"), and tracing is off (the SDK would otherwise export traces to OpenAI, and mas runs
 with no network).  The client is made per call, not set globally with
 ``set_default_openai_client``, because mas runs many episodes at once, each at its own address.
-The prompts ask for ``ANSWER: <number>``, the env's answer format.
+The prompts ask for ``ANSWER: <number>``, the env's answer format.  The client is closed when
+the run ends: each episode's code runs on an event loop of its own, and a client left open can
+print "Event loop is closed" when its connections are collected after that loop has ended.
 
 Trained with mas: ``configs/openai_agents_handoffs.yaml`` (``kind: openai``).
 """
@@ -47,5 +49,8 @@ async def run_team(task: str, base_url: str, api_key: str) -> str:
         model=OpenAIChatCompletionsModel(model="triage", openai_client=client),
     )
 
-    result = await Runner.run(triage_agent, task)
+    try:
+        result = await Runner.run(triage_agent, task)
+    finally:
+        await client.close()  # its connections, before the episode's event loop closes
     return str(result.final_output)

@@ -121,6 +121,15 @@ def test_the_teacher_calls_the_tool_of_the_tasks_operation_with_its_numbers():
     assert ask(t, "calculator", ("system", unfillable), ("user", "3+2")) == "ANSWER: 5"  # no call it could make
 
 
+def test_a_triage_hands_off_to_the_agent_named_for_the_tasks_operation():
+    """The OpenAI Agents SDK triage team: in list order the addition tutor would get every task."""
+    system = "You determine which agent to use.\n\n" + describe_tools([tool("transfer_to_addition_tutor"),
+                                                                          tool("transfer_to_subtraction_tutor")])
+    t = teacher(("triage", "addition_tutor", "subtraction_tutor"))
+    assert calls(ask(t, "triage", ("system", system), ("user", "9-4"))) == [("transfer_to_subtraction_tutor", {})]
+    assert calls(ask(t, "triage", ("system", system), ("user", "3+2"))) == [("transfer_to_addition_tutor", {})]
+
+
 # ---------------------------------------------------------------------------------------------
 # a planner delegates; the stop word is the asker's
 # ---------------------------------------------------------------------------------------------

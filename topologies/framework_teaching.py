@@ -411,8 +411,9 @@ class FrameworkTeacher:
             call = self._tool_call(work, task)
             if call is not None:
                 return call
-        if handoffs and pending:
-            target = next((a for a in pending if a in handoffs), None)
+        if handoffs and pending:  # to the agent named for the task's operation first (a triage's tutors), else in order
+            order = sorted(pending, key=lambda a: not (a in handoffs and names_task_operation(handoffs[a], task.prompt)))
+            target = next((a for a in order if a in handoffs), None)
             if target is not None:
                 return tool_call_text(handoffs[target], {})
             back = next((a for a in reversed(spoke) if a in handoffs), None)  # an agent that can reach the others
