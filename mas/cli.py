@@ -541,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--device", metavar="KIND:SIZE", help="--plan for this device instead of the config's own, e.g. cuda:80GB")
     v.add_argument("--devices", type=int, metavar="N", help="--plan: N such devices (sizes the sharding advice)")
     v.add_argument("--prompt-tokens", type=int, default=None, metavar="N",
-                   help="--plan: a rollout prompt's length in tokens, for the generation cache (default 512)")
+                   help="--plan: a rollout prompt's length in tokens, for the generation cache (default: each policy's longest prompt, estimated from the config)")
     v.set_defaults(fn=cmd_validate)
     return p
 
