@@ -63,7 +63,7 @@ def test_a_run_that_falls_below_its_start_says_so_and_keeps_the_best_checkpoint(
 
     script = iter([0.8, 0.9, 0.3, 0.2])  # before, after step 1 (a new best), after step 3 and after step 5 (fallen)
 
-    def fake_evaluate(team, size, seed, abort=None):
+    def fake_evaluate(team, size, seed, abort=None, progress=False, label="eval"):
         acc = next(script)
         ones = round(acc * size)
         return {"accuracy": acc, "decoding": "greedy", "tasks": [1.0] * ones + [0.0] * (size - ones), "episodes": size,
