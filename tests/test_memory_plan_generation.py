@@ -94,7 +94,10 @@ def test_without_a_prompt_length_the_plan_takes_each_policys_longest_prompt(tiny
 
 
 def test_a_debaters_later_rounds_show_it_the_others_answers(tiny_model_dir):
-    from mas.learning.memory_plan import DEBATE_FRAME_TOKENS, DEBATE_LINE_TOKENS, debate_heard
+    from mas.learning.memory_plan import heard_tokens as debate_heard
+    from mas.topologies.debate import Debate
+
+    DEBATE_FRAME_TOKENS, DEBATE_LINE_TOKENS = Debate.FRAME_TOKENS, Debate.LINE_TOKENS
 
     data = team_config(tiny_model_dir, "debate")
     cfg = validate_config(data)

@@ -146,3 +146,21 @@ class Debate:
         if cfg.env.name != "synthetic_math":
             raise NoTeacher(f"topology {self.name!r} on env {cfg.env.name!r}")
         return DebateTeacher(p_direct=float(knobs.get("p_direct", 0.6)), judge=cfg.topology.aggregator or "")
+
+    # optional hooks (mas.learning.memory_plan): what the plan of a run's memory needs of the kind
+
+    LINE_TOKENS = 8  # a round's prompt: the name and marks around each earlier answer it shows
+    FRAME_TOKENS = 16  # ... and the lines around them ("Other answers from the previous round:", ...)
+
+    def heard_tokens(self, cfg: Any) -> dict[str, int]:
+        """Tokens a debater's later rounds add to its prompt: the other debaters' previous answers
+        (the context check's bound counts no agent of a non-chain topology as hearing another)."""
+        t = cfg.topology
+        if t.rounds < 2:
+            return {}
+        replies = {d: cfg.agent(d).sampling.max_new_tokens for d in t.debaters}
+        return {d: self.FRAME_TOKENS + sum(n + self.LINE_TOKENS for o, n in replies.items() if o != d) for d in t.debaters}
+
+    def simultaneous(self, cfg: Any) -> list[tuple[str, ...]]:
+        """Agents that ask in the same model call of an episode: a round's debaters."""
+        return [tuple(cfg.topology.debaters)]

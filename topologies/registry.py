@@ -47,7 +47,10 @@ dependencies (AutoGen's, from an extra); where one is missing, ``mas validate`` 
 installs it and ``mas train`` refuses to start (``mas.config.checks.package_issues``).  None by
 default.  And ``reply_needs(cfg) -> [(agent, what, text, effect)]``: texts an agent's reply must
 hold whole for the team's protocol (a handoff call, a speaker's name), which ``mas validate``
-measures against the agent's reply budget (``mas.training.context_plan``).
+measures against the agent's reply budget (``mas.training.context_plan``).  For the memory plan
+(``mas.learning.memory_plan``): ``heard_tokens(cfg) -> {agent: tokens}``, what an agent's later
+turns add to its prompt beyond the context check's bound, and ``simultaneous(cfg) -> [agents]``,
+agents that ask in one model call of an episode (a debate's round).
 
 An ``Issue`` is ``(yaml path, value found, message)``.
 """

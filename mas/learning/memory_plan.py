@@ -330,26 +330,18 @@ def longest_prompts(cfg: Any) -> dict[str, int]:
         rows = context_bounds(cfg, tokenizer_of, lambda policy: 1 << 30, env)
     except Exception:  # noqa: BLE001 - the env's data are not here, or its tools fail: the guess stands
         return {}
-    heard = debate_heard(cfg)
+    heard = heard_tokens(cfg)
     out: dict[str, int] = {}
     for r in rows:
         out[r["policy"]] = max(out.get(r["policy"], 0), r["bound"] - r["max_new_tokens"] + heard.get(r["agent"], 0))
     return out
 
 
-DEBATE_LINE_TOKENS = 8  # a debate's round prompt: the name and marks around each answer it shows
-DEBATE_FRAME_TOKENS = 16  # ... and the lines around them ("Other answers from the previous round:", ...)
-
-
-def debate_heard(cfg: Any) -> dict[str, int]:
-    """Tokens a debater's later rounds add to its prompt (the other debaters' previous answers, which
-    the context check's bound, counting no agent of a non-chain topology as hearing another, leaves
-    out); {} for other topologies and single rounds."""
-    topo = cfg.topology
-    if topo.kind != "debate" or getattr(topo, "rounds", 1) < 2:
-        return {}
-    replies = {d: cfg.agent(d).sampling.max_new_tokens for d in topo.debaters}
-    return {d: DEBATE_FRAME_TOKENS + sum(n + DEBATE_LINE_TOKENS for o, n in replies.items() if o != d) for d in topo.debaters}
+def heard_tokens(cfg: Any) -> dict[str, int]:
+    """Tokens an agent's later turns add to its prompt beyond the context check's bound (the kind's
+    optional ``heard_tokens``: a debate's other answers); {} where the kind says nothing."""
+    hook = getattr(kind_of(cfg.topology), "heard_tokens", None)
+    return hook(cfg) if hook is not None else {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -511,13 +503,12 @@ def rows_per_call(model: torch.nn.Module, rows: int, prompt: int, new: int, batc
 
 
 def calls_at_once(cfg, names: list[str]) -> int:
-    """Requests one episode makes of the policies ``names`` at the same time: a debate's debaters of
-    one round ask together (each of them that uses these policies); every other topology asks one
-    agent at a time."""
-    debaters = getattr(cfg.topology, "debaters", None) if cfg.topology.kind == "debate" else None
-    if not debaters:
-        return 1
-    return max(1, sum(1 for d in debaters if cfg.agent(d).policy in names))
+    """Requests one episode makes of the policies ``names`` at the same time: the most agents of
+    these policies among those the kind says ask together (its optional ``simultaneous``: a
+    debate's round); one where it says nothing."""
+    hook = getattr(kind_of(cfg.topology), "simultaneous", None)
+    groups = hook(cfg) if hook is not None else []
+    return max([1] + [sum(1 for a in group if cfg.agent(a).policy in names) for group in groups])
 
 
 def generation_passes(cfg, names: list[str]) -> list[tuple[str, int, bool]]:
