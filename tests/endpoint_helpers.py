@@ -21,6 +21,19 @@ def _keep(base_url: str, **reply) -> None:
         RECEIVED.setdefault(base_url, []).append(reply)
 
 
+def received(groups, agents) -> list:
+    """``(episode, [(turn, reply its client received), ...])`` for every episode of ``groups``, each
+    checked to have ended ok with turns by ``agents``, in order."""
+    out = []
+    for group in groups:
+        for ep in group.episodes:
+            assert ep.status == "ok", ep.error
+            got = RECEIVED.pop(ep.answer)
+            assert [t.agent for t in ep.turns] == list(agents)
+            out.append((ep, list(zip(ep.turns, got))))
+    return out
+
+
 def _lps(choice) -> tuple[list[float], list[str]]:
     content = choice.logprobs.content if choice.logprobs is not None else []
     return [t.logprob for t in content], [t.token for t in content]

@@ -6,7 +6,7 @@ learner's recompute of the recorded ids agrees with vLLM's logprobs (``FP32_LOGP
 from __future__ import annotations
 
 import pytest
-from endpoint_helpers import RECEIVED
+from endpoint_helpers import received
 from team_helpers import team_config
 from vllm_helpers import FP32_LOGPROB_TOL, MODEL, device, require_vllm
 
@@ -41,14 +41,10 @@ def test_vllm_serves_the_endpoint_teams_requests_batched_and_the_learner_trains_
         batches = team.engine.stats["batches"] - before.get("batches", 0)
         assert requests == 16 and batches < requests  # 8 episodes x 2 calls, in shared batches
         turns = []
-        for group in groups:
-            for ep in group.episodes:
-                assert ep.status == "ok", ep.error
-                got = RECEIVED.pop(ep.answer)
-                assert [t.agent for t in ep.turns] == ["lead", "helper"]
-                for turn, reply in zip(ep.turns, got):
-                    assert reply["logprobs"] == turn.logprobs and len(turn.completion_ids) > 0
-                    turns.append(turn)
+        for _, pairs in received(groups, ["lead", "helper"]):
+            for turn, reply in pairs:
+                assert reply["logprobs"] == turn.logprobs and len(turn.completion_ids) > 0
+                turns.append(turn)
         credit = run_credit(build_credit_batch(groups, team.cfg.agent_names), team.cfg.credit)
         samples, _ = training_batches(team, groups, credit, dict(team.learners))
         for name, learner in team.learners.items():

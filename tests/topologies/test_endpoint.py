@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from endpoint_helpers import RECEIVED
+from endpoint_helpers import RECEIVED, received
 from team_helpers import team_config
 from test_engine import scripted_engine
 
@@ -191,11 +191,8 @@ def test_the_recorded_ids_are_the_rendered_prompt_and_the_sampled_completion(tin
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
         tok = team.runtime.tokenizers["main"]
         turns = []
-        for ep in groups[0].episodes:
-            assert ep.status == "ok", ep.error
-            got = RECEIVED.pop(ep.answer)
-            assert [t.agent for t in ep.turns] == ["lead", "helper"]
-            for turn, reply in zip(ep.turns, got):
+        for ep, pairs in received(groups, ["lead", "helper"]):
+            for turn, reply in pairs:
                 assert turn.prompt_ids == render_prompt(tok, turn.messages)  # the ids the server rendered
                 assert reply["logprobs"] == turn.logprobs and reply["tokens"] == [tok.decode([i]) for i in turn.completion_ids]
                 ids = torch.tensor([turn.prompt_ids + turn.completion_ids])

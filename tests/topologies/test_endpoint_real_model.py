@@ -11,7 +11,7 @@ below what a misaligned token or a re-tokenised text would give (tenths to units
 from __future__ import annotations
 
 import pytest
-from endpoint_helpers import RECEIVED
+from endpoint_helpers import received
 from test_endpoint import endpoint_config
 
 from mas.config.schema import validate_config
@@ -34,13 +34,10 @@ def test_every_turn_of_a_tool_using_team_on_smollm2_is_trained_on_the_ids_and_lo
         groups = team.engine.rollout([Task("t0", "What is 2+3?", "5")], group_size=2, seed=0)
         tok = team.runtime.tokenizers["main"]
         turns = []
-        for ep in groups[0].episodes:
-            assert ep.status == "ok", ep.error
-            got = RECEIVED.pop(ep.answer)
-            assert [t.agent for t in ep.turns] == ["lead", "helper"]
+        for ep, pairs in received(groups, ["lead", "helper"]):
             assert all("lookup" in tok.decode(t.prompt_ids) for t in ep.turns)  # the tool offered to both
             assert "7" in tok.decode(ep.turns[1].prompt_ids)  # the tool's result, rendered into the helper's prompt
-            for turn, reply in zip(ep.turns, got):
+            for turn, reply in pairs:
                 assert reply["logprobs"] == pytest.approx(turn.logprobs, abs=0)  # what the client got is what was kept
                 turns.append(turn)
         credit = run_credit(build_credit_batch(groups, team.cfg.agent_names), team.cfg.credit)
