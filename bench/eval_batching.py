@@ -1,8 +1,8 @@
-"""A held-out evaluation with its greedy generate calls cut by tokens (the default) and whole.
+"""A held-out evaluation with its generate calls cut by memory (the default) and whole.
 
-The hf backend cuts a greedy group so that rows x its longest prompt stays within
-``greedy_batch_tokens`` (``mas.rollout.backends.hf``: 1 GiB on CPU over what a prompt token holds),
-where it used to send every task of an evaluation in one call.  For each config, two fresh
+The hf backend cuts a group so that one call's memory (``generate_bytes``) stays within its call
+budget (``mas.rollout.backends.hf``: 1 GiB on CPU), where it used to send every task of an
+evaluation in one call.  For each config, two fresh
 processes (one torch thread each) evaluate the same held-out tasks greedily, as the run's
 first evaluation does: with the default bound, and with it lifted.  Printed per config: the
 episodes that differ (every turn's completion ids), accuracy, generate calls, the widest call,
@@ -37,7 +37,7 @@ def child(config: str, overrides: list[str], whole: bool, out: Path) -> None:
     from mas.process.memory import peak_rss_mb
 
     if whole:
-        hf.default_prompt_budget = lambda device: 2**62  # the bound lifted: every task in one call
+        hf.default_call_budget = lambda device: 2**62  # the bound lifted: every task in one call
     widest: list[int] = []
     with load_team(REPO / config, ["logging.progress=false", *overrides]) as team:
         for policy in team.policies.values():

@@ -122,15 +122,15 @@ def test_a_policys_rollout_batch_tokens_reaches_its_generate_calls(tiny_model_di
 
 @pytest.mark.parametrize("topology", ["debate", "chain"])
 def test_greedy_evaluation_gives_the_same_episodes_when_its_calls_are_cut_by_tokens(tiny_model_dir, monkeypatch, topology):
-    """The default bound on greedy calls (HFBackend.greedy_batch_tokens) cuts an evaluation's
-    calls into several; every episode is the same as with every task in one call."""
+    """The default call budget (HFBackend.call_budgets) cuts an evaluation's greedy calls into
+    several; every episode is the same as with every task in one call."""
     import mas.rollout.backends.hf as hf
 
     tasks = [Task(f"e{i}", f"{i}+{i % 3}", str(i + i % 3)) for i in range(10)]
 
     def evaluate(budget_rows: int | None):
-        if budget_rows is not None:  # room for this many rows of 40-token prompts per greedy call
-            monkeypatch.setattr(hf, "default_prompt_budget", lambda device: budget_rows * 40 * per_token)
+        if budget_rows is not None:  # room for this many rows of 40-token prompts and 6 new tokens per call
+            monkeypatch.setattr(hf, "default_call_budget", lambda device: budget_rows * row_bytes)
         team = build_team(validate_config(team_config(tiny_model_dir, topology)))
         rows: list[int] = []
         for policy in team.policies.values():
@@ -145,7 +145,7 @@ def test_greedy_evaluation_gives_the_same_episodes_when_its_calls_are_cut_by_tok
         return [(ep.reward, [(t.agent, t.prompt_ids, t.completion_ids, t.text) for t in ep.turns]) for ep in episodes], rows
 
     team = build_team(validate_config(team_config(tiny_model_dir, topology)))
-    per_token = hf.prompt_token_bytes(team.policies["main"].model)
+    row_bytes = hf.generate_bytes(team.policies["main"].model, 1, 40, 6)
     whole, whole_rows = evaluate(None)
     cut, cut_rows = evaluate(3)
     assert max(whole_rows) >= 10 and max(cut_rows) < 10 and len(cut_rows) > len(whole_rows)  # the bound did cut

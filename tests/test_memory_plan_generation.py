@@ -66,6 +66,19 @@ def test_rollout_batch_tokens_cuts_the_calls(tiny_model_dir):
     assert any("10 of 64 rows" in n for n in main.notes)
 
 
+def test_the_call_budget_cuts_the_calls_as_the_backend_does(tiny_model_dir, monkeypatch):
+    """The plan's largest call is the one the hf backend would make: as many rows as keep one call's
+    memory within the call budget (1 GiB on the CPU; here shrunk to 7 rows' worth)."""
+    import mas.learning.memory_plan as memory_plan
+
+    data = team_config(tiny_model_dir, "chain")
+    data["trainer"].update(batch_size=8, group_size=8)  # 64 episodes
+    monkeypatch.setattr(memory_plan, "default_call_budget", lambda device: 7 * call_bytes(tiny_model_dir, 1, 100, 6) + 1)
+    main = policy(plan_run(validate_config(data), device="cpu:4GB", prompt_tokens=100), "main")
+    assert main.generation == call_bytes(tiny_model_dir, 7, 100, 6)
+    assert any("7 of 64 rows" in n for n in main.notes)
+
+
 def test_a_debates_debaters_of_one_policy_ask_together(tiny_model_dir):
     data = team_config(tiny_model_dir, "debate")
     cfg = validate_config(data)

@@ -206,9 +206,9 @@ class PolicyConfig(Section):
         description="backend: hf. Most padded prompt tokens in one generate call (rows x the longest prompt); a larger group "
         "of requests is split into several calls, one after another. The prefill's activations grow with rows x prompt "
         "length, and a held-out evaluation sends every task at once: 100 SmolLM2 episodes of 400 tokens add 2.3 GB, 25 add "
-        "0.8 GB. Bounds memory, not results' meaning (vLLM: max_num_batched_tokens). null: greedy calls (evaluations) are "
-        "bounded by a default derived from the model (1 GiB on CPU over the bytes a prompt token holds; "
-        "mas.rollout.backends.hf.HFBackend.greedy_batch_tokens), sampled ones not at all.",
+        "0.8 GB. Bounds memory, not results' meaning (vLLM: max_num_batched_tokens). null: only the default bound on "
+        "every call, its memory (prompt tokens, KV cache and kept logits) within 1 GiB on CPU or an eighth of a GPU "
+        "(mas.rollout.backends.hf.call_rows).",
     )
     mixed_precision: Literal["no", "bf16"] = Field(
         "no", description="bf16: the learner's forward and backward run under accelerate's bf16 autocast (weights and "

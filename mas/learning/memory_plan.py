@@ -17,8 +17,9 @@ per policy (a LoRA family shares one base, counted once):
                    held-out evaluation's greedy pass (eval_size episodes) and of its sampled pass
                    (eval_size x eval_sampled_k episodes, where the team trains by sampling); each
                    episode asks once per agent of the policy that speaks at the same time (a debate's
-                   debaters), and a call holds as many rows as the backend puts in one (its logits
-                   budget, rollout_batch_tokens, the greedy default).  One call holds the KV cache of
+                   debaters), and a call holds as many rows as the backend puts in one (``call_rows``:
+                   its memory within 1 GiB on CPU or an eighth of a GPU, its kept logits within 2 GiB,
+                   rows x prompt within rollout_batch_tokens).  One call holds the KV cache of
                    its prompts and replies, the float32 logits generate keeps of every step (rows x
                    max_new_tokens x vocabulary: the largest part for a small model's long vocabulary),
                    or, while it reads the prompts, one layer's prefill activations.  The prompt is the
@@ -41,6 +42,7 @@ smaller passes, activation checkpointing, a smaller vLLM share.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Callable
@@ -52,6 +54,7 @@ from torch import nn
 
 from mas.models.devices import resolve_dtype
 from mas.process.memory import rss_mb
+from mas.rollout.backends.hf import HFBackend, call_rows, default_call_budget, generate_bytes
 from mas.topologies import kind_of
 
 GiB = 2**30
@@ -455,51 +458,17 @@ def lora_parameters(model: torch.nn.Module, lora: Any) -> int:
     return total
 
 
-def kv_cache_bytes(model: torch.nn.Module, tokens: int) -> int:
-    """Keys and values of every layer for ``tokens`` positions, in the model's dtype."""
-    cfg = model.config
-    layers = cfg.num_hidden_layers
-    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return 2 * layers * heads * head_dim * tokens * next(model.parameters()).element_size()
-
-
-def generate_bytes(model: torch.nn.Module, rows: int, prompt: int, new: int) -> int:
-    """Memory of one hf generate call of ``rows`` prompts of ``prompt`` tokens with ``new`` steps
-    (mas.rollout.backends.hf): while it reads the prompts, ``prompt_token_bytes`` a prompt token
-    (its keys and values, one layer's prefill activations); then, as it decodes, the KV cache of
-    prompts and replies and the float32 logits generate keeps of every step (``new`` x the
-    vocabulary a row).  The larger of the two."""
-    from mas.rollout.backends.hf import prompt_token_bytes
-
-    cfg = model.config
-    per_prompt = prompt_token_bytes(model) or kv_cache_bytes(model, 1)
-    prefill = rows * prompt * per_prompt
-    decode = kv_cache_bytes(model, rows * (prompt + new)) + rows * new * cfg.vocab_size * 4
-    return max(prefill, decode)
-
-
-def rows_per_call(model: torch.nn.Module, rows: int, prompt: int, new: int, batch_tokens: int | None, greedy: bool,
+def rows_per_call(model: torch.nn.Module, rows: int, prompt: int, new: int, batch_tokens: int | None,
                   device: str, capacity: int | None) -> int:
-    """Rows of one generate call, as the hf backend cuts ``rows`` requests (``HFBackend.rows_per_call``):
-    the kept logits within its logits budget, rows x ``prompt`` within the policy's ``batch_tokens``
-    (rollout_batch_tokens) or, for a greedy call, within the default bound of the device."""
-    import inspect
-
-    from mas.rollout.backends.hf import HFBackend, default_prompt_budget, prompt_token_bytes
-
-    budget = inspect.signature(HFBackend).parameters["logits_budget_bytes"].default
-    most = budget // (max(1, new) * model.config.vocab_size * 4)
-    cap = batch_tokens
-    if cap is None and greedy and prompt_token_bytes(model):
-        if device.startswith("cuda"):
-            share = capacity // 8 if capacity is not None else None  # an eighth of the device (default_prompt_budget)
-        else:
-            share = default_prompt_budget(torch.device("cpu"))
-        cap = share // prompt_token_bytes(model) if share else None
-    if cap:
-        most = min(most, cap // max(1, prompt))
-    return max(1, min(rows, most))
+    """Rows of one generate call, as the hf backend cuts ``rows`` requests (``call_rows``): its memory
+    within the device's call budget (an eighth of a GPU's ``capacity``; 1 GiB on the CPU), the kept
+    logits within the logits budget, rows x ``prompt`` within the policy's ``batch_tokens``."""
+    logits_budget = inspect.signature(HFBackend).parameters["logits_budget_bytes"].default
+    if device.startswith("cuda"):
+        budget = capacity // 8 if capacity is not None else logits_budget  # default_call_budget on the device
+    else:
+        budget = default_call_budget(torch.device("cpu"))
+    return min(rows, call_rows(model, prompt, new, budget, logits_budget, batch_tokens))
 
 
 def calls_at_once(cfg, names: list[str]) -> int:
@@ -625,9 +594,9 @@ def plan_policy(cfg, names: list[str], device: str, capacity: int | None, prompt
         at_once = calls_at_once(cfg, names)
         prompt = prompt_tokens if prompt_tokens is not None else GUESSED_PROMPT_TOKENS
         generation, largest = 0, ""
-        for what, episodes, greedy in generation_passes(cfg, names):
+        for what, episodes, _ in generation_passes(cfg, names):
             rows = episodes * at_once
-            per_call = rows_per_call(model, rows, prompt, new_tokens, first.rollout_batch_tokens, greedy, device, capacity)
+            per_call = rows_per_call(model, rows, prompt, new_tokens, first.rollout_batch_tokens, device, capacity)
             size = generate_bytes(model, per_call, prompt, new_tokens)
             if size > generation:
                 generation = size

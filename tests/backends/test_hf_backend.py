@@ -163,43 +163,63 @@ def test_batch_tokens_bound_rows_times_the_longest_prompt(full_handle, monkeypat
     assert HFBackend({"solver": full_handle}, batch_tokens={"solver": None}).rows_per_call("solver", 6, P) >= len(requests)
 
 
-def test_greedy_groups_are_bounded_by_a_default_derived_from_the_model_and_sampled_ones_are_not(full_handle, monkeypatch):
-    """Without a rollout_batch_tokens, a greedy group's rows x longest prompt stays within the
-    prompt budget over what a prompt token holds; the cut changes no greedy token.  A sampled
-    group is not cut (a cut would change which random numbers each row draws)."""
-    from mas.rollout.backends.hf import default_prompt_budget, prompt_token_bytes
+def test_every_group_is_cut_so_that_one_calls_memory_stays_within_the_call_budget(full_handle, monkeypatch):
+    """Without a rollout_batch_tokens, a group's calls are cut so that generate_bytes (the prefill's
+    prompt tokens, or the decode's KV cache and kept logits) stays within the call budget, greedy
+    and sampled groups alike; the cut changes no greedy token, and a sampled cut is reproducible."""
+    from mas.rollout.backends.hf import default_call_budget, generate_bytes, kv_cache_bytes, prompt_token_bytes
 
     model = full_handle.model
-    per_token = prompt_token_bytes(model)
     cfg = model.config
     kv = cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    per_token = prompt_token_bytes(model)
     assert per_token == 4 * (2 * cfg.num_hidden_layers * kv + 8 * cfg.hidden_size + 6 * cfg.intermediate_size)  # float32
+    assert kv_cache_bytes(model, 10) == 2 * cfg.num_hidden_layers * kv * 10 * 4
+    V = model.get_output_embeddings().weight.shape[0]
+    # by hand: 3 rows of 7 prompt tokens and 5 new ones, the larger of prefill and decode
+    assert generate_bytes(model, 3, 7, 5) == max(3 * 7 * per_token, kv_cache_bytes(model, 3 * 12) + 3 * 5 * V * 4)
     default = HFBackend({"solver": full_handle})
-    assert default.greedy_batch_tokens == {"solver": default_prompt_budget(torch.device("cpu")) // per_token}
-    assert default_prompt_budget(torch.device("cpu")) == 1024**3
+    assert default.call_budgets == {"solver": default_call_budget(torch.device("cpu"))} and default_call_budget(torch.device("cpu")) == 1024**3
 
     ps = prompts(full_handle.tokenizer)
     greedy = [req("solver", p, 0.0, max_new_tokens=6) for p in ps * 3]
     P = max(len(q.prompt_ids) for q in greedy)
     calls = spy_generate(model, monkeypatch)
-    expected = HFBackend({"solver": full_handle}, prompt_budget_bytes=10**15).generate_batch(greedy)
+    expected = HFBackend({"solver": full_handle}, call_budget_bytes=10**15).generate_batch(greedy)
     assert len(calls) == 1
 
-    bounded = HFBackend({"solver": full_handle}, prompt_budget_bytes=(4 * P + 1) * per_token)  # 4 rows of P fit
-    assert bounded.greedy_batch_tokens == {"solver": 4 * P + 1} and bounded.rows_per_call("solver", 6, P, greedy=True) == 4
+    row = generate_bytes(model, 1, P, 6)
+    bounded = HFBackend({"solver": full_handle}, call_budget_bytes=4 * row + 1)  # 4 rows fit, 5 do not
+    assert bounded.rows_per_call("solver", 6, P) == 4
+    assert generate_bytes(model, 4, P, 6) <= 4 * row + 1 < generate_bytes(model, 5, P, 6)
     calls.clear()
     results = bounded.generate_batch(greedy)
     assert [c["input_ids"].shape[0] for c in calls] == [4, 4, 1]
     assert [r.completion_ids for r in results] == [e.completion_ids for e in expected]
 
+    sampled = [req("solver", p, 1.0, max_new_tokens=6) for p in ps * 3]
     calls.clear()
-    bounded.generate_batch([req("solver", p, 1.0, max_new_tokens=6) for p in ps * 3], seed=0)
-    assert [c["input_ids"].shape[0] for c in calls] == [9]  # sampled: one call, as before
-    # a policy's own rollout_batch_tokens wins, for greedy and sampled groups alike
-    own = HFBackend({"solver": full_handle}, batch_tokens={"solver": 2 * P}, prompt_budget_bytes=(4 * P + 1) * per_token)
-    assert own.rows_per_call("solver", 6, P, greedy=True) == own.rows_per_call("solver", 6, P) == 2
-    with pytest.raises(ValueError, match="prompt_budget_bytes"):
-        HFBackend({"solver": full_handle}, prompt_budget_bytes=0)
+    first = bounded.generate_batch(sampled, seed=0)
+    assert [c["input_ids"].shape[0] for c in calls] == [4, 4, 1]  # sampled groups are cut too
+    again = HFBackend({"solver": full_handle}, call_budget_bytes=4 * row + 1).generate_batch(sampled, seed=0)
+    assert [r.completion_ids for r in again] == [r.completion_ids for r in first]  # the same cut, the same draws
+    # a policy's own rollout_batch_tokens cuts further, for greedy and sampled groups alike
+    own = HFBackend({"solver": full_handle}, batch_tokens={"solver": 2 * P}, call_budget_bytes=4 * row + 1)
+    assert own.rows_per_call("solver", 6, P) == 2
+    assert HFBackend({"solver": full_handle}, call_budget_bytes=1).rows_per_call("solver", 6, P) == 1  # at least one row
+    with pytest.raises(ValueError, match="call_budget_bytes"):
+        HFBackend({"solver": full_handle}, call_budget_bytes=0)
+
+
+def test_a_generate_batch_hands_the_heap_its_calls_freed_back(full_handle, monkeypatch):
+    """After its calls, generate_batch returns the freed heap to the system (malloc_trim), so the
+    update after a rollout does not grow on top of it."""
+    import mas.rollout.backends.hf as hf
+
+    trims = []
+    monkeypatch.setattr(hf, "release_freed_memory", lambda: trims.append(1) or True)
+    HFBackend({"solver": full_handle}).generate_batch([req("solver", p, 0.0, max_new_tokens=3) for p in prompts(full_handle.tokenizer)])
+    assert trims == [1]
 
 
 HEAD_MEMORY = """

@@ -5,7 +5,7 @@ Shapes: B requests in one generate call, P padded prompt length, S generated ste
 Batching: requests are grouped by policy and by identical sampling parameters (temperature,
 top_p, top_k); a policy's groups run one after another on its own RNG stream (seeded per
 policy, ``mas.rollout.backends.base``); each group is ONE left-padded ``model.generate`` call with ``max_new_tokens``
-the group's largest, unless the logits budget forces a split (below); each row is then cut to
+the group's largest, unless a memory bound forces a split (below); each row is then cut to
 its own ``max_new_tokens``.  Results are returned in request order either way.
 
 Logprobs: ``logprobs[j] = log_softmax(raw_logits_j / T)[token_j]`` with ``T`` the request's
@@ -13,22 +13,26 @@ temperature (1.0 for greedy).  This is exactly what the learner recomputes from 
 so the PPO ratio is 1 on the first epoch.  Top-p/top-k truncation is NOT reflected (the sampled
 distribution is the truncated one), as in verl.  ``generate`` keeps the raw float32 logits of
 every step for this (``output_logits``): B * S * V * 4 bytes, about 20 GB for 128 rows x 256
-tokens of Qwen2.5's 151,936-token vocabulary.  Two bounds:
+tokens of Qwen2.5's 151,936-token vocabulary.  The bounds on a call:
 
-* ``logits_budget_bytes`` (HFBackend argument, default 2 GiB): a group is cut into consecutive
-  chunks of ``rows = budget // (max_new_tokens * V * 4)`` requests (at least 1), one generate
-  call each, so the kept logits of one call stay within the budget (a single row longer than
-  the budget still runs, alone).
-* ``batch_tokens`` (a policy's ``rollout_batch_tokens``, default none): a chunk is cut further
-  so that rows * P (P the group's longest prompt) stays within it, since the prefill's
-  activations grow with B * P; this is what a held-out evaluation of every task at once hits.
-* without it, a greedy group (temperature 0: held-out evaluations) is cut the same way by a
-  default derived from the model, ``greedy_batch_tokens``: ``prompt_budget_bytes`` (1 GiB on
-  CPU, an eighth of the device's memory on CUDA) over ``prompt_token_bytes``, what one prompt
-  token holds during generate (its keys and values in every layer, and one layer's prefill
-  activations).  A greedy row's tokens depend on nothing but its own prompt, so the cut
-  changes no result; sampled groups are not cut by default, since a cut changes which random
-  numbers each row draws.  On CPU smaller calls are no slower per row (docs/benchmarks/memory.md).
+* the call's memory (``call_budget_bytes``, default ``default_call_budget``: 1 GiB on CPU, an
+  eighth of the device's memory on CUDA, where a large batch is what makes it fast): a group is
+  cut into consecutive chunks of ``rows`` requests such that ``generate_bytes(rows, P, S)`` stays
+  within it, P the group's longest prompt and S its largest ``max_new_tokens``.  That is what one
+  call holds: while it reads the prompts, ``prompt_token_bytes`` a prompt token (its keys and
+  values, one layer's prefill activations); as it decodes, the KV cache of prompts and replies
+  and the float32 logits generate keeps of every step (S x V a row, the largest part for a small
+  model's long vocabulary).  Greedy and sampled groups alike: a held-out evaluation sends every
+  task at once, and its sampled pass ``eval_sampled_k`` times as many rows.  The cut depends only
+  on the requests, so a run is as reproducible as before; a greedy row's tokens depend on nothing
+  but its own prompt, so for greedy groups the cut changes no result.  On CPU smaller calls are
+  no slower per row (docs/benchmarks/memory.md).
+* ``logits_budget_bytes`` (default 2 GiB): the kept logits of one call, rows x S x V x 4 bytes,
+  stay within it (the bound that matters on a GPU, whose call budget is larger).
+* ``batch_tokens`` (a policy's ``rollout_batch_tokens``, default none): rows x P stays within it.
+* every bound gives at least one row: a single row larger than the budget still runs, alone.
+* after each ``generate_batch`` the heap its calls freed goes back to the system
+  (``release_freed_memory``): glibc would keep it, fragmented, under the update that follows.
 * the logprobs are read step by step (the sampled token's logit and a logsumexp of each [B, V]
   step, each step released once read): besides generate's own kept logits, only [B, S] floats
   and one step's [B, V] temporaries are allocated, never a stacked [B, S, V] tensor.
@@ -48,6 +52,7 @@ from typing import Iterator
 
 import torch
 
+from mas.process.memory import release_freed_memory
 from mas.rollout.backends.base import GenRequest, GenResult, ServedPolicy, completion_stop_ids, policy_seed
 
 # generation_config fields that would reshape the sampling distribution, with their no-op value
@@ -164,12 +169,46 @@ def prompt_token_bytes(model: torch.nn.Module) -> int | None:
     return size * (2 * layers * kv_dim + 8 * hidden + 6 * intermediate)
 
 
-def default_prompt_budget(device: torch.device) -> int:
-    """Bytes a greedy generate call's prompt tokens may hold by default: 1 GiB of host memory on
+def default_call_budget(device: torch.device) -> int:
+    """Bytes one generate call may hold by default (``generate_bytes``): 1 GiB of host memory on
     CPU, an eighth of the device's memory on CUDA (where a large batch is what makes it fast)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory // 8
     return 1024**3
+
+
+def kv_cache_bytes(model: torch.nn.Module, tokens: int) -> int:
+    """Keys and values of every layer for ``tokens`` positions, in the model's dtype."""
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = hf_model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * heads * head_dim * tokens * next(hf_model.parameters()).element_size()
+
+
+def generate_bytes(model: torch.nn.Module, rows: int, prompt: int, new: int) -> int:
+    """Memory of one generate call of ``rows`` prompts of ``prompt`` tokens with ``new`` steps: while
+    it reads the prompts, ``prompt_token_bytes`` a prompt token; then, as it decodes, the KV cache of
+    prompts and replies and the float32 logits generate keeps of every step (``new`` x the
+    vocabulary a row).  The larger of the two (module docstring)."""
+    per_prompt = prompt_token_bytes(model) or kv_cache_bytes(model, 1)
+    prefill = rows * prompt * per_prompt
+    decode = kv_cache_bytes(model, rows * (prompt + new)) + rows * new * _vocab_size(model) * 4
+    return max(prefill, decode)
+
+
+def call_rows(model: torch.nn.Module, prompt: int, new: int, call_budget: int, logits_budget: int,
+              batch_tokens: int | None = None) -> int:
+    """Most rows of one generate call of prompts up to ``prompt`` tokens and ``new`` steps:
+    ``generate_bytes`` within ``call_budget``, the kept logits within ``logits_budget``, rows x
+    ``prompt`` within ``batch_tokens`` where given; at least 1.  The backend cuts its calls by it,
+    and the memory plan sizes them by it (mas.learning.memory_plan)."""
+    prompt, new = max(1, prompt), max(1, new)
+    rows = min(call_budget // max(1, generate_bytes(model, 1, prompt, new)),
+               logits_budget // (new * _vocab_size(model) * 4))
+    if batch_tokens:
+        rows = min(rows, batch_tokens // prompt)
+    return max(1, rows)
 
 
 def _vocab_size(model: torch.nn.Module) -> int:
@@ -181,30 +220,22 @@ def _vocab_size(model: torch.nn.Module) -> int:
     return int(hf_model.config.vocab_size)
 
 
-def _greedy_batch_tokens(handle: ServedPolicy, budget: int | None) -> int | None:
-    """A policy's default bound on rows x longest prompt of a greedy call: ``budget`` (default:
-    ``default_prompt_budget`` of its device) over ``prompt_token_bytes`` (None: no bound)."""
-    per_token = prompt_token_bytes(handle.model)
-    if per_token is None:
-        return None
-    return max(1, (budget or default_prompt_budget(torch.device(handle.device))) // per_token)
-
-
 class HFBackend:
     """Serves ``PolicyHandle``s with ``model.generate``; synchronous, one call per request group
     (several when a group's kept logits would exceed ``logits_budget_bytes``; see the module
     docstring)."""
 
     def __init__(self, policies: dict[str, ServedPolicy], logits_budget_bytes: int = 2 * 1024**3,
-                 batch_tokens: dict[str, int | None] | None = None, prompt_budget_bytes: int | None = None):
+                 batch_tokens: dict[str, int | None] | None = None, call_budget_bytes: int | None = None):
         if logits_budget_bytes < 1:
             raise ValueError(f"logits_budget_bytes must be positive (found {logits_budget_bytes})")
-        if prompt_budget_bytes is not None and prompt_budget_bytes < 1:
-            raise ValueError(f"prompt_budget_bytes must be positive (found {prompt_budget_bytes})")
+        if call_budget_bytes is not None and call_budget_bytes < 1:
+            raise ValueError(f"call_budget_bytes must be positive (found {call_budget_bytes})")
         self.policies = policies
         self.logits_budget_bytes = int(logits_budget_bytes)
         self.batch_tokens = {name: (batch_tokens or {}).get(name) for name in policies}
-        self.greedy_batch_tokens = {name: _greedy_batch_tokens(h, prompt_budget_bytes) for name, h in policies.items()}
+        self.call_budgets = {name: call_budget_bytes or default_call_budget(torch.device(h.device))
+                             for name, h in policies.items()}
         self.vocab_sizes = {name: _vocab_size(h.model) for name, h in policies.items()}
         # read once: a completion ends at any of these (model generation_config EOS ids + tokenizer EOS)
         self.stop_ids = {name: completion_stop_ids(h.tokenizer, h.model) for name, h in policies.items()}
@@ -228,28 +259,24 @@ class HFBackend:
         for policy, by_params in groups.items():
             if seed is not None:
                 torch.manual_seed(policy_seed(seed, policy))
-            for (temperature, _, _), idx in by_params.items():
+            for idx in by_params.values():
                 rows = self.rows_per_call(policy, max(requests[i].max_new_tokens for i in idx),
-                                          max(len(requests[i].prompt_ids) for i in idx), greedy=temperature == 0)
+                                          max(len(requests[i].prompt_ids) for i in idx))
                 for start in range(0, len(idx), rows):  # consecutive chunks, in request order
                     chunk = idx[start : start + rows]
                     for i, res in zip(chunk, self._generate_group(self.policies[policy], [requests[i] for i in chunk])):
                         out[i] = res
+        release_freed_memory()  # the calls' freed heap: back to the system, not kept under the next phase
         self.stats.requests += len(requests)
         self.stats.seconds += time.perf_counter() - t0
         return out  # type: ignore[return-value]
 
-    def rows_per_call(self, policy: str, max_new_tokens: int, prompt_tokens: int = 1, greedy: bool = False) -> int:
-        """Most requests of ``policy`` in one generate call: rows * max_new_tokens * V * 4 bytes
-        of kept float32 logits stay within ``logits_budget_bytes``, and rows * ``prompt_tokens``
-        (the longest prompt) within the policy's ``batch_tokens`` where it has one, else, for a
-        ``greedy`` group, within its ``greedy_batch_tokens``; at least 1."""
-        per_row = max(1, max_new_tokens) * self.vocab_sizes[policy] * 4
-        rows = self.logits_budget_bytes // per_row
-        cap = self.batch_tokens.get(policy) or (self.greedy_batch_tokens.get(policy) if greedy else None)
-        if cap:
-            rows = min(rows, cap // max(1, prompt_tokens))
-        return max(1, rows)
+    def rows_per_call(self, policy: str, max_new_tokens: int, prompt_tokens: int = 1) -> int:
+        """Most requests of ``policy`` in one generate call (``call_rows``): the call's memory within
+        its call budget, its kept logits within ``logits_budget_bytes``, rows x ``prompt_tokens`` (the
+        longest prompt) within the policy's ``batch_tokens`` where it has one; at least 1."""
+        return call_rows(self.policies[policy].model, prompt_tokens, max_new_tokens, self.call_budgets[policy],
+                         self.logits_budget_bytes, self.batch_tokens.get(policy))
 
     def sync_weights(self, policy: str) -> None:
         """Serve the learner's latest weights of ``policy``.
