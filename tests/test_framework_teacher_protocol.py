@@ -17,7 +17,7 @@ import mas
 from mas.agents.parsers import parse_answer
 from mas.rollout.backends.base import GenRequest
 from mas.tools import parse_tool_calls
-from mas.topologies.adapters import describe_tools, tool_schema
+from mas.topologies.adapters import describe_tools, tool_results_text, tool_schema
 from mas.topologies.framework_teaching import (FrameworkTeacher, TaskBook, arithmetic_task, delegates, offered_tools,
                                                task_numbers, tool_arguments)
 from mas.training.warmup import scripted_teacher, teacher_demonstrations
@@ -128,6 +128,29 @@ def test_a_triage_hands_off_to_the_agent_named_for_the_tasks_operation():
     t = teacher(("triage", "addition_tutor", "subtraction_tutor"))
     assert calls(ask(t, "triage", ("system", system), ("user", "9-4"))) == [("transfer_to_subtraction_tutor", {})]
     assert calls(ask(t, "triage", ("system", system), ("user", "3+2"))) == [("transfer_to_addition_tutor", {})]
+
+
+def test_an_orchestrator_calls_each_agent_tool_once_in_the_order_its_prompt_names_them():
+    """The OpenAI Agents SDK's agents as tools: ``as_tool`` gives each agent-tool one string, ``input``.  The
+    orchestrator calls the solver's tool with the task, the checker's with the task and the proposed answer
+    (listed first, named second), then answers; the agent behind each tool answers the task in its input."""
+    tools = [tool("check_answer", input="string"), tool("solve_problem", input="string")]
+    system = ("You use the tools given to you. You call solve_problem with the question, then check_answer with the "
+              "question and the proposed answer.\n\n" + describe_tools(tools))
+    t = teacher(("orchestrator", "solver", "checker"), routers=())
+    chat = [("system", system), ("user", "9-4")]
+    first = ask(t, "orchestrator", *chat)
+    assert calls(first) == [("solve_problem", {"input": "9-4"})]
+    solved = ask(t, "solver", ("system", "You solve the problem."), ("user", "9-4"))
+    assert solved == "ANSWER: 5"
+    chat += [("assistant", first), ("user", tool_results_text([solved]))]
+    second = ask(t, "orchestrator", *chat)
+    assert calls(second) == [("check_answer", {"input": "9-4\nProposed answer: 5"})]
+    assert ask(t, "checker", ("system", "You check a proposed answer."), ("user", "9-4\nProposed answer: 5")) == "ANSWER: 5"
+    chat += [("assistant", second), ("user", tool_results_text(["ANSWER: 5"]))]
+    assert ask(t, "orchestrator", *chat) == "ANSWER: 5"  # each tool once: then it answers
+    unnamed = "You use the tools given to you.\n\n" + describe_tools(tools)  # no order in its words: the list's
+    assert calls(ask(t, "orchestrator", ("system", unnamed), ("user", "3+2"))) == [("check_answer", {"input": "3+2"})]
 
 
 # ---------------------------------------------------------------------------------------------

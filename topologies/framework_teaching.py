@@ -24,6 +24,13 @@ the framework built, and answers from what it finds there:
   (``add(a: int, b: int)`` on ``What is 12+7?``: a=12, b=7; ``subtract`` on ``2+9-4``: 9 and 4),
   a tool named for the task's operation first.  It hands off (``transfer_to_<name>``) to an agent
   that has not spoken yet, or back to one that can reach them.
+* **Agents as tools** (``agent_tools``: two or more tools, none a handoff, that each take one text
+  argument and name no operation, as the OpenAI Agents SDK's ``Agent.as_tool`` makes them, each
+  with one ``input``): the agent calls every one of them once, one call a reply, in the order its
+  own prompt names them (else the list's), the first with the task, each later one with the task
+  and, on a line of its own, the answer the latest result proposed (``Proposed answer: 3``,
+  ``agent_tool_input``); then it answers.  The agent behind each tool reads the task in that
+  input and answers.
 * **A planner** (its own prompt says it plans, delegates or assigns the work to the team:
   ``delegates``) with members still to speak and no tool to reach them writes a delegation in
   the form its prompt asks for, one line per pending member (``<member>: <subtask>``; AutoGen's
@@ -55,8 +62,10 @@ early (a termination word, a supervisor that finishes), the teacher's reward is 
 Limits: a LangGraph graph that routes on something other than the agents' text, or stops on a
 word its prompts do not name, is not followed; a delegation's length is not measured against the
 planner's ``max_new_tokens`` (the teacher has no tokenizer); a tool with two string parameters,
-or a list, is not called; a request with no training task in its messages is a ``KeyError``
-(the warm-up then fails loudly: give ``trainer.warmup.demonstrations``).
+or a list, is not called; agents as tools are known by their one text argument each, not by the
+agents behind them (two tools of one text argument each are called in turn, each once); a request
+with no training task in its messages is a ``KeyError`` (the warm-up then fails loudly: give
+``trainer.warmup.demonstrations``).
 
 Two framework teams on arithmetic have teachers of their own, which read the task where the
 framework puts it (``arithmetic_task``): an AutoGen selector of specialists (``SelectorTeacher``)
@@ -238,6 +247,34 @@ def names_task_operation(name: str, text: str) -> bool:
                                      for (_, _, end), (_, start, _) in zip(numbers, numbers[1:]))
 
 
+def agent_tools(tools: list[Tool], prompt: str) -> list[Tool]:
+    """The tools that stand for agents (an SDK's ``Agent.as_tool``: one ``input`` string), in the order
+    ``prompt`` (the agent's own words) names them, the others in the list's order: the tools that each
+    take one text argument and name no operation (``solve_problem(input: str)``, not ``add(a, b)`` or
+    ``subtract(expression: str)``), where the request offers two or more of them, no handoff among them.
+    A single such tool is a tool like any other (a calculator's ``calculate(expression: str)``)."""
+    own = prompt.split(TOOLS_HEADER)[0]
+    found = [t for t in tools if not t.name.startswith(HANDOFF) and len(t.params) == 1 and t.params[0][1]
+             and (t.types or ("",))[0] in _TEXT_TYPES and tool_operation(t.name) is None]
+    if len(found) < 2:
+        return []
+    at = {t.name: m.start() for t in found if (m := re.search(rf"(?<!\w){re.escape(t.name)}(?!\w)", own))}
+    return sorted(found, key=lambda t: (t.name not in at, at.get(t.name, 0), found.index(t)))
+
+
+def agent_tool_input(prompt: str, results: list[str]) -> str:
+    """What the teacher passes to an agent-tool: the task, and after a first result that proposes an
+    answer, a line with the latest such answer (``Proposed answer: 3``)."""
+    claims = [parsed["answer"] for r in results if (parsed := parse_answer(r)[0]).get("answer")]
+    return prompt if not claims else f"{prompt}\nProposed answer: {claims[-1].strip()}"
+
+
+def tool_results(chat: list[dict[str, str]]) -> list[str]:
+    """The tool results handed back in the messages, in order (the ``<tool_response>`` blocks)."""
+    return [m.group(1).strip() for msg in chat if msg.get("role") == "user"
+            for m in re.finditer(r"<tool_response>(.*?)</tool_response>", msg["content"], re.S)]
+
+
 def _as_json_number(text: str, kind: str) -> int | float | None:
     """A task's number as a tool's ``int`` or ``float`` argument (an ``int`` one must be whole)."""
     value = float(text)
@@ -407,7 +444,11 @@ class FrameworkTeacher:
         targets = {t.name[len(HANDOFF):]: t.name for t in tools if t.name.startswith(HANDOFF)}
         handoffs = {a: name for a, name in targets.items() if a in self.members and a != req.agent}  # not to "user"
         work = [t for t in tools if not t.name.startswith(HANDOFF)]
-        if work and not skip and not any(t.name in mine for t in work):
+        as_tools = agent_tools(work, system)  # agents as tools: each called once, in the order the prompt names them
+        left = [t for t in as_tools if t.name not in mine]
+        if left and not skip:
+            return tool_call_text(left[0].name, {left[0].params[0][0]: agent_tool_input(task.prompt, tool_results(chat))})
+        if work and not as_tools and not skip and not any(t.name in mine for t in work):
             call = self._tool_call(work, task)
             if call is not None:
                 return call
@@ -419,7 +460,8 @@ class FrameworkTeacher:
             back = next((a for a in reversed(spoke) if a in handoffs), None)  # an agent that can reach the others
             if back is not None and sum(name.startswith(HANDOFF) for name in mine) < len(self.members):
                 return f"ANSWER: {task.answer.strip()}\n{tool_call_text(handoffs[back], {})}"  # report, then hand back
-        by_tool = bool(handoffs) or any(t.name in self.members for t in tools)  # it reaches the others by its tools
+        # it reaches the others by its tools
+        by_tool = bool(handoffs) or bool(as_tools) or any(t.name in self.members for t in tools)
         if pending and not by_tool and delegates(system, req.agent, self.members):
             return delegation(system, self._protocol_order(pending), subtask)
         reply = self._answer(req.agent, task, said, system, final=not pending, skip=skip, rng=rng)
