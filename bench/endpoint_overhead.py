@@ -5,9 +5,9 @@ The pair.  ``kind: chain`` with ``sequence: [solver, checker]`` is the in-proces
 calls an entry point can repeat exactly: the chain sends the solver ``[system: its role, user:
 "Task: <task>"]`` and the checker ``[system: its role, user: "Task: <task>\\nsolver: <the solver's
 reply, stripped>"]``, and the entry points below send those very messages through
-``client.chat.completions.create``.  Every team is built from one config that differs only in
-``topology`` (the same model, embedded by default, the same agents, roles, sampling,
-``max_new_tokens``, tasks and rollout seeds), and the engine's batcher forms the same batches for
+``client.chat.completions.create`` (or post them as plain HTTP).  Every team is built from one
+config that differs only in ``topology`` (the same model, embedded by default, the same agents,
+roles, sampling, ``max_new_tokens``, tasks and rollout seeds), and the engine's batcher forms the same batches for
 each (a batch is served once every episode waits), so they all sample the same tokens: each
 rollout's turns are checked to be the same, token for token (agent, prompt ids, completion ids),
 before anything is printed.  What differs is only the path a call takes: a LangGraph node awaiting
@@ -16,12 +16,17 @@ before anything is printed.  What differs is only the path a call takes: a LangG
 and sends the reply back.  (The built-in orchestrator makes other calls; a ``langgraph`` builder
 would add LangChain's call path to the in-process side.)
 
-Two entry points, two endpoint teams:
+Three entry points, three endpoint teams:
   - ``run_team_shared_client``: every episode's ``OpenAI`` client on one shared ``httpx.Client``,
     so only the endpoint and the client's per-request work are timed;
   - ``run_team``: a new ``OpenAI`` client per episode, as ``examples/openai_team.py`` writes it.
     Building one builds an httpx client with its TLS context (the certificate bundle loaded),
-    tens of milliseconds of CPU per episode under the GIL, although the endpoint is plain HTTP.
+    tens of milliseconds of CPU per episode under the GIL, although the endpoint is plain HTTP;
+  - ``run_team_raw_http``: the same requests as plain HTTP posts on the shared ``httpx.Client``
+    (the JSON body the ``openai`` client sends: model and messages; the reply read with ``json``),
+    no client library: what is left is the endpoint's own cost and httpx's.  The team's code runs
+    in the engine's process (a worker thread), so a client library's CPU shares the engine's GIL:
+    the 8 episodes' calls of a batch wait for each other's client code before the batch can form.
 
 Rollout tokens per second: completion tokens sampled / wall seconds of ``Engine.rollout``, over
 ``--rollouts`` rollouts of ``--tasks`` x ``--group`` concurrent episodes (8 by default) per round.
@@ -29,9 +34,13 @@ Within a round the teams' rollouts are interleaved (rollout i of every team, the
 first rotating), so that the load of a shared machine hits every team alike; each round gives one
 rate per team, and the medians over ``--rounds`` rounds are printed with each endpoint team's
 ratio to the in-process one.  Also printed: the process's CPU seconds per call (steadier than wall
-time on a busy machine), and per-call latency three ways, medians over every call:
+time on a busy machine), the CPU seconds of the team's own thread per call through the endpoint
+(``time.thread_time`` around each request: the client library, httpx and the socket calls; what
+the endpoint's server and the engine do is on their own threads), and per-call latency three ways,
+medians over every call:
   - ms/call, in-process: the wall time of ``EpisodeContext.call`` as the chain's node awaits it;
-  - ms/call, endpoint: the wall time of ``client.chat.completions.create`` as the team's code sees it.
+  - ms/call, endpoint: the wall time of a request (``client.chat.completions.create``, or the plain
+    post) as the team's code sees it.
     Both include the wait for the batch (every episode's request) and the batch's generation;
   - added ms/call, the latency the endpoint adds: the client's wall time minus the engine's handling
     of that same request (``EpisodeSession.complete``: the chat messages, ``ctx.call`` with its
@@ -67,8 +76,10 @@ REPO = Path(__file__).parents[1]
 SOLVER = "You solve arithmetic problems. Reply with ANSWER: <number>."
 CHECKER = "You check a solution. Reply with ANSWER: <number>, then ACCEPT or REJECT."
 
-# token -> client wall seconds of each call, in order (filled by run_team's worker threads)
+# token -> client wall seconds of each call, in order (filled by the entry points' worker threads)
 CLIENT_SECONDS: dict[str, list[float]] = defaultdict(list)
+# token -> CPU seconds of the calling thread for each call, in order
+CLIENT_CPU: dict[str, list[float]] = defaultdict(list)
 
 
 def run_team(task: str, base_url: str, api_key: str) -> str:
@@ -77,42 +88,69 @@ def run_team(task: str, base_url: str, api_key: str) -> str:
     from openai import OpenAI
 
     with OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        return _chain_calls(client, task, base_url)
+        return _chain_calls(_openai_create(client), task, base_url)
 
 
-_HTTP: list[Any] = []  # the one httpx client run_team_shared_client's clients share
+_HTTP: list[Any] = []  # the one httpx client the shared-client entry points use
 _HTTP_LOCK = threading.Lock()
+
+
+def _shared_http() -> Any:
+    import httpx
+
+    with _HTTP_LOCK:
+        if not _HTTP:
+            _HTTP.append(httpx.Client(timeout=600))
+    return _HTTP[0]
 
 
 def run_team_shared_client(task: str, base_url: str, api_key: str) -> str:
     """``run_team`` with every episode's ``OpenAI`` client on one shared ``httpx.Client``: building a
     client builds an httpx client, whose TLS context (the certificate bundle loaded) is most of its
     cost, paid per episode by ``run_team``, never by this one."""
-    import httpx
     from openai import OpenAI
 
-    with _HTTP_LOCK:
-        if not _HTTP:
-            _HTTP.append(httpx.Client(timeout=600))
-    return _chain_calls(OpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=_HTTP[0]), task, base_url)
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=_shared_http())
+    return _chain_calls(_openai_create(client), task, base_url)
 
 
-def _chain_calls(client: Any, task: str, base_url: str) -> str:
-    """The chain's messages: the solver gets the task, the checker the task and the solver's reply."""
+def run_team_raw_http(task: str, base_url: str, api_key: str) -> str:
+    """The chain's two calls as plain HTTP posts on the shared ``httpx.Client``, no client library:
+    the body the ``openai`` client sends for them (model, messages), the reply's first choice read."""
+    http = _shared_http()
+
+    def create(model: str, messages: list[dict[str, str]]) -> str:
+        reply = http.post(f"{base_url}/chat/completions", json={"messages": messages, "model": model},
+                          headers={"authorization": f"Bearer {api_key}"})
+        reply.raise_for_status()
+        return reply.json()["choices"][0]["message"]["content"] or ""
+
+    return _chain_calls(create, task, base_url)
+
+
+def _openai_create(client: Any) -> Any:
+    def create(model: str, messages: list[dict[str, str]]) -> str:
+        return client.chat.completions.create(model=model, messages=messages).choices[0].message.content or ""
+    return create
+
+
+def _chain_calls(create: Any, task: str, base_url: str) -> str:
+    """The chain's messages: the solver gets the task, the checker the task and the solver's reply.
+    ``create(model, messages)``: one chat completion's text; each is timed (wall and this thread's CPU)."""
     token = base_url.rstrip("/").split("/")[-2]  # http://127.0.0.1:<port>/<token>/v1
-    seconds = CLIENT_SECONDS[token]
+    seconds, cpu = CLIENT_SECONDS[token], CLIENT_CPU[token]
+
+    def timed(model: str, messages: list[dict[str, str]]) -> str:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        text = create(model, messages)
+        seconds.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+        return text
+
     user = f"Task: {task}"
-    t0 = time.perf_counter()
-    draft = client.chat.completions.create(
-        model="solver", messages=[{"role": "system", "content": SOLVER}, {"role": "user", "content": user}],
-    ).choices[0].message.content or ""
-    seconds.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    review = client.chat.completions.create(
-        model="checker",
-        messages=[{"role": "system", "content": CHECKER}, {"role": "user", "content": f"{user}\nsolver: {draft.strip()}"}],
-    ).choices[0].message.content or ""
-    seconds.append(time.perf_counter() - t0)
+    draft = timed("solver", [{"role": "system", "content": SOLVER}, {"role": "user", "content": user}])
+    review = timed("checker", [{"role": "system", "content": CHECKER},
+                               {"role": "user", "content": f"{user}\nsolver: {draft.strip()}"}])
     return review if "ANSWER:" in review else draft
 
 
@@ -121,6 +159,7 @@ TOPOLOGIES = {
     IN_PROCESS: {"kind": "chain", "sequence": ["solver", "checker"]},
     "endpoint, shared client": {"kind": "openai", "entry": "endpoint_overhead:run_team_shared_client", "max_model_calls": 4},
     "endpoint, client/episode": {"kind": "openai", "entry": "endpoint_overhead:run_team", "max_model_calls": 4},
+    "endpoint, raw HTTP": {"kind": "openai", "entry": "endpoint_overhead:run_team_raw_http", "max_model_calls": 4},
 }
 
 
@@ -237,6 +276,7 @@ class Measured:
     cpu: dict[str, list[float]]  # process CPU seconds per call
     per_call: dict[str, list[float]]  # seconds, every call (ctx.call in-process, the client's call otherwise)
     added: dict[str, list[float]]  # endpoint teams: client seconds - the engine's handling of the request
+    client_cpu: dict[str, list[float]]  # endpoint teams: CPU seconds of the team's thread, every call
     generate: dict[str, list[float]]  # seconds, every backend batch
     calls: int  # model calls per team and round
     tokens: int  # completion tokens per team and round (the last round's)
@@ -248,7 +288,7 @@ def measure(teams: dict[str, Any], tasks: list[list[Any]], group: int, rounds: i
     from mas.topologies.endpoint import EndpointTeam
 
     names = list(teams)
-    out = Measured(*({n: [] for n in names} for _ in range(5)), calls=0, tokens=0)
+    out = Measured(*({n: [] for n in names} for _ in range(6)), calls=0, tokens=0)
     clocks = Clocks()
     with clocks.installed([team.backend for team in teams.values()]):
         for name in names:  # warm-up: the endpoint's server starts, the first prompts render
@@ -262,6 +302,7 @@ def measure(teams: dict[str, Any], tasks: list[list[Any]], group: int, rounds: i
                 for name in names[k % len(names):] + names[:k % len(names)]:  # each team goes first in turn
                     clocks.clear()
                     CLIENT_SECONDS.clear()
+                    CLIENT_CPU.clear()
                     t0, c0 = time.perf_counter(), time.process_time()
                     groups = teams[name].engine.rollout(step_tasks, group, seed=k)
                     seconds[name] += time.perf_counter() - t0
@@ -274,6 +315,7 @@ def measure(teams: dict[str, Any], tasks: list[list[Any]], group: int, rounds: i
                     if isinstance(teams[name].engine.topology, EndpointTeam):
                         out.per_call[name] += [s for ss in CLIENT_SECONDS.values() for s in ss]
                         out.added[name] += added_per_call(clocks, CLIENT_SECONDS)
+                        out.client_cpu[name] += [s for ss in CLIENT_CPU.values() for s in ss]
                     else:
                         out.per_call[name] += clocks.ctx_call
                 first = signatures[names[0]]
@@ -321,21 +363,23 @@ def main() -> None:
     print(f"{args.tasks * args.group} concurrent episodes ({args.tasks} tasks x {args.group}), {args.rollouts} rollouts "
           f"per team per round, {args.rounds} rounds, the teams' rollouts interleaved; per team and round {m.calls} calls, "
           f"{m.tokens} completion tokens (max_new_tokens {args.max_new_tokens}); every team sampled the same turns")
-    print("medians; tokens/s per round in brackets; cpu: the process's CPU time per call; ms/call: ctx.call in-process, "
-          "the client's call through the endpoint; added: client - the engine's handling of the same request")
-    print(f"{'team':<26}{'tokens/s':>9}{'vs chain':>9}  {'per round':<28}{'cpu ms/call':>12}{'ms/call':>8}"
+    print("medians; tokens/s per round in brackets; cpu: the process's CPU time per call; client cpu: the team's thread's "
+          "CPU time per call (client library, httpx, sockets); ms/call: ctx.call in-process, the client's call through the "
+          "endpoint; added: client - the engine's handling of the same request")
+    print(f"{'team':<26}{'tokens/s':>9}{'vs chain':>9}  {'per round':<28}{'cpu ms/call':>12}{'client cpu':>11}{'ms/call':>8}"
           f"{'added ms/call':>14}{'generate ms/batch':>18}")
     for name in teams:
         med = statistics.median(m.rate[name])
         rounds = "(" + ", ".join(f"{r:.0f}" for r in m.rate[name]) + ")"
-        print(f"{name:<26}{med:>9.0f}{med / base:>8.2f}x  {rounds:<28}{ms(m.cpu[name]):>12}{ms(m.per_call[name]):>8}"
-              f"{ms(m.added[name]):>14}{ms(m.generate[name]):>18}")
+        print(f"{name:<26}{med:>9.0f}{med / base:>8.2f}x  {rounds:<28}{ms(m.cpu[name]):>12}{ms(m.client_cpu[name]):>11}"
+              f"{ms(m.per_call[name]):>8}{ms(m.added[name]):>14}{ms(m.generate[name]):>18}")
     for name in list(teams)[1:]:
         ratio = statistics.median(m.rate[name]) / base
         per_round = ", ".join(f"{b / a:.2f}" for a, b in zip(m.rate[IN_PROCESS], m.rate[name]))
         print(f"{name}: endpoint / in-process tokens per second {ratio:.2f} (per round {per_round}), target >= 0.8 "
               f"{'met' if ratio >= 0.8 else 'not met'}; added latency per call {ms(m.added[name])} ms (median of "
-              f"{len(m.added[name])} calls); CPU per call {1e3 * (statistics.median(m.cpu[name]) - base_cpu):+.2f} ms")
+              f"{len(m.added[name])} calls); CPU per call {1e3 * (statistics.median(m.cpu[name]) - base_cpu):+.2f} ms; the team's "
+              f"thread's CPU per call {ms(m.client_cpu[name])} ms")
 
 
 if __name__ == "__main__":

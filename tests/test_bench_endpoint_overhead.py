@@ -1,6 +1,6 @@
-"""bench/endpoint_overhead.py compares like with like: its ``openai``-client entry points make the
-chain's very calls, so every team samples the same turns, token for token, and every call through
-the endpoint is paired with the engine's handling of it (no timings are checked)."""
+"""bench/endpoint_overhead.py compares like with like: its entry points (the ``openai`` client, or
+plain HTTP) make the chain's very calls, so every team samples the same turns, token for token, and
+every call through the endpoint is paired with the engine's handling of it (no timings are checked)."""
 
 from __future__ import annotations
 
@@ -49,3 +49,4 @@ def test_measure_pairs_every_endpoint_call_with_the_engines_handling_of_it(bench
         assert len(m.rate[name]) == len(m.cpu[name]) == 1
         assert len(m.per_call[name]) == m.calls, name
         assert len(m.added[name]) == (0 if name == bench.IN_PROCESS else m.calls), name
+        assert len(m.client_cpu[name]) == (0 if name == bench.IN_PROCESS else m.calls), name
