@@ -26,6 +26,7 @@ from mas.training.warmup import scripted_teacher, teacher_demonstrations
 
 REPO = Path(__file__).parents[1]
 EXAMPLES = {  # config -> its agents
+    "openai_agents_as_tools": {"orchestrator", "solver", "checker"},
     "openai_agents_handoffs": {"triage", "addition_tutor", "subtraction_tutor"},
     "openai_autogen_reflection": {"primary", "critic"},
     "openai_langgraph_evaluator": {"generator", "evaluator"},
@@ -67,8 +68,9 @@ def test_an_example_trains_one_step_through_the_endpoint(example, tmp_path):
     step = [r for r in rows if r.get("kind", "step") == "step" and "eval" not in r][-1]
     assert step["step"] == 0 and step["episodes"]["count"] == 2 and step["episodes"]["errors"] == 0, step["episodes"]
     spoke = {agent for agent, stats in step["agents"].items() if stats["turns"] > 0}
-    first = {"openai_agents_handoffs": "triage", "openai_autogen_reflection": "primary",
-             "openai_langgraph_evaluator": "generator", "openai_smolagents_manager": "manager"}[name]
+    first = {"openai_agents_as_tools": "orchestrator", "openai_agents_handoffs": "triage",
+             "openai_autogen_reflection": "primary", "openai_langgraph_evaluator": "generator",
+             "openai_smolagents_manager": "manager"}[name]
     assert first in spoke  # the framework's code asked for the agent by its model name
     for agent in spoke:  # each agent that spoke trained its own policy on the turns the endpoint recorded
         policy = team.cfg.agent(agent).policy
