@@ -43,6 +43,15 @@ def test_the_estimates_are_the_formulas():
     assert plan.activations / GiB == pytest.approx(4.22, abs=0.01) and plan.logits / GiB == 2.25
 
 
+KEPT = ACT // 32 + ACT // 30  # checkpointed: every layer's input, and one layer's activations recomputed in backward
+
+
+@pytest.mark.parametrize("free, chunk", [(2 * (KEPT + LOGITS), None), (2 * (KEPT + LOGITS) - 2, 1024)])
+def test_a_checkpointed_pass_holds_each_layers_input_and_one_layer_recomputed(free, chunk):
+    plan = plan_memory_savers(SmolShaped(), 4096, True, "auto", free)
+    assert (plan.checkpointing, plan.logprob_chunk) == (True, chunk), plan.reason
+
+
 @pytest.mark.parametrize("free, checkpointing, chunk", [
     (2 * (ACT + LOGITS), False, None),  # everything fits: no saver, the fastest pass
     (2 * (ACT + LOGITS) - 2, False, 1024),  # the logits do not fit whole, chunked they do: chunk only

@@ -90,6 +90,17 @@ def activation_bytes(model: nn.Module, tokens: int) -> int | None:
     return tokens * layers * hidden * ACTIVATION_ELEMENTS * size
 
 
+def checkpointed_bytes(model: nn.Module, tokens: int) -> int | None:
+    """Estimated activation memory of a pass with the decoder layers checkpointed: each layer's
+    input is kept (one tensor of ``ACTIVATION_ELEMENTS`` a layer), and backward recomputes one layer
+    at a time, holding that layer's whole activations while it does (None: shape unknown)."""
+    act = activation_bytes(model, tokens)
+    if act is None:
+        return None
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return act // ACTIVATION_ELEMENTS + act // hf.config.num_hidden_layers
+
+
 def logits_bytes(model: nn.Module, tokens: int) -> int | None:
     """Estimated memory of the output head over ``tokens`` completion positions at once:
     ``LOGIT_COPIES`` float32 [tokens, V] tensors (None when the vocabulary size is unknown)."""
@@ -163,7 +174,7 @@ def plan_memory_savers(model: nn.Module, tokens: int, checkpointing: Any, logpro
     def head(c: int | None) -> int:  # the output head's memory with chunk size c
         return logits if c is None else logits_bytes(model, min(tokens, c))
 
-    kept = act // ACTIVATION_ELEMENTS  # checkpointed: only each layer's input is kept
+    kept = checkpointed_bytes(model, tokens)  # each layer's input, and one layer recomputed in backward
     if auto_ckpt and auto_chunk:  # the cheaper saver first
         if act + logits <= budget:
             ckpt, chunk = False, None
@@ -569,7 +580,7 @@ def plan_policy(cfg, names: list[str], device: str, capacity: int | None, prompt
         plain = plan_memory_savers(model, tokens, False, None, free, cap)
         chosen = plan_memory_savers(model, tokens, first.optim.gradient_checkpointing, first.optim.logprob_chunk, free, cap)
         pass_plain = (plain.activations or 0) + (plain.logits or 0)
-        kept = (chosen.activations or 0) // ACTIVATION_ELEMENTS if chosen.checkpointing else (chosen.activations or 0)
+        kept = (checkpointed_bytes(model, tokens) or 0) if chosen.checkpointing else (chosen.activations or 0)
         head = (chosen.logits or 0) if chosen.logprob_chunk is None else (logits_bytes(model, min(tokens, chosen.logprob_chunk)) or 0)
         pass_saved = kept + head
         savers = (f"checkpointing {'on' if chosen.checkpointing else 'off'}, logits "
