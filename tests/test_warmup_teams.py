@@ -25,8 +25,9 @@ SMOL = sorted((ROOT / "configs").glob("smol_*.yaml"))
 # (the verifier or checker catches every slip, the orchestrator and debaters are always right)
 EXACT = {"smol_orchestrator": 1.0, "smol_debate": 1.0, "smol_gsm8k": 1.0, "smol_langgraph": 1.0, "smol_heterogeneous": 1.0}
 # the OpenAI Agents SDK's system message, its handoff tools described, is about 590 tokens of the
-# tiny tokenizer (190 of SmolLM2's): past the tiny model's 512 positions
-LONG_PROMPTS = {"smol_openai_handoffs"}
+# tiny tokenizer (190 of SmolLM2's): past the tiny model's 512 positions; the agents-as-tools
+# orchestrator's last call, its two tool calls and results included, about 780 (340 of SmolLM2's)
+LONG_PROMPTS = {"smol_openai_handoffs", "smol_openai_agents_tools"}
 @pytest.fixture(scope="module")
 def long_tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     path = tmp_path_factory.mktemp("tiny-model-long")
