@@ -1,12 +1,15 @@
-"""Resident memory between training steps, with and without handing freed memory back.
+"""Resident memory between training steps, with and without one of glibc's settings.
 
-Trains one config twice, side by side in two fresh processes (one torch thread each): as
-shipped, where every step starts with ``mas.process.memory.release_freed_memory`` (glibc's
-``malloc_trim``), and with that call replaced by a no-op.  After each step it prints the
-resident set as the next step finds it (after the release, where there is one) and the
-process's peak so far, for both, and the ratio of their mean step times.
+Trains one config twice, side by side in two fresh processes (one torch thread each), as
+shipped and with one call replaced by a no-op:
+- ``--what release`` (default): ``mas.process.memory.release_freed_memory`` (glibc's
+  ``malloc_trim``), with which every step starts; arms "release" and "keep";
+- ``--what heap``: ``keep_large_blocks_off_the_heap`` (glibc's mmap threshold fixed at 4 MiB,
+  set as the run starts); arms "fixed" and "moving" (glibc's own threshold, which rises to 32 MiB).
+After each step it prints the resident set as the next step finds it (after the release, where
+there is one) and the process's peak so far, for both, and the ratio of their mean step times.
 
-    python bench/rss_per_step.py [--config configs/smol_orchestrator.yaml] [--steps 6] [--set key=value ...]
+    python bench/rss_per_step.py [--config configs/smol_orchestrator.yaml] [--steps 6] [--what heap] [--set key=value ...]
 
 Nothing here is asserted: the numbers go to docs/benchmarks/memory.md with the machine they came from.
 """
@@ -24,16 +27,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def child(config: str, overrides: list[str], keep: bool, out: Path) -> None:
+ARMS = {"release": ("release", "keep"), "heap": ("fixed", "moving")}
+
+
+def child(config: str, overrides: list[str], mode: str, out: Path) -> None:
     import torch
 
     torch.set_num_threads(1)
     import mas
+    import mas.training.team
     import mas.training.trainer
     from mas.process.memory import peak_rss_mb, release_freed_memory, rss_mb
 
+    keep = mode == "keep"
     if keep:
         mas.training.trainer.release_freed_memory = lambda: False
+    if mode == "moving":
+        mas.training.team.keep_large_blocks_off_the_heap = lambda: False
     rows = []
 
     class Record:
@@ -53,16 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (both runs)")
     ap.add_argument("--json", type=Path, help="also write both runs' rows here")
-    ap.add_argument("--child", choices=["release", "keep"], help=argparse.SUPPRESS)
+    ap.add_argument("--what", choices=sorted(ARMS), default="release", help="the setting compared (module docstring)")
+    ap.add_argument("--child", choices=[m for arms in ARMS.values() for m in arms], help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     overrides = [*args.set, f"trainer.steps={args.steps}", "logging.progress=false"]
     if args.child:
-        child(args.config, overrides, args.child == "keep", args.out)
+        child(args.config, overrides, args.child, args.out)
         return 0
     with tempfile.TemporaryDirectory(prefix="mas-rss-") as tmp:
         procs = {}
-        for mode in ("release", "keep"):
+        shipped, other = ARMS[args.what]
+        for mode in (shipped, other):
             out = Path(tmp) / mode
             out.mkdir()
             cmd = [sys.executable, __file__, "--child", mode, "--out", str(out), "--config", args.config,
@@ -73,13 +85,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"the {mode} run failed (exit {proc.returncode})", file=sys.stderr)
                 return 1
         rows = {mode: json.loads((Path(tmp) / mode / "rows.json").read_text()) for mode in procs}
-    print("| step | RSS between steps, released (MB) | kept (MB) | peak so far, released (MB) | kept (MB) |")
+    print(f"| step | RSS between steps, {shipped} (MB) | {other} (MB) | peak so far, {shipped} (MB) | {other} (MB) |")
     print("|---|---|---|---|---|")
-    for a, b in zip(rows["release"], rows["keep"]):
+    for a, b in zip(rows[shipped], rows[other]):
         print(f"| {a['step']} | {a['rss_mb']:,.0f} | {b['rss_mb']:,.0f} | {a['peak_rss_mb']:,.0f} | {b['peak_rss_mb']:,.0f} |")
     mean = {m: sum(r["step_s"] for r in rs) / len(rs) for m, rs in rows.items()}
-    print(f"\nmean step time: released {mean['release']:.1f} s, kept {mean['keep']:.1f} s "
-          f"(ratio {mean['release'] / mean['keep']:.2f})")
+    print(f"\nmean step time: {shipped} {mean[shipped]:.1f} s, {other} {mean[other]:.1f} s "
+          f"(ratio {mean[shipped] / mean[other]:.2f})")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -47,6 +47,42 @@ def test_freed_heap_goes_back_to_the_system():
     assert done.returncode == 0, done.stderr
 
 
+LARGE_BLOCKS = """
+import sys
+from mas.process.memory import keep_large_blocks_off_the_heap, rss_mb
+if sys.argv[1] == "fixed":
+    assert keep_large_blocks_off_the_heap()
+first = bytearray(8 * 2**20)  # glibc maps it apart; freeing it raises glibc's own threshold to 8 MiB
+del first
+blocks, pins = [], []
+for _ in range(40):  # 320 MiB of 8 MiB blocks, each followed by a small block that stays alive
+    blocks.append(bytearray(8 * 2**20))
+    pins.append(bytearray(1024))
+before = rss_mb()
+del blocks
+print(before - rss_mb())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_large_blocks_are_handed_back_when_freed_once_the_threshold_is_fixed():
+    """With glibc's moving threshold, 8 MiB blocks come from the heap once one was freed, and the small
+    blocks between them keep that memory resident after they are freed; with the threshold fixed at
+    4 MiB each is its own mapping and goes back to the system at once."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+
+    def freed(mode: str) -> float:
+        done = subprocess.run([sys.executable, "-c", LARGE_BLOCKS, mode], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return float(done.stdout.strip())
+
+    assert freed("fixed") > 250  # MiB of the 320 returned as they are freed
+    assert freed("glibc") < 100  # kept, fragmented, until a malloc_trim
+    user = subprocess.run([sys.executable, "-c", "from mas.process.memory import keep_large_blocks_off_the_heap as k; "
+                           "print(k())"], env={**env, "MALLOC_MMAP_THRESHOLD_": "65536"}, capture_output=True, text=True)
+    assert user.stdout.strip() == "False"  # the user's own threshold is left alone
+
+
 def test_every_training_step_starts_by_releasing_freed_memory(tiny_model_dir, tmp_path, monkeypatch):
     import mas
     import mas.training.trainer

@@ -4,6 +4,13 @@ metrics.jsonl), and handing freed memory back between steps.
 ``peak_rss_mb`` is the kernel's high-water mark of the process's resident set since it
 started (``getrusage``'s ``ru_maxrss``): what a machine must hold for the run so far.
 ``rss_mb`` is the resident set now (Linux ``/proc/self/statm``; None elsewhere).
+``keep_large_blocks_off_the_heap`` fixes glibc's mmap threshold at ``MMAP_THRESHOLD`` (4 MiB), so
+every tensor of that size or more is its own mapping, handed back to the system when freed.
+glibc's default threshold moves up to 32 MiB as such blocks are freed, after which they come
+from the heap: a learner's passes then leave it fragmented, and one SmolLM2 update of
+``smol_debate`` grew the resident set from 1.8 to 3.8 GiB, against 2.15 GiB with the threshold
+fixed (docs/benchmarks/memory.md).  A run's process (``apply_runtime``) and every policy worker
+set it; a ``MALLOC_MMAP_THRESHOLD_`` in the environment is the user's own choice and is left alone.
 ``release_freed_memory`` asks glibc's allocator to return the free pages it keeps
 (``malloc_trim``): a step's tensors of every size leave a fragmented heap behind them, which
 glibc keeps for reuse, so a long run's resident set grew by tens of MB a step
@@ -46,6 +53,30 @@ def _malloc_trim():
         return ctypes.CDLL(None).malloc_trim  # the process's own C library; glibc has it, musl does not
     except (OSError, AttributeError):
         return None
+
+
+MMAP_THRESHOLD = 4 * 2**20  # bytes: blocks of this size or more are mapped apart from the heap
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+@cache
+def _mallopt():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).mallopt  # glibc has it, musl does not
+    except (OSError, AttributeError):
+        return None
+
+
+def keep_large_blocks_off_the_heap() -> bool:
+    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (module docstring); False where the C
+    library has no ``mallopt`` or the user set ``MALLOC_MMAP_THRESHOLD_``.  Blocks allocated
+    before the call are unaffected; calling it again changes nothing."""
+    mallopt = _mallopt()
+    if mallopt is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def release_freed_memory() -> bool:

@@ -34,7 +34,7 @@ import torch
 
 from mas.rollout.backends.base import Backend, GenRequest, GenResult
 from mas.learning.learner import Learner, TrainSample, UpdateSpan, _host
-from mas.process.memory import peak_rss_mb, release_freed_memory
+from mas.process.memory import keep_large_blocks_off_the_heap, peak_rss_mb, release_freed_memory
 from mas.runtime.policy_state import load_policy_state, load_sharded_state, save_policy_state, save_sharded_state
 from mas.learning.sft import SupervisedRun
 
@@ -332,6 +332,8 @@ def _process_settings(num_threads: int | None, deterministic: bool) -> None:
     """Settings a worker process needs before it builds models (the driver's ``apply_runtime``)."""
     os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # alignment-independent MKL results, as the CLI sets
     from transformers.utils import logging as hf_logging
+
+    keep_large_blocks_off_the_heap()  # as the driver's apply_runtime: a learner's passes fragment the heap
 
     hf_logging.disable_progress_bar()
     if num_threads:

@@ -18,6 +18,7 @@ from mas.config.messages import issue_lines
 from mas.config.schema import ConfigError, RunConfig, RuntimeConfig
 from mas.config.defaults import resolve_default_lrs
 from mas.embedded.build import ensure_embedded
+from mas.process.memory import keep_large_blocks_off_the_heap
 from mas.rollout.engine import Engine
 from mas.envs import build_env
 from mas.envs.verifiers import resolve_verifier
@@ -76,10 +77,12 @@ class Team:
 
 
 def apply_runtime(runtime: RuntimeConfig) -> None:
-    """Process-wide settings: torch threads and deterministic algorithms."""
+    """Process-wide settings: torch threads, deterministic algorithms, and large blocks off the heap
+    (``keep_large_blocks_off_the_heap``: a learner's passes would otherwise leave it fragmented)."""
     import torch
     from transformers.utils import logging as hf_logging
 
+    keep_large_blocks_off_the_heap()
     hf_logging.disable_progress_bar()  # the training progress bar is the one that matters
     if runtime.num_threads:
         torch.set_num_threads(runtime.num_threads)
