@@ -144,3 +144,25 @@ def test_the_warm_up_and_each_evaluation_end_by_releasing_freed_memory(tiny_mode
         log.clear()
         evaluate(team, 2, seed=0)
         assert "generate" in log and log.count("release") == 1 and log[-1] == "release"  # once, after its last generation
+
+
+def test_each_policys_passes_hand_their_freed_memory_back_before_the_next_policys(tiny_model_dir, tmp_path, monkeypatch):
+    """A step starts every policy's update (its passes) before any optimizer steps: each learner hands
+    its passes' freed heap back as its gradients are done, so the next policy's passes do not grow on it."""
+    import mas
+    import mas.learning.learner as learner_module
+
+    log = []
+    monkeypatch.setattr(learner_module, "release_freed_memory", lambda: log.append("release") or True)
+    accumulate = learner_module.Learner._accumulate
+
+    def logged(self, batch, abort=None):
+        log.append(f"passes {self.policy.name}")
+        return accumulate(self, batch, abort)
+
+    monkeypatch.setattr(learner_module.Learner, "_accumulate", logged)
+    team = smol_orchestrator(tiny_model_dir, "trainer.steps=1", "trainer.warmup.steps=0", "trainer.eval_size=0")
+    mas.train(team, tmp_path / "run")
+    passes = [i for i, e in enumerate(log) if e.startswith("passes")]
+    assert passes  # the policies whose agents spoke (on the tiny model, the planner)
+    assert all(log[i + 1] == "release" for i in passes), log

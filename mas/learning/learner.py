@@ -100,6 +100,7 @@ import torch
 from torch import nn
 
 from mas.process.fault_points import pause_point
+from mas.process.memory import release_freed_memory
 from mas.learning.memory_plan import enable_checkpointing, learner_savers
 from mas.learning.logprobs import Pass, distinct_tokens, pack, passes, split_model, token_logprobs_packed
 from mas.types import StepAbandoned
@@ -513,6 +514,7 @@ class Learner:
         with self._rng(pending):
             pending.batch = self._prepare(samples)
             pending.stats = self._accumulate(pending.batch, abort)
+        release_freed_memory()  # the passes' activations: back to the system before the next policy's passes
         return pending
 
     def _finish(self, pending: "_Pending") -> dict[str, float]:
