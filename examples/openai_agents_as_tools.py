@@ -9,15 +9,11 @@ result.  Here the orchestrator calls ``solve_problem`` with the question, then `
 with the question and the proposed answer, then replies; so every agent speaks in every episode
 that follows the protocol (the triage team of ``openai_agents_handoffs.py`` asks one tutor only).
 
-What differs from the docs (examples/README.md): the model of each agent is an
-``OpenAIChatCompletionsModel`` on an ``AsyncOpenAI`` client whose ``base_url`` and API key are the
-ones mas passes in, with the model named after the YAML agent (the SDK docs' recipe for "other
-LLM providers"), and tracing is off (the SDK would otherwise export traces to OpenAI, and mas runs
-with no network).  The client is made per call, not set globally with
-``set_default_openai_client``, because mas runs many episodes at once, each at its own address.
-The prompts ask for ``ANSWER: <number>``, the env's answer format.  The client is closed when
-the run ends: each episode's code runs on an event loop of its own, and a client left open can
-print "Event loop is closed" when its connections are collected after that loop has ended.
+What differs from the docs (examples/README.md) is what ``openai_agents_handoffs.py`` changes,
+for the reasons its docstring gives: each agent's model is an ``OpenAIChatCompletionsModel`` on a
+per-call ``AsyncOpenAI`` client at the ``base_url`` and API key mas passes in, named after the
+YAML agent; tracing is off; the prompts ask for ``ANSWER: <number>``; the client is closed when
+the run ends.
 
 Trained with mas: ``configs/openai_agents_as_tools.yaml`` (``kind: openai``).
 """
