@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import tempfile
 
+    from mas.process.memory import huge_pages_for_large_tensors
+
+    huge_pages_for_large_tensors()  # torch's allocator as the mas command sets it, before torch loads
     import torch
 
     torch.set_num_threads(1)

@@ -19,6 +19,12 @@ from pathlib import Path
 # in the last bits; conditional numerical reproducibility removes that (set before torch loads).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
+from mas.process.memory import huge_pages_for_large_tensors  # noqa: E402  (no torch: it must come first)
+
+# torch's CPU allocator pages-aligns tensors of 2 MiB or more, so a learner's passes reuse glibc's
+# heap instead of growing it (mas.process.memory; read once, as torch loads)
+huge_pages_for_large_tensors()
+
 from mas.config.loading import dump_config, load_config
 from mas.config.messages import ConfigError, issue_lines
 from mas.config.schema import RunConfig

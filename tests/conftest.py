@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # alignment-independent MKL results (see mas/cli.py)
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # torch's allocator as the mas command sets it (mas/cli.py)
 
 import pytest
 import torch

@@ -83,6 +83,39 @@ def test_large_blocks_are_handed_back_when_freed_once_the_threshold_is_fixed():
     assert user.stdout.strip() == "False"  # the user's own threshold is left alone
 
 
+HUGE_PAGES = """
+from mas.process.memory import huge_pages_for_large_tensors
+first = huge_pages_for_large_tensors()
+import torch
+blocks = [torch.empty(3 * 2**18) for _ in range(8)]  # 3 MiB each
+print(first, sum(b.data_ptr() % 4096 == 0 for b in blocks), huge_pages_for_large_tensors())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="torch's THP_MEM_ALLOC_ENABLE is Linux only")
+def test_tensors_of_2_mib_or_more_are_page_aligned_when_the_setting_comes_before_torch():
+    """Set before torch loads, torch's allocator page-aligns every 3 MiB tensor; glibc alone gives them
+    64-byte alignment inside their mappings.  Once torch is loaded the call changes nothing, and a
+    user's own value (0 here) is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+
+    def run(extra: dict[str, str]) -> str:
+        done = subprocess.run([sys.executable, "-c", HUGE_PAGES], env={**env, **extra}, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run({}) == "True 8 False"
+    assert run({"THP_MEM_ALLOC_ENABLE": "0"}) == "False 0 False"
+
+
+def test_the_mas_command_sets_it_before_torch_loads():
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    code = "import mas.cli, os, sys; print(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1 True"  # set, and torch loaded after it
+
+
 def test_every_training_step_starts_by_releasing_freed_memory(tiny_model_dir, tmp_path, monkeypatch):
     import mas
     import mas.training.trainer

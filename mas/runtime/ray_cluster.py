@@ -27,7 +27,7 @@ from typing import Any
 # forwarded to the workers of the job (a cluster's workers do not inherit the driver's environment)
 FORWARDED_ENV = (
     "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
-    "MAS_CACHE_DIR", "MKL_CBWR", "TOKENIZERS_PARALLELISM", "CUBLAS_WORKSPACE_CONFIG",
+    "MAS_CACHE_DIR", "MKL_CBWR", "TOKENIZERS_PARALLELISM", "CUBLAS_WORKSPACE_CONFIG", "THP_MEM_ALLOC_ENABLE",
 )
 # an AF_UNIX socket path holds at most 107 bytes; Ray puts its sockets at
 # <temp>/session_<date>_<time>_<pid>/sockets/plasma_store (about 70 bytes under <temp>)

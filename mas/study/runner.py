@@ -87,7 +87,7 @@ except ImportError:  # pragma: no cover - Windows
 from mas.config.checks import meaning_errors
 from mas.config.loading import apply_overrides, read_config_data, validate_config
 from mas.config.messages import ConfigError
-from mas.runtime.ray_cluster import start_local_ray
+from mas.runtime.ray_cluster import FORWARDED_ENV, start_local_ray
 from mas.topologies import kind_of
 from mas.training.callbacks import RunControl
 
@@ -629,8 +629,7 @@ def _run_ray(jobs: list[Job], address: str | None, cpus_per_run: float, log, pro
         raise ConfigError("--executor", ["ray is not installed: pip install 'mas-rl[ray]' (or use --executor local)"]) from None
     started = False
     if not ray.is_initialized():
-        keep = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MAS_CACHE_DIR", "HF_HOME", "TOKENIZERS_PARALLELISM", "MKL_CBWR")
-        env = {k: os.environ[k] for k in keep if k in os.environ}
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}  # what a run's own Ray workers get
         kwargs = dict(include_dashboard=False, runtime_env={"env_vars": env} if env else None, log_to_driver=False)
         if address is None:
             start_local_ray(ray, **kwargs)  # its ports picked free: another run's Ray may be up
