@@ -357,7 +357,7 @@ def _logprob_entropy(logits: torch.Tensor, targets: torch.Tensor, temps: torch.T
     logp, lse = TokenLogprob.apply(logits, targets)  # [K] each
     with torch.no_grad():
         p = torch.softmax(logits, dim=-1)  # [K, V]
-        entropy = lse - (p * logits).sum(-1)  # [K]
+        entropy = lse - torch.einsum("kv,kv->k", p, logits)  # [K]  row dot products: no [K, V] product buffer
     return logp, entropy
 
 
