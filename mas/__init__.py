@@ -28,6 +28,9 @@ __all__ = ["evaluate", "load_team", "train"]
 
 def __getattr__(name: str):
     if name in __all__:
+        from mas.process.memory import huge_pages_for_large_tensors
+
+        huge_pages_for_large_tensors()  # torch's allocator as the mas command sets it, where torch is not loaded yet
         from mas import api
 
         return getattr(api, name)

@@ -108,12 +108,16 @@ def test_tensors_of_2_mib_or_more_are_page_aligned_when_the_setting_comes_before
     assert run({"THP_MEM_ALLOC_ENABLE": "0"}) == "False 0 False"
 
 
-def test_the_mas_command_sets_it_before_torch_loads():
+def test_the_mas_command_and_the_python_api_set_it_before_torch_loads():
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
     code = "import mas.cli, os, sys; print(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1 True"  # set, and torch loaded after it
+    code = "import mas, os, sys; mas.load_team; print(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1 True"  # the Python API's first use, too
 
 
 def test_every_training_step_starts_by_releasing_freed_memory(tiny_model_dir, tmp_path, monkeypatch):
