@@ -251,5 +251,7 @@ def test_mas_serve_answers_the_openai_client_with_the_trained_policies(trained_r
             client.chat.completions.create(model="gpt-4o", messages=messages)
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    assert proc.returncode == 0
+        # communicate, not wait: it reads both pipes as the server ends, so a server with more to say on
+        # stderr than a pipe holds is not left blocked on a write that nobody reads
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
