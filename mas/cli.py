@@ -11,6 +11,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -260,13 +261,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server = EndpointServer(port=args.port).start()
         token = server.register(PolicySession(team.agents, team.runtime.tokenizers, team.backend, loop))
         print(f"base_url: {server.url(token)}\nmodels (agents): {', '.join(team.agents)}\n"
-              f"greedy unless a request sends a temperature; Ctrl-C stops", flush=True)
+              f"greedy unless a request sends a temperature; Ctrl-C (or SIGTERM) stops", flush=True)
+
+        def stop(signum: int, frame: object) -> None:  # SIGTERM, what a service manager sends, stops it as Ctrl-C does
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, stop)
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
             print("stopped", file=sys.stderr)
         finally:
+            signal.signal(signal.SIGTERM, previous)
             server.close()
             loop.call_soon_threadsafe(loop.stop)
     return 0
