@@ -106,18 +106,27 @@ def test_tensors_of_2_mib_or_more_are_page_aligned_when_the_setting_comes_before
 
     assert run({}) == "True 8 False"
     assert run({"THP_MEM_ALLOC_ENABLE": "0"}) == "False 0 False"
+    late = ("import os, torch; from mas.process.memory import huge_pages_for_large_tensors as h; "
+            "print(h(), os.environ.get('THP_MEM_ALLOC_ENABLE'))")
+    done = subprocess.run([sys.executable, "-c", late], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False None"  # torch loaded first: too late to take effect, so not set
 
 
 def test_the_mas_command_and_the_python_api_set_it_before_torch_loads():
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    code = "import mas.cli, os, sys; print(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)"
+    # a 3 MiB tensor page-aligned afterwards: torch loaded after the setting, so it took effect
+    aligned = "import torch; print(torch.empty(3 * 2**18).data_ptr() % 4096 == 0)"
+    code = "import mas.cli, os, sys; print(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules); " + aligned
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "1 True"  # set, and torch loaded after it
-    code = "import mas, os, sys; mas.load_team; print(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)"
+    assert done.stdout.split("\n")[0] == "1 True"  # set, and torch loaded after it
+    assert done.stdout.split("\n")[1] == "True"
+    code = "import mas, os, sys; mas.load_team; print(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules); " + aligned
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "1 True"  # the Python API's first use, too
+    assert done.stdout.split("\n")[0] == "1 True"  # the Python API's first use, too
+    assert done.stdout.split("\n")[1] == "True"
 
 
 def test_every_training_step_starts_by_releasing_freed_memory(tiny_model_dir, tmp_path, monkeypatch):

@@ -16,9 +16,9 @@ set it; a ``MALLOC_MMAP_THRESHOLD_`` in the environment is the user's own choice
 page-aligned and advised to use transparent huge pages.  Without it a tensor is 64-byte aligned
 (``posix_memalign``), and a hole a freed 2-4 MiB activation leaves in glibc's heap is a few bytes
 too small for the next one of the same size, so a learner's pass grows the heap instead of reusing
-it: one checkpointed SmolLM2 pass of 1,024 tokens took 1,000 MiB, 586 MiB with the setting, at the
-same speed, and a ``smol_gsm8k`` update peaked at 2,744-2,981 MiB against 2,049 MiB
-(docs/benchmarks/memory.md).  torch reads the variable once, at its first allocation, so it must
+it: one checkpointed SmolLM2 pass of 1,024 tokens rose 846-887 MiB, 480-521 MiB with the setting,
+at the same speed (``bench/pass_memory.py``), and a ``smol_gsm8k`` update peaked at 2,753 MiB
+against 2,061 MiB, side by side (docs/benchmarks/memory.md).  torch reads the variable once, at its first allocation, so it must
 be set before torch is imported: the ``mas`` command (``mas.cli``) does it first, and policy
 workers inherit it (Ray's workers are given it).
 ``release_freed_memory`` asks glibc's allocator to return the free pages it keeps
