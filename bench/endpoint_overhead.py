@@ -28,6 +28,12 @@ Three entry points, three endpoint teams:
     in the engine's process (a worker thread), so a client library's CPU shares the engine's GIL:
     the 8 episodes' calls of a batch wait for each other's client code before the batch can form.
 
+With ``--processes N`` (2 by default; 0 leaves them out) the shared-client and raw-HTTP teams run
+again with ``processes: N``: their entry points in N worker processes of their own
+(``mas.process.team_processes``), so the client code runs beside the engine instead of under its
+GIL.  Their clocks are that process's, so those entry points return them as the episode's answer
+(JSON), which the benchmark reads; the CPU per call adds the workers' CPU time (``/proc``).
+
 Rollout tokens per second: completion tokens sampled / wall seconds of ``Engine.rollout``, over
 ``--rollouts`` rollouts of ``--tasks`` x ``--group`` concurrent episodes (8 by default) per round.
 Within a round the teams' rollouts are interleaved (rollout i of every team, the team that goes
@@ -60,6 +66,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -128,6 +136,28 @@ def run_team_raw_http(task: str, base_url: str, api_key: str) -> str:
     return _chain_calls(create, task, base_url)
 
 
+def _reported(run: Any, task: str, base_url: str, api_key: str) -> str:
+    """``run``'s calls, and as the answer their clocks (JSON): in a worker process (``processes: N``)
+    they are that process's, which the benchmark reads from the episode's answer."""
+    run(task, base_url, api_key)
+    token = _token(base_url)
+    return json.dumps({"token": token, "seconds": CLIENT_SECONDS.pop(token), "cpu": CLIENT_CPU.pop(token)})
+
+
+def run_team_shared_client_reporting(task: str, base_url: str, api_key: str) -> str:
+    """``run_team_shared_client`` for a worker process: the answer is its clocks (see ``_reported``)."""
+    return _reported(run_team_shared_client, task, base_url, api_key)
+
+
+def run_team_raw_http_reporting(task: str, base_url: str, api_key: str) -> str:
+    """``run_team_raw_http`` for a worker process: the answer is its clocks (see ``_reported``)."""
+    return _reported(run_team_raw_http, task, base_url, api_key)
+
+
+def _token(base_url: str) -> str:
+    return base_url.rstrip("/").split("/")[-2]  # http://127.0.0.1:<port>/<token>/v1
+
+
 def _openai_create(client: Any) -> Any:
     def create(model: str, messages: list[dict[str, str]]) -> str:
         return client.chat.completions.create(model=model, messages=messages).choices[0].message.content or ""
@@ -137,7 +167,7 @@ def _openai_create(client: Any) -> Any:
 def _chain_calls(create: Any, task: str, base_url: str) -> str:
     """The chain's messages: the solver gets the task, the checker the task and the solver's reply.
     ``create(model, messages)``: one chat completion's text; each is timed (wall and this thread's CPU)."""
-    token = base_url.rstrip("/").split("/")[-2]  # http://127.0.0.1:<port>/<token>/v1
+    token = _token(base_url)
     seconds, cpu = CLIENT_SECONDS[token], CLIENT_CPU[token]
 
     def timed(model: str, messages: list[dict[str, str]]) -> str:
@@ -161,6 +191,18 @@ TOPOLOGIES = {
     "endpoint, client/episode": {"kind": "openai", "entry": "endpoint_overhead:run_team", "max_model_calls": 4},
     "endpoint, raw HTTP": {"kind": "openai", "entry": "endpoint_overhead:run_team_raw_http", "max_model_calls": 4},
 }
+
+
+def topologies(processes: int) -> dict[str, dict]:
+    """The teams above, and with ``processes`` > 0 the shared-client and raw-HTTP teams again with
+    ``processes: N`` (their entry points in N worker processes, off the engine's GIL)."""
+    out = dict(TOPOLOGIES)
+    if processes:
+        for name, entry in (("shared client", "run_team_shared_client_reporting"),
+                            ("raw HTTP", "run_team_raw_http_reporting")):
+            out[f"endpoint, {name}, {processes} proc"] = {"kind": "openai", "entry": f"endpoint_overhead:{entry}",
+                                                          "max_model_calls": 4, "processes": processes}
+    return out
 
 
 def config(topology: dict, max_new_tokens: int, threads: int, model: str = "embedded") -> dict:
@@ -252,6 +294,21 @@ def added_per_call(clocks: Clocks, client: dict[str, list[float]]) -> list[float
     return out
 
 
+def workers_cpu() -> float:
+    """CPU seconds of the live team worker processes (``processes: N`` teams), from /proc (0 elsewhere)."""
+    from mas.process import team_processes
+
+    total = 0.0
+    for pool in list(team_processes._SHARED.values()):
+        for pid in pool.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
 def signature(groups: list) -> list[tuple]:
     """What must match on both sides: every turn's agent, prompt ids and completion ids."""
     return [(t.agent, tuple(t.prompt_ids), tuple(t.completion_ids))
@@ -303,19 +360,25 @@ def measure(teams: dict[str, Any], tasks: list[list[Any]], group: int, rounds: i
                     clocks.clear()
                     CLIENT_SECONDS.clear()
                     CLIENT_CPU.clear()
-                    t0, c0 = time.perf_counter(), time.process_time()
+                    t0, c0, w0 = time.perf_counter(), time.process_time(), workers_cpu()
                     groups = teams[name].engine.rollout(step_tasks, group, seed=k)
                     seconds[name] += time.perf_counter() - t0
-                    cpu[name] += time.process_time() - c0
+                    cpu[name] += time.process_time() - c0 + workers_cpu() - w0
                     bad = [ep.error for g in groups for ep in g.episodes if ep.status == "error"]
                     assert not bad, f"{name}: {bad[0]}"
                     n_tokens[name] += sum(len(t.completion_ids) for g in groups for ep in g.episodes for t in ep.turns)
                     signatures[name] = signature(groups)
                     out.generate[name] += clocks.generate
-                    if isinstance(teams[name].engine.topology, EndpointTeam):
-                        out.per_call[name] += [s for ss in CLIENT_SECONDS.values() for s in ss]
-                        out.added[name] += added_per_call(clocks, CLIENT_SECONDS)
-                        out.client_cpu[name] += [s for ss in CLIENT_CPU.values() for s in ss]
+                    topology = teams[name].engine.topology
+                    if isinstance(topology, EndpointTeam):
+                        client_seconds, client_cpu = CLIENT_SECONDS, CLIENT_CPU
+                        if topology.cfg.processes:  # the clocks of the workers' calls came back as the answers
+                            reports = [json.loads(ep.answer) for g in groups for ep in g.episodes]
+                            client_seconds = {r["token"]: r["seconds"] for r in reports}
+                            client_cpu = {r["token"]: r["cpu"] for r in reports}
+                        out.per_call[name] += [s for ss in client_seconds.values() for s in ss]
+                        out.added[name] += added_per_call(clocks, client_seconds)
+                        out.client_cpu[name] += [s for ss in client_cpu.values() for s in ss]
                     else:
                         out.per_call[name] += clocks.ctx_call
                 first = signatures[names[0]]
@@ -337,6 +400,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16, help="each agent's token budget per call")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--model", default="embedded", help="every agent's model (e.g. smollm2-135m-instruct)")
+    ap.add_argument("--processes", type=int, default=2,
+                    help="also run the shared-client and raw-HTTP teams with processes: N (0: not)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))  # the entry points: endpoint_overhead:run_team, ...
     import endpoint_overhead as bench  # the module the engine imports them from (not __main__): its CLIENT_SECONDS
@@ -347,7 +412,7 @@ def main() -> None:
     from mas.training.team import build_team
 
     teams = {name: build_team(validate_config(config(topo, args.max_new_tokens, args.threads, args.model)))
-             for name, topo in TOPOLOGIES.items()}
+             for name, topo in topologies(args.processes).items()}
     try:
         tasks = [teams[IN_PROCESS].env.sample_tasks(args.tasks) for _ in range(args.rollouts)]
         m = bench.measure(teams, tasks, args.group, args.rounds)
@@ -363,15 +428,15 @@ def main() -> None:
     print(f"{args.tasks * args.group} concurrent episodes ({args.tasks} tasks x {args.group}), {args.rollouts} rollouts "
           f"per team per round, {args.rounds} rounds, the teams' rollouts interleaved; per team and round {m.calls} calls, "
           f"{m.tokens} completion tokens (max_new_tokens {args.max_new_tokens}); every team sampled the same turns")
-    print("medians; tokens/s per round in brackets; cpu: the process's CPU time per call; client cpu: the team's thread's "
+    print("medians; tokens/s per round in brackets; cpu: the process's CPU time per call (and its team worker processes'); client cpu: the team's thread's "
           "CPU time per call (client library, httpx, sockets); ms/call: ctx.call in-process, the client's call through the "
           "endpoint; added: client - the engine's handling of the same request")
-    print(f"{'team':<26}{'tokens/s':>9}{'vs chain':>9}  {'per round':<28}{'cpu ms/call':>12}{'client cpu':>11}{'ms/call':>8}"
+    print(f"{'team':<34}{'tokens/s':>9}{'vs chain':>9}  {'per round':<28}{'cpu ms/call':>12}{'client cpu':>11}{'ms/call':>8}"
           f"{'added ms/call':>14}{'generate ms/batch':>18}")
     for name in teams:
         med = statistics.median(m.rate[name])
         rounds = "(" + ", ".join(f"{r:.0f}" for r in m.rate[name]) + ")"
-        print(f"{name:<26}{med:>9.0f}{med / base:>8.2f}x  {rounds:<28}{ms(m.cpu[name]):>12}{ms(m.client_cpu[name]):>11}"
+        print(f"{name:<34}{med:>9.0f}{med / base:>8.2f}x  {rounds:<28}{ms(m.cpu[name]):>12}{ms(m.client_cpu[name]):>11}"
               f"{ms(m.per_call[name]):>8}{ms(m.added[name]):>14}{ms(m.generate[name]):>18}")
     for name in list(teams)[1:]:
         ratio = statistics.median(m.rate[name]) / base

@@ -12,6 +12,7 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 from mas.config.schema import validate_config  # noqa: E402
+from mas.process.team_processes import close_shared_team_processes  # noqa: E402
 from mas.training.team import build_team  # noqa: E402
 
 BENCH = Path(__file__).parents[1] / "bench"
@@ -23,10 +24,11 @@ def bench_teams(monkeypatch, tiny_model_dir):
     import endpoint_overhead as bench
 
     teams = {name: build_team(validate_config(bench.config(topo, 6, 1, str(tiny_model_dir))))
-             for name, topo in bench.TOPOLOGIES.items()}
+             for name, topo in bench.topologies(1).items()}
     yield bench, teams
     for team in teams.values():
         team.close()
+    close_shared_team_processes()
 
 
 def test_the_endpoint_teams_sample_the_chains_turns_token_for_token(bench_teams):

@@ -20,7 +20,9 @@ gives 5 (``parse_answer``), any other text is the answer as it is.
 
 The function runs in a worker thread (an ``async def`` on an event loop of its own there), so a
 blocking client never holds up the engine's loop; the engine batches its requests with every other
-episode's.  The episode ends at ``max_model_calls`` model calls and at ``runtime.episode_timeout_s``:
+episode's.  ``processes: N`` runs it in N worker processes of its own instead (each episode on a
+thread there), so the team's client code does not share the engine's GIL
+(``mas.process.team_processes``).  The episode ends at ``max_model_calls`` model calls and at ``runtime.episode_timeout_s``:
 from then on its requests get 404/410 errors, which the team's client raises, and the episode is a
 failed one with the fault counted (``model_call_limit``, ``episode_timeout``).
 
@@ -49,6 +51,7 @@ from pydantic import Field
 
 from mas.agents.parsers import parse_answer
 from mas.errors import MissingDependencyError
+from mas.process.team_processes import shared_team_processes
 from mas.refs import RefError, import_ref
 from mas.topologies.adapters import MAX_MODEL_CALLS_HELP
 from mas.topologies.framework_teaching import framework_teacher
@@ -66,6 +69,12 @@ class OpenAITopology(Section):
         "(sync or async), it returns the team's answer; each agent is the model named by its YAML name."
     )
     max_model_calls: int = Field(64, ge=1, description=MAX_MODEL_CALLS_HELP)
+    processes: int = Field(
+        0, ge=0, le=64, description="Run the entry point in this many worker processes of its own, spawned at the first "
+        "episode, each episode on a thread there: the team's client code then runs beside the engine instead of under "
+        "its GIL (mas.process.team_processes). 0: on worker threads of the engine's process. The entry's module must be "
+        "importable by a fresh interpreter, and a return value that does not pickle comes back as its text."
+    )
     request_sampling: bool = Field(
         False, description="Sample with the temperature and top_p a request sends; false: with the agent's sampling "
         "settings (what RL explores with; a request's max_tokens and stop always apply)."
@@ -126,6 +135,14 @@ class EndpointTeam:
     async def run(self, ctx: EpisodeContext) -> Outcome:
         loop = asyncio.get_running_loop()
         async with ctx.endpoint(self.cfg.max_model_calls, self.cfg.request_sampling) as door:
+            if self.cfg.processes:
+                try:
+                    value = await shared_team_processes(self.cfg.processes).run(
+                        self.cfg.entry, ctx.task.prompt, base_url=door.base_url, api_key=door.api_key)
+                except Exception as exc:  # noqa: BLE001 - the engine's own error first, as below
+                    door.rethrow(exc)
+                door.rethrow()
+                return Outcome(answer=read_answer(value))
             call = functools.partial(self.entry, ctx.task.prompt, base_url=door.base_url, api_key=door.api_key)
             work = (functools.partial(asyncio.run, _awaited(call)) if inspect.iscoroutinefunction(self.entry) else call)
             try:

@@ -1,0 +1,256 @@
+"""Run a team's own code in worker processes beside the engine's, instead of on its threads.
+
+A team written against the OpenAI API (``kind: openai``) runs its entry point once per episode,
+and the engine batches the model calls it makes.  On a worker thread of the engine's process, the
+team's client code (the ``openai`` client building a request and parsing the reply, httpx, the
+framework around them) shares one GIL with the engine and the endpoint's server: a batch forms
+only when every episode has sent its request, so each call's client CPU lands on the critical
+path once per episode (docs/benchmarks/throughput.md).  ``TeamProcesses`` runs the entry points in
+a few spawned processes instead, each episode on a thread of its own there, so that CPU runs beside
+the engine, on the other cores.
+
+- **Spawned, not forked**, once, at the first episode: the engine's process holds torch's threads
+  and the endpoint's server thread, which a fork would copy half-way.  A worker imports the entry
+  point by its reference (``"pkg.mod:run_team"``) with the parent's ``sys.path`` and working
+  directory, so the module must be importable by a fresh interpreter (a function defined inside
+  another function, or in ``__main__`` under ``python -c``, is not).
+- **Many episodes a worker**: a job is a thread in its worker, so ``processes`` bounds processes,
+  not concurrent episodes (a batch waits for every running episode, so an episode queued behind
+  another would stall the rollout).  A new job goes to the worker with the fewest running.
+- **Results** come back pickled; a value that does not pickle comes back as its ``str`` (the team's
+  answer is read as text anyway).  An exception comes back as ``TeamProcessError`` carrying its type
+  name, message and the worker's traceback.
+- **A worker that dies** (``os._exit``, a crash in C code, the OOM killer) fails the episodes it was
+  running with ``TeamProcessError`` naming its exit code, and the next job starts a new worker.  A
+  worker exits when its pipe closes, and checks once a second that its parent is alive, so a killed
+  run leaves none behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import multiprocessing
+import os
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+_PARENT_CHECK_S = 1.0
+
+
+class TeamProcessError(RuntimeError):
+    """The team's code failed in its worker process: ``type_name: message``, with the worker's
+    traceback in ``remote_traceback``."""
+
+    def __init__(self, type_name: str, message: str, remote_traceback: str = ""):
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name = type_name
+        self.remote_traceback = remote_traceback
+
+
+# ---------------------------------------------------------------------------- the worker's side
+
+
+def _run_job(ref: str, args: tuple, kwargs: dict) -> Any:
+    from mas.refs import import_ref  # the worker's own import of the package (its checkout shield)
+
+    fn = import_ref(ref)
+    if inspect.iscoroutinefunction(fn):
+        return asyncio.run(fn(*args, **kwargs))
+    return fn(*args, **kwargs)
+
+
+def _worker_main(conn: Any, parent: int) -> None:
+    """A worker's loop: each job on a thread of its own, each reply sent under one lock."""
+    import pickle
+
+    lock = threading.Lock()
+
+    def send(message: tuple) -> None:
+        with lock:
+            try:
+                conn.send(message)
+            except OSError:  # the parent is gone
+                os._exit(0)
+
+    def job(job_id: int, ref: str, args: tuple, kwargs: dict) -> None:
+        try:
+            value = _run_job(ref, args, kwargs)
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the episode
+            send(("error", job_id, type(exc).__name__, str(exc), traceback.format_exc()))
+            return
+        try:
+            pickle.dumps(value)
+        except Exception:  # noqa: BLE001 - the answer is read as text
+            value = str(value)
+        send(("ok", job_id, value))
+
+    def watch_parent() -> None:
+        while True:
+            threading.Event().wait(_PARENT_CHECK_S)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        _, job_id, ref, args, kwargs = message
+        threading.Thread(target=job, args=(job_id, ref, args, kwargs), daemon=True,
+                         name=f"team-job-{job_id}").start()
+
+
+# ---------------------------------------------------------------------------- the parent's side
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Any
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    jobs: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = field(default_factory=dict)
+    alive: bool = True
+
+
+class TeamProcesses:
+    """``processes`` spawned workers running entry points; ``await run(ref, *args, **kwargs)``."""
+
+    def __init__(self, processes: int):
+        if processes < 1:
+            raise ValueError(f"processes must be at least 1, got {processes}")
+        self.processes = processes
+        self._context = multiprocessing.get_context("spawn")
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._closed = False
+
+    def _start_worker(self) -> _Worker:
+        parent_conn, child_conn = self._context.Pipe()
+        process = self._context.Process(target=_worker_main, args=(child_conn, os.getpid()), daemon=True,
+                                        name="mas-team")
+        process.start()
+        child_conn.close()
+        worker = _Worker(process, parent_conn)
+        threading.Thread(target=self._read, args=(worker,), daemon=True, name="mas-team-reader").start()
+        return worker
+
+    def _pick(self) -> _Worker:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the team's worker processes are closed")
+            self._workers = [w for w in self._workers if w.alive]
+            if len(self._workers) < self.processes:
+                self._workers.append(self._start_worker())
+            return min(self._workers, key=lambda w: len(w.jobs))
+
+    async def run(self, ref: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``ref(*args, **kwargs)`` in a worker (awaited there when it is a coroutine function)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        worker = self._pick()
+        with self._lock:
+            self._next_id += 1
+            job_id = self._next_id
+        with worker.lock:
+            if not worker.alive:
+                raise TeamProcessError("WorkerExited", self._exit_message(worker))
+            worker.jobs[job_id] = (loop, future)
+            try:
+                worker.conn.send(("run", job_id, ref, args, kwargs))
+            except OSError:  # it died since it was picked: its reader fails the job
+                pass
+        try:
+            return await future
+        finally:
+            with worker.lock:
+                worker.jobs.pop(job_id, None)
+
+    def _read(self, worker: _Worker) -> None:
+        while True:
+            try:
+                message = worker.conn.recv()
+            except (EOFError, OSError):
+                break
+            kind, job_id, *rest = message
+            with worker.lock:
+                pending = worker.jobs.pop(job_id, None)
+            if pending is None:  # the episode gave up on it (cancelled, timed out)
+                continue
+            loop, future = pending
+            if kind == "ok":
+                _settle(loop, future, value=rest[0])
+            else:
+                _settle(loop, future, error=TeamProcessError(*rest))
+        with worker.lock:
+            worker.alive = False
+            pending_jobs = list(worker.jobs.values())
+            worker.jobs.clear()
+        worker.process.join(timeout=5)
+        worker.conn.close()
+        for loop, future in pending_jobs:
+            _settle(loop, future, error=TeamProcessError("WorkerExited", self._exit_message(worker)))
+
+    @staticmethod
+    def _exit_message(worker: _Worker) -> str:
+        return (f"the team's worker process (pid {worker.process.pid}) exited with code "
+                f"{worker.process.exitcode} while running this episode")
+
+    def pids(self) -> list[int]:
+        """The live workers' process ids."""
+        with self._lock:
+            return [w.process.pid for w in self._workers if w.alive]
+
+    def close(self) -> None:
+        """Stop every worker (their running jobs are abandoned)."""
+        with self._lock:
+            self._closed = True
+            workers, self._workers = self._workers, []
+        for worker in workers:  # its reader sees the pipe close and fails what it was running
+            worker.process.terminate()
+            worker.process.join(timeout=5)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(timeout=5)
+
+
+def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value: Any = None,
+            error: BaseException | None = None) -> None:
+    def settle() -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # that episode's loop is closed: nobody waits for it
+        pass
+
+
+_SHARED: dict[int, TeamProcesses] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_team_processes(processes: int) -> TeamProcesses:
+    """The process's pool of ``processes`` team workers, made at the first call (one per size)."""
+    with _SHARED_LOCK:
+        pool = _SHARED.get(processes)
+        if pool is None:
+            pool = _SHARED[processes] = TeamProcesses(processes)
+        return pool
+
+
+def close_shared_team_processes() -> None:
+    """Stop the shared pools' workers (a later ``shared_team_processes`` starts new ones)."""
+    with _SHARED_LOCK:
+        pools = list(_SHARED.values())
+        _SHARED.clear()
+    for pool in pools:
+        pool.close()
