@@ -32,10 +32,13 @@ import asyncio
 import inspect
 import multiprocessing
 import os
+import pickle
 import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
+
+from mas.refs import import_ref
 
 _PARENT_CHECK_S = 1.0
 
@@ -54,8 +57,6 @@ class TeamProcessError(RuntimeError):
 
 
 def _run_job(ref: str, args: tuple, kwargs: dict) -> Any:
-    from mas.refs import import_ref  # the worker's own import of the package (its checkout shield)
-
     fn = import_ref(ref)
     if inspect.iscoroutinefunction(fn):
         return asyncio.run(fn(*args, **kwargs))
@@ -64,8 +65,6 @@ def _run_job(ref: str, args: tuple, kwargs: dict) -> Any:
 
 def _worker_main(conn: Any, parent: int) -> None:
     """A worker's loop: each job on a thread of its own, each reply sent under one lock."""
-    import pickle
-
     lock = threading.Lock()
 
     def send(message: tuple) -> None:
