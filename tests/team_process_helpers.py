@@ -53,3 +53,18 @@ def together(n: int) -> int:
             _BARRIER.append(threading.Barrier(n))
     _BARRIER[0].wait(timeout=120)
     return os.getpid()
+
+
+def call_pause_call(task: str, base_url: str, api_key: str) -> str:
+    """One call, a pause, another call: the episode's timeout falls in the pause, so the second call
+    finds the episode gone.  The task is a file path, written once the first call has its reply
+    (the test's clock lets the timeout pass when it sees the file)."""
+    import time
+    from pathlib import Path
+
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
+    Path(task).write_text("first call served")
+    time.sleep(2)
+    client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
+    return "never reached"

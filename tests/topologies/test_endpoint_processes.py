@@ -77,6 +77,21 @@ def test_the_cap_on_model_calls_is_the_episodes_error_not_the_clients(tiny_token
     assert engine.take_faults()[0]["model_call_limit"] == 1
 
 
+def test_the_episode_timeout_ends_an_episode_whose_code_runs_in_a_worker(tiny_tokenizer, tmp_path):
+    engine, _ = scripted_engine(process_config("call_pause_call", 1), reply, tiny_tokenizer)
+    mark = tmp_path / "first_call"
+
+    async def after_the_first_call(_seconds):  # the clock: the limit passes once the first call has its reply
+        while not mark.exists():
+            await asyncio.sleep(0.01)
+
+    engine.episode_timeout, engine.sleep = 30.0, after_the_first_call
+    [group] = engine.rollout([Task("t0", str(mark), "5")], group_size=1, seed=0)
+    ep = group.episodes[0]
+    assert ep.status == "error" and "timeout" in ep.error and len(ep.turns) == 1
+    assert engine.take_faults()[0]["episode_timeout"] == 1
+
+
 # --- the pool itself ----------------------------------------------------------------------------------
 
 
