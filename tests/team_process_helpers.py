@@ -68,3 +68,10 @@ def call_pause_call(task: str, base_url: str, api_key: str) -> str:
     time.sleep(2)
     client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
     return "never reached"
+
+
+def loaded(module: str) -> bool:
+    """Whether the worker has imported ``module``."""
+    import sys
+
+    return module in sys.modules

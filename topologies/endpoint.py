@@ -70,7 +70,7 @@ class OpenAITopology(Section):
     )
     max_model_calls: int = Field(64, ge=1, description=MAX_MODEL_CALLS_HELP)
     processes: int = Field(
-        0, ge=0, le=64, description="Run the entry point in this many worker processes of its own, spawned at the first "
+        0, ge=0, le=64, description="Run the entry point in this many worker processes of its own (fresh interpreters), started at the first "
         "episode, each episode on a thread there: the team's client code then runs beside the engine instead of under "
         "its GIL (mas.process.team_processes). 0: on worker threads of the engine's process. The entry's module must be "
         "importable by a fresh interpreter, and a return value that does not pickle comes back as its text."

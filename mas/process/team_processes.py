@@ -6,14 +6,16 @@ team's client code (the ``openai`` client building a request and parsing the rep
 framework around them) shares one GIL with the engine and the endpoint's server: a batch forms
 only when every episode has sent its request, so each call's client CPU lands on the critical
 path once per episode (docs/benchmarks/throughput.md).  ``TeamProcesses`` runs the entry points in
-a few spawned processes instead, each episode on a thread of its own there, so that CPU runs beside
+a few worker processes instead, each episode on a thread of its own there, so that CPU runs beside
 the engine, on the other cores.
 
-- **Spawned, not forked**, once, at the first episode: the engine's process holds torch's threads
-  and the endpoint's server thread, which a fork would copy half-way.  A worker imports the entry
-  point by its reference (``"pkg.mod:run_team"``) with the parent's ``sys.path`` and working
-  directory, so the module must be importable by a fresh interpreter (a function defined inside
-  another function, or in ``__main__`` under ``python -c``, is not).
+- **A fresh interpreter, not a fork**, started once, at the first episode: the engine's process
+  holds torch's threads and the endpoint's server thread, which a fork would copy half-way.  It
+  is ``python -m mas.process.team_processes``, not multiprocessing's spawn, which would import the
+  parent's ``__main__`` again (under the ``mas`` command that is ``mas.cli``, and torch with it:
+  about 290 MB a worker instead of about 60).  A worker imports the entry point by its reference
+  (``"pkg.mod:run_team"``) with the parent's ``sys.path`` and working directory, so the module must
+  be importable by a fresh interpreter (a function defined inside another function is not).
 - **Many episodes a worker**: a job is a thread in its worker, so ``processes`` bounds processes,
   not concurrent episodes (a batch waits for every running episode, so an episode queued behind
   another would stall the rollout).  A new job goes to the worker with the fewest running.
@@ -30,11 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import multiprocessing
 import os
 import pickle
+import socket
+import subprocess
+import sys
 import threading
 import traceback
+from multiprocessing.connection import Connection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,25 +121,25 @@ class _Worker:
 
 
 class TeamProcesses:
-    """``processes`` spawned workers running entry points; ``await run(ref, *args, **kwargs)``."""
+    """``processes`` worker interpreters running entry points; ``await run(ref, *args, **kwargs)``."""
 
     def __init__(self, processes: int):
         if processes < 1:
             raise ValueError(f"processes must be at least 1, got {processes}")
         self.processes = processes
-        self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._next_id = 0
         self._closed = False
 
     def _start_worker(self) -> _Worker:
-        parent_conn, child_conn = self._context.Pipe()
-        process = self._context.Process(target=_worker_main, args=(child_conn, os.getpid()), daemon=True,
-                                        name="mas-team")
-        process.start()
-        child_conn.close()
-        worker = _Worker(process, parent_conn)
+        ours, theirs = socket.socketpair()
+        with theirs:
+            process = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno()), str(os.getpid())],
+                                       pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        conn = Connection(ours.detach())
+        conn.send(list(sys.path))  # the parent's import path first: the entry's module is found as it is here
+        worker = _Worker(process, conn)
         threading.Thread(target=self._read, args=(worker,), daemon=True, name="mas-team-reader").start()
         return worker
 
@@ -189,7 +194,7 @@ class TeamProcesses:
             worker.alive = False
             pending_jobs = list(worker.jobs.values())
             worker.jobs.clear()
-        worker.process.join(timeout=5)
+        _wait(worker.process)
         worker.conn.close()
         for loop, future in pending_jobs:
             _settle(loop, future, error=TeamProcessError("WorkerExited", self._exit_message(worker)))
@@ -197,7 +202,7 @@ class TeamProcesses:
     @staticmethod
     def _exit_message(worker: _Worker) -> str:
         return (f"the team's worker process (pid {worker.process.pid}) exited with code "
-                f"{worker.process.exitcode} while running this episode")
+                f"{worker.process.returncode} while running this episode")
 
     def pids(self) -> list[int]:
         """The live workers' process ids."""
@@ -211,10 +216,18 @@ class TeamProcesses:
             workers, self._workers = self._workers, []
         for worker in workers:  # its reader sees the pipe close and fails what it was running
             worker.process.terminate()
-            worker.process.join(timeout=5)
-            if worker.process.is_alive():
+            if not _wait(worker.process):
                 worker.process.kill()
-                worker.process.join(timeout=5)
+                _wait(worker.process)
+
+
+def _wait(process: subprocess.Popen, timeout: float = 5.0) -> bool:
+    """Reap ``process``; False if it is still running after ``timeout`` seconds."""
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value: Any = None,
@@ -253,3 +266,9 @@ def close_shared_team_processes() -> None:
         _SHARED.clear()
     for pool in pools:
         pool.close()
+
+
+if __name__ == "__main__":  # a worker: python -m mas.process.team_processes FD PARENT_PID
+    _conn = Connection(int(sys.argv[1]))
+    sys.path[:] = _conn.recv()
+    _worker_main(_conn, int(sys.argv[2]))

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from team_helpers import team_config
@@ -126,3 +129,22 @@ def test_a_closed_pool_stops_its_workers_and_refuses_new_jobs():
         os.kill(pid, 0)
     with pytest.raises(RuntimeError, match="closed"):
         asyncio.run(pool.run("team_process_helpers:async_pid", "q"))
+
+
+def test_a_worker_does_not_import_the_parents_main_module(tmp_path):
+    """Under the `mas` command the main module imports torch; a worker that imported it again (as
+    multiprocessing's spawn does) would hold torch too, about 290 MB instead of about 60."""
+    script = tmp_path / "main_with_torch.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "import torch  # noqa: F401 - as mas.cli does\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "from mas.process.team_processes import TeamProcesses\n"
+        "if __name__ == '__main__':\n"
+        "    pool = TeamProcesses(1)\n"
+        "    print('torch in worker:', asyncio.run(pool.run('team_process_helpers:loaded', 'torch')))\n"
+        "    print('openai in worker:', asyncio.run(pool.run('team_process_helpers:loaded', 'openai')))\n"
+        "    pool.close()\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "torch in worker: False" in out.stdout and "openai in worker: True" in out.stdout, out.stdout
