@@ -25,7 +25,8 @@ the engine, on the other cores.
 - **A worker that dies** (``os._exit``, a crash in C code, the OOM killer) fails the episodes it was
   running with ``TeamProcessError`` naming its exit code, and the next job starts a new worker.  A
   worker exits when its pipe closes, and checks once a second that its parent is alive, so a killed
-  run leaves none behind.
+  run leaves none behind.  It ignores SIGINT: Ctrl-C in a terminal reaches the whole process group,
+  and the run that handles it ends its workers.
 """
 
 from __future__ import annotations
@@ -269,6 +270,9 @@ def close_shared_team_processes() -> None:
 
 
 if __name__ == "__main__":  # a worker: python -m mas.process.team_processes FD PARENT_PID
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
     _conn = Connection(int(sys.argv[1]))
     sys.path[:] = _conn.recv()
     _worker_main(_conn, int(sys.argv[2]))

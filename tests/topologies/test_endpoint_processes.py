@@ -148,3 +148,19 @@ def test_a_worker_does_not_import_the_parents_main_module(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "torch in worker: False" in out.stdout and "openai in worker: True" in out.stdout, out.stdout
+
+
+def test_a_worker_ignores_ctrl_c_which_its_run_handles():
+    """Ctrl-C in a terminal reaches every process of the group: the worker neither dies nor prints
+    a traceback, and the run that handles it ends the worker."""
+    import signal
+
+    pool = TeamProcesses(1)
+    try:
+        first = asyncio.run(pool.run("team_process_helpers:async_pid", "q"))
+        [pid] = pool.pids()
+        os.kill(pid, signal.SIGINT)
+        assert asyncio.run(pool.run("team_process_helpers:async_pid", "q")) == first
+        assert pool.pids() == [pid]
+    finally:
+        pool.close()
