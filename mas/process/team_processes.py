@@ -20,10 +20,10 @@ the engine, on the other cores.
   not concurrent episodes (a batch waits for every running episode, so an episode queued behind
   another would stall the rollout).  A new job goes to the worker with the fewest running.
 - **Results** come back pickled; a value that does not pickle comes back as its ``str`` (the team's
-  answer is read as text anyway).  An exception comes back as ``TeamProcessError`` carrying its type
-  name, message and the worker's traceback.
+  answer is read as text anyway).  An exception comes back as a ``TeamProcessError`` named like it
+  (``remote_error``), with its message and the worker's traceback.
 - **A worker that dies** (``os._exit``, a crash in C code, the OOM killer) fails the episodes it was
-  running with ``TeamProcessError`` naming its exit code, and the next job starts a new worker.  A
+  running with ``WorkerExited`` (a ``TeamProcessError``) naming its exit code, and the next job starts a new worker.  A
   worker exits when its pipe closes, and checks once a second that its parent is alive, so a killed
   run leaves none behind.  It ignores SIGINT: Ctrl-C in a terminal reaches the whole process group,
   and the run that handles it ends its workers.
@@ -50,13 +50,27 @@ _PARENT_CHECK_S = 1.0
 
 
 class TeamProcessError(RuntimeError):
-    """The team's code failed in its worker process: ``type_name: message``, with the worker's
-    traceback in ``remote_traceback``."""
+    """The team's code failed in its worker process.  Raised as a subclass named like the worker's
+    exception (``remote_error``), so an episode's error reads ``ValueError: boom`` on threads and in
+    workers alike; ``type_name`` is that name, ``remote_traceback`` the worker's traceback."""
 
-    def __init__(self, type_name: str, message: str, remote_traceback: str = ""):
-        super().__init__(f"{type_name}: {message}" if message else type_name)
-        self.type_name = type_name
+    type_name = "TeamProcessError"
+
+    def __init__(self, message: str, remote_traceback: str = ""):
+        super().__init__(message)
         self.remote_traceback = remote_traceback
+
+
+_REMOTE_TYPES: dict[str, type[TeamProcessError]] = {}
+
+
+def remote_error(type_name: str, message: str, remote_traceback: str = "") -> TeamProcessError:
+    """A ``TeamProcessError`` whose class is named ``type_name`` (one class per name)."""
+    cls = _REMOTE_TYPES.get(type_name)
+    if cls is None:
+        cls = _REMOTE_TYPES[type_name] = type(type_name, (TeamProcessError,), {"type_name": type_name,
+                                                                             "__module__": __name__})
+    return cls(message, remote_traceback)
 
 
 # ---------------------------------------------------------------------------- the worker's side
@@ -163,7 +177,7 @@ class TeamProcesses:
             job_id = self._next_id
         with worker.lock:
             if not worker.alive:
-                raise TeamProcessError("WorkerExited", self._exit_message(worker))
+                raise remote_error("WorkerExited", self._exit_message(worker))
             worker.jobs[job_id] = (loop, future)
             try:
                 worker.conn.send(("run", job_id, ref, args, kwargs))
@@ -190,7 +204,7 @@ class TeamProcesses:
             if kind == "ok":
                 _settle(loop, future, value=rest[0])
             else:
-                _settle(loop, future, error=TeamProcessError(*rest))
+                _settle(loop, future, error=remote_error(*rest))
         with worker.lock:
             worker.alive = False
             pending_jobs = list(worker.jobs.values())
@@ -198,7 +212,7 @@ class TeamProcesses:
         _wait(worker.process)
         worker.conn.close()
         for loop, future in pending_jobs:
-            _settle(loop, future, error=TeamProcessError("WorkerExited", self._exit_message(worker)))
+            _settle(loop, future, error=remote_error("WorkerExited", self._exit_message(worker)))
 
     @staticmethod
     def _exit_message(worker: _Worker) -> str:
