@@ -61,6 +61,19 @@ class TeamProcessError(RuntimeError):
         self.remote_traceback = remote_traceback
 
 
+class RemoteTraceback(Exception):
+    """The worker's traceback, set as a ``TeamProcessError``'s cause so that a formatted traceback
+    of the error shows where the team's code failed (as ``concurrent.futures`` does for its
+    process pools)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text}"""'
+
+
 _REMOTE_TYPES: dict[str, type[TeamProcessError]] = {}
 
 
@@ -70,7 +83,10 @@ def remote_error(type_name: str, message: str, remote_traceback: str = "") -> Te
     if cls is None:
         cls = _REMOTE_TYPES[type_name] = type(type_name, (TeamProcessError,), {"type_name": type_name,
                                                                              "__module__": __name__})
-    return cls(message, remote_traceback)
+    error = cls(message, remote_traceback)
+    if remote_traceback:
+        error.__cause__ = RemoteTraceback(remote_traceback)
+    return error
 
 
 # ---------------------------------------------------------------------------- the worker's side

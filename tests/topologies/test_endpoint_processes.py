@@ -59,6 +59,7 @@ def test_the_team_codes_error_ends_its_episode_with_the_type_and_message(tiny_to
     [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
     for ep in group.episodes:
         assert ep.status == "error" and ep.error == "ValueError: boom at 2+3"  # as on threads
+        assert 'raise ValueError(f"boom at {task}")' in ep.info["traceback"]  # the worker's own frames
     assert engine.take_faults()[0]["agent_error"] == 2
 
 
