@@ -104,3 +104,17 @@ def test_device_specs():
     with pytest.raises(ValueError):
         parse_device("80GB")
     assert DevicePlan("cuda", None, []).fits is None  # an unknown capacity is neither
+
+
+def test_the_plan_names_a_teams_worker_processes_beside_the_training_process(tiny_model_dir, capsys, tmp_path):
+    cfg = team_config(tiny_model_dir, "chain")
+    cfg["topology"] = {"kind": "openai", "entry": "endpoint_helpers:two_agents"}
+    path = tmp_path / "team.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["validate", str(path), "-q", "--plan", "--device", "cuda:80GB"]) == 0
+    assert "worker process" not in capsys.readouterr().out  # threads: nothing beside the process
+    cfg["topology"]["processes"] = 3
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["validate", str(path), "-q", "--plan", "--device", "cuda:80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "host, not in any peak above: topology.processes: 3 worker processes" in out and "about 70 MB each" in out

@@ -60,6 +60,7 @@ from mas.topologies.registry import Drawing, Edge, Issue, register_topology
 from mas.types import EpisodeContext, Outcome, Section
 
 ENTRY_ARGS = ("base_url", "api_key")  # passed by keyword, after the task
+WORKER_MB = 70  # resident memory of a team worker with the openai client imported (docs/bring_your_own_team.md)
 
 
 class OpenAITopology(Section):
@@ -210,6 +211,13 @@ class OpenAIEndpoint:
                 f"and cannot be drawn from the config; its models are the agents {', '.join(names)}")
         return Drawing([start, box, *names, end], edges, {a: a for a in names}, bound=f"at most {t.max_model_calls} model calls",
                        note=note)
+
+    def side_processes(self, cfg: Any) -> str | None:
+        n = cfg.topology.processes
+        if not n:
+            return None
+        return (f"topology.processes: {n} worker process{'es' if n > 1 else ''} for the team's code beside this one, "
+                f"about {WORKER_MB} MB each with the openai client imported (more with a framework's own imports)")
 
     def teacher(self, cfg: Any, knobs: dict[str, float], demo_env: Any) -> Any:
         """The generic framework teacher: it reads each request's messages (and the tools described in

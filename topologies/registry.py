@@ -49,8 +49,10 @@ default.  And ``reply_needs(cfg) -> [(agent, what, text, effect)]``: texts an ag
 hold whole for the team's protocol (a handoff call, a speaker's name), which ``mas validate``
 measures against the agent's reply budget (``mas.training.context_plan``).  For the memory plan
 (``mas.learning.memory_plan``): ``heard_tokens(cfg) -> {agent: tokens}``, what an agent's later
-turns add to its prompt beyond the context check's bound, and ``simultaneous(cfg) -> [agents]``,
-agents that ask in one model call of an episode (a debate's round).
+turns add to its prompt beyond the context check's bound, ``simultaneous(cfg) -> [agents]``,
+agents that ask in one model call of an episode (a debate's round), and ``side_processes(cfg) ->
+str | None``, the processes the team runs beside the training process, in words with their memory
+(``kind: openai``'s ``processes: N``), which the plan names but does not add to this process's peak.
 
 An ``Issue`` is ``(yaml path, value found, message)``.
 """

@@ -35,7 +35,8 @@ by N on every worker, and rank 0 keeps a full serving copy of the weights for th
 A device's peak is what stays (weights, optimizer, serving copies) plus the larger of an
 update's transients (gradients and one pass) and a rollout's (the generation cache): the two
 never run at once.  On the host CPU the process's own baseline (Python, torch, transformers;
-measured in this process) is added.  Where the peak passes the device's memory, the plan says
+measured in this process) is added; processes a team runs beside it (its kind's ``side_processes``:
+``kind: openai``'s worker processes) are named after the devices, not added.  Where the peak passes the device's memory, the plan says
 what to change, in order: a LoRA adapter instead of full weights, sharding over more devices,
 smaller passes, activation checkpointing, a smaller vLLM share.
 """
@@ -729,4 +730,7 @@ def render(plans: list[DevicePlan], cfg, devices: int | None = None) -> str:
         verdict = "" if d.fits is None else (" (fits)" if d.fits else " (does NOT fit)")
         lines.append(f"  planned peak: {_gib(d.peak(saved=False))} without memory savers, {_gib(d.peak())} with them{verdict}")
         lines += advice(d, cfg, devices)
+    side = getattr(kind_of(cfg.topology), "side_processes", None)
+    if side is not None and side(cfg):  # on the host, whatever device the policies are on
+        lines.append(f"host, not in any peak above: {side(cfg)}")
     return "\n".join(lines)
