@@ -296,16 +296,15 @@ def added_per_call(clocks: Clocks, client: dict[str, list[float]]) -> list[float
 
 def workers_cpu() -> float:
     """CPU seconds of the live team worker processes (``processes: N`` teams), from /proc (0 elsewhere)."""
-    from mas.process import team_processes
+    from mas.process.team_processes import shared_worker_pids
 
     total = 0.0
-    for pool in list(team_processes._SHARED.values()):
-        for pid in pool.pids():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    for pid in shared_worker_pids():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
     return total
 
 

@@ -136,18 +136,16 @@ class EndpointTeam:
     async def run(self, ctx: EpisodeContext) -> Outcome:
         loop = asyncio.get_running_loop()
         async with ctx.endpoint(self.cfg.max_model_calls, self.cfg.request_sampling) as door:
-            if self.cfg.processes:
-                try:
-                    value = await shared_team_processes(self.cfg.processes).run(
-                        self.cfg.entry, ctx.task.prompt, base_url=door.base_url, api_key=door.api_key)
-                except Exception as exc:  # noqa: BLE001 - the engine's own error first, as below
-                    door.rethrow(exc)
-                door.rethrow()
-                return Outcome(answer=read_answer(value))
-            call = functools.partial(self.entry, ctx.task.prompt, base_url=door.base_url, api_key=door.api_key)
-            work = (functools.partial(asyncio.run, _awaited(call)) if inspect.iscoroutinefunction(self.entry) else call)
+            args = (ctx.task.prompt,)
+            kwargs = {"base_url": door.base_url, "api_key": door.api_key}
+            if self.cfg.processes:  # in a worker process (mas.process.team_processes), on a thread there
+                running = shared_team_processes(self.cfg.processes).run(self.cfg.entry, *args, **kwargs)
+            else:  # on a worker thread of this process
+                call = functools.partial(self.entry, *args, **kwargs)
+                work = (functools.partial(asyncio.run, _awaited(call)) if inspect.iscoroutinefunction(self.entry) else call)
+                running = loop.run_in_executor(None, work)
             try:
-                value = await loop.run_in_executor(None, work)
+                value = await running
             except Exception as exc:  # noqa: BLE001 - the client wraps the engine's error: raise the original
                 door.rethrow(exc)
             door.rethrow()

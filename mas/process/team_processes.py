@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import os
-import pickle
 import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from dataclasses import dataclass, field
@@ -117,14 +118,13 @@ def _worker_main(conn: Any, parent: int) -> None:
             send(("error", job_id, type(exc).__name__, str(exc), traceback.format_exc()))
             return
         try:
-            pickle.dumps(value)
-        except Exception:  # noqa: BLE001 - the answer is read as text
-            value = str(value)
-        send(("ok", job_id, value))
+            send(("ok", job_id, value))  # Connection.send pickles before it writes anything
+        except Exception:  # noqa: BLE001 - it does not pickle: the answer is read as text
+            send(("ok", job_id, str(value)))
 
     def watch_parent() -> None:
         while True:
-            threading.Event().wait(_PARENT_CHECK_S)
+            time.sleep(_PARENT_CHECK_S)
             if os.getppid() != parent:
                 os._exit(0)
 
@@ -160,7 +160,7 @@ class TeamProcesses:
         self.processes = processes
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
-        self._next_id = 0
+        self._ids = itertools.count(1)  # job ids (next() on a count is atomic under the GIL)
         self._closed = False
 
     def _start_worker(self) -> _Worker:
@@ -188,9 +188,7 @@ class TeamProcesses:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         worker = self._pick()
-        with self._lock:
-            self._next_id += 1
-            job_id = self._next_id
+        job_id = next(self._ids)
         with worker.lock:
             if not worker.alive:
                 raise remote_error("WorkerExited", self._exit_message(worker))
@@ -288,6 +286,13 @@ def shared_team_processes(processes: int) -> TeamProcesses:
         if pool is None:
             pool = _SHARED[processes] = TeamProcesses(processes)
         return pool
+
+
+def shared_worker_pids() -> list[int]:
+    """The live workers of every shared pool (a benchmark reads their CPU time)."""
+    with _SHARED_LOCK:
+        pools = list(_SHARED.values())
+    return [pid for pool in pools for pid in pool.pids()]
 
 
 def close_shared_team_processes() -> None:
