@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mas.agents.prompts import render_prompt, template_takes_tools
-from mas.rollout.backends.base import BackendUnavailable, BatchError, GenRequest, GenResult
+from mas.rollout.backends.base import BackendUnavailable, GenRequest, GenResult, generate_apart
 from mas.tools import has_tool_call, parse_tool_calls, tool_call_text
 from mas.topologies.adapters import (EpisodeCalls, Generation, describe_tools, finish_messages, outside_calls,
                                      tool_results_text, tool_schema)
@@ -404,9 +404,9 @@ class ServeBatcher:
 
     Runs on one event loop (the session's); the backend is called from one worker thread at a
     time, under a lock, since a backend is not thread-safe.  A batch that fails is retried one
-    client request at a time, so a request the backend cannot serve fails alone (as the engine's
-    ``Batcher`` does); a ``BatchError`` fails only the client requests whose rows failed, and
-    ``BackendUnavailable`` every request of the batch."""
+    client request at a time, so a request the backend cannot serve fails alone; a ``BatchError``
+    fails only the client requests whose rows failed, and ``BackendUnavailable`` every request of
+    the batch (``generate_apart``, as the engine's ``Batcher``)."""
 
     def __init__(self, backend: Any):
         self.backend = backend
@@ -440,39 +440,12 @@ class ServeBatcher:
                 raise
 
     async def _generate(self, batch: list[tuple[list[GenRequest], asyncio.Future]]) -> None:
-        rows = [r for reqs, _ in batch for r in reqs]
-        try:
-            results = await asyncio.to_thread(self._call, rows)
+        try:  # each client request is a group: one the backend cannot serve fails alone (as in the engine)
+            outcomes = await asyncio.to_thread(generate_apart, self._call, [reqs for reqs, _ in batch])
         except BackendUnavailable as exc:
-            for _, fut in batch:
-                _settle_future(fut, error=exc)
-            return
-        except BatchError as exc:  # the backend says which rows failed: only their requests fail
-            at = 0
-            for reqs, fut in batch:
-                errors = [e for e in exc.errors[at:at + len(reqs)] if e is not None]
-                _settle_future(fut, result=exc.results[at:at + len(reqs)], error=errors[0] if errors else None)
-                at += len(reqs)
-            return
-        except Exception as exc:  # noqa: BLE001 - one client request at a time: a bad one fails alone
-            if len(batch) == 1:
-                _settle_future(batch[0][1], error=exc)
-                return
-            for reqs, fut in batch:
-                try:
-                    _settle_future(fut, result=await asyncio.to_thread(self._call, reqs))
-                except Exception as one:  # noqa: BLE001 - this client gets the error (500)
-                    _settle_future(fut, error=one)
-            return
-        if len(results) != len(rows):
-            err = RuntimeError(f"the backend returned {len(results)} results for {len(rows)} requests")
-            for _, fut in batch:
-                _settle_future(fut, error=err)
-            return
-        at = 0
-        for reqs, fut in batch:
-            _settle_future(fut, result=results[at:at + len(reqs)])
-            at += len(reqs)
+            outcomes = [(None, exc)] * len(batch)
+        for (_, fut), (results, error) in zip(batch, outcomes):
+            _settle_future(fut, result=results, error=error)
 
     def _call(self, rows: list[GenRequest]) -> list[GenResult]:
         with self._lock:

@@ -55,6 +55,7 @@ import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from collections.abc import Awaitable, Mapping
 from typing import Any, Callable, Literal
 
@@ -62,7 +63,7 @@ from typing import Any, Callable, Literal
 from mas.agents.agent import Agent
 from mas.agents.prompts import PromptCache
 from mas.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
-from mas.rollout.backends.base import Backend, BackendUnavailable, BatchError, GenRequest, GenResult
+from mas.rollout.backends.base import Backend, BackendUnavailable, GenRequest, GenResult, generate_apart
 from mas.rollout.endpoint import Door, episode_endpoint
 from mas.envs.verifiers import VERIFIED, TurnVerifier, check_score
 from mas.process.fault_points import pause_point
@@ -291,38 +292,20 @@ class Batcher:
             seed = self.seed * 1_000_003 + self.batches
             self.batches += 1
             self.requests += len(batch)
-            try:
-                results = self.backend.generate_batch([req for _, req, _ in batch], seed=seed)
+            try:  # a request that fails again when retried alone fails its episode (counted there)
+                outcomes = generate_apart(lambda rows: self.backend.generate_batch(rows, seed=seed),
+                                          [[req] for _, req, _ in batch], on_retry=partial(self._retried, len(batch)))
             except BackendUnavailable as exc:  # nothing can be served: fail every waiting episode, then the rollout
                 self.fatal = self.fatal or exc
                 for _, _, fut in batch:
                     _settle(fut, error=exc)
                 continue
-            except BatchError as exc:  # the backend says which requests failed: only those fail
-                for (_, req, fut), res, err in zip(batch, exc.results, exc.errors):
-                    self._served(req, fut, res, err)
-                continue
-            except Exception as exc:  # noqa: BLE001 - isolate the bad request(s): one at a time
-                if len(batch) == 1:  # nothing to isolate: sending it again alone would only repeat it
-                    _settle(batch[0][2], error=exc)
-                    continue
-                self.faults.add("backend_error", f"a batch of {len(batch)} generations failed ({type(exc).__name__}: {exc}); "
-                                                 "retried one request at a time")
-                for _, req, fut in batch:  # a request that fails again fails its episode (counted there)
-                    try:
-                        self._served(req, fut, self.backend.generate_batch([req], seed=seed)[0])
-                    except BatchError as exc:
-                        self._served(req, fut, exc.results[0], exc.errors[0])
-                    except Exception as exc:  # noqa: BLE001 - that episode fails and is marked
-                        _settle(fut, error=exc)
-            else:
-                if len(results) != len(batch):
-                    err = RuntimeError(f"backend returned {len(results)} results for {len(batch)} requests")
-                    for _, _, fut in batch:
-                        _settle(fut, error=err)
-                    continue
-                for (_, req, fut), res in zip(batch, results):
-                    self._served(req, fut, res)
+            for (_, req, fut), (results, error) in zip(batch, outcomes):
+                self._served(req, fut, results[0] if results else None, error)
+
+    def _retried(self, n: int, exc: BaseException) -> None:
+        self.faults.add("backend_error", f"a batch of {n} generations failed ({type(exc).__name__}: {exc}); "
+                                         "retried one request at a time")
 
     def _served(self, req: GenRequest, fut: asyncio.Future, res: GenResult | None, error: BaseException | None = None) -> None:
         """Hand a request its result (counting the tokens generated) or its error."""

@@ -12,14 +12,15 @@ leaves the RNG as it is.
 
 A backend whose requests fail one by one (a remote endpoint) raises ``BatchError`` with the
 results it has and the error of each request that failed, so only those fail; any other
-exception fails the whole batch, and the engine then retries its requests one at a time.
+exception fails the whole batch, and the engine then retries its requests one at a time
+(``generate_apart``, which ``mas serve`` uses too).
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, ContextManager, Literal, Protocol
+from typing import Any, Callable, ContextManager, Literal, Protocol
 
 
 @dataclass
@@ -100,6 +101,63 @@ class BatchError(RuntimeError):
         failed = [e for e in errors if e is not None]
         super().__init__(f"{len(failed)} of {len(errors)} requests failed; first: {type(failed[0]).__name__}: {failed[0]}"
                          if failed else "no request failed")
+
+
+Outcome = tuple[list[GenResult | None] | None, BaseException | None]  # a group's results, or its error
+
+
+def generate_apart(call: Callable[[list[GenRequest]], list[GenResult]], groups: list[list[GenRequest]],
+                   on_retry: Callable[[BaseException], None] | None = None) -> list[Outcome]:
+    """Generate every group's requests in one ``call`` and give each group its outcome: its
+    results (in order), or the error that fails it.  A group is what fails together: one
+    episode's request (the engine's ``Batcher``), one client request's ``n`` rows (``mas serve``).
+
+    Where the call fails, only what failed fails:
+
+    - ``BackendUnavailable`` is raised to the caller: nothing can be served;
+    - ``BatchError`` (the backend says which requests failed): each group gets its requests'
+      results and the first of their errors;
+    - any other error: each group is generated again on its own (``on_retry(error)`` first), so a
+      group the backend cannot serve fails alone; a lone group is not sent again, which would only
+      repeat the error;
+    - a call that returns another number of results than it was sent fails every group.
+    """
+    rows = [r for g in groups for r in g]
+    try:
+        results = call(rows)
+    except BackendUnavailable:
+        raise
+    except BatchError as exc:
+        return _split(groups, exc.results, exc.errors)
+    except Exception as exc:  # noqa: BLE001 - isolate the bad group(s): one at a time
+        if len(groups) == 1:
+            return [(None, exc)]
+        if on_retry is not None:
+            on_retry(exc)
+        out: list[Outcome] = []
+        for group in groups:
+            try:
+                out.append((call(group), None))
+            except BatchError as one:
+                out.extend(_split([group], one.results, one.errors))
+            except Exception as one:  # noqa: BLE001 - this group fails (BackendUnavailable included)
+                out.append((None, one))
+        return out
+    if len(results) != len(rows):
+        err = RuntimeError(f"the backend returned {len(results)} results for {len(rows)} requests")
+        return [(None, err)] * len(groups)
+    return _split(groups, results, [None] * len(rows))
+
+
+def _split(groups: list[list[GenRequest]], results: list[GenResult | None],
+           errors: list[BaseException | None]) -> list[Outcome]:
+    out: list[Outcome] = []
+    at = 0
+    for group in groups:
+        failed = [e for e in errors[at:at + len(group)] if e is not None]
+        out.append((list(results[at:at + len(group)]), failed[0] if failed else None))
+        at += len(group)
+    return out
 
 
 class Backend(Protocol):
