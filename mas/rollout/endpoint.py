@@ -56,6 +56,7 @@ from typing import Any, Protocol
 
 from mas.agents.prompts import render_prompt, template_takes_tools
 from mas.rollout.backends.base import BackendUnavailable, GenRequest, GenResult, generate_apart
+from mas.rollout.batcher import settle
 from mas.tools import has_tool_call, parse_tool_calls, tool_call_text
 from mas.topologies.adapters import (EpisodeCalls, Generation, describe_tools, finish_messages, outside_calls,
                                      tool_results_text, tool_schema)
@@ -435,7 +436,7 @@ class ServeBatcher:
                 await self._generate(batch)
             except Exception as exc:  # a bug here must not leave clients waiting forever
                 for _, fut in batch + self._waiting:
-                    _settle_future(fut, error=exc)
+                    settle(fut, error=exc)
                 self._waiting = []
                 raise
 
@@ -445,21 +446,12 @@ class ServeBatcher:
         except BackendUnavailable as exc:
             outcomes = [(None, exc)] * len(batch)
         for (_, fut), (results, error) in zip(batch, outcomes):
-            _settle_future(fut, result=results, error=error)
+            settle(fut, result=results, error=error)
 
     def _call(self, rows: list[GenRequest]) -> list[GenResult]:
         with self._lock:
             self.calls += 1
             return self.backend.generate_batch(rows, seed=None)
-
-
-def _settle_future(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
-    if fut.done():  # its client went away (cancelled)
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
 
 
 class PolicySession:

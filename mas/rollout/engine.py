@@ -2,13 +2,13 @@
 
 Each episode is one run of the team's compiled LangGraph graph (``mas.topologies``).  Graph
 nodes call agents through ``EpisodeContext.call``; those calls become ``GenRequest``s that
-the ``Batcher`` collects from all running episodes and hands to the backend as one
-``generate_batch`` (one ``generate`` per policy and sampling setting).
+the ``Batcher`` (``mas.rollout.batcher``) collects from all running episodes and hands to the
+backend as one ``generate_batch`` (one ``generate`` per policy and sampling setting).
 
 The same machinery executes the extra evaluations credit methods plan (docs/architecture.md):
     replay        re-run a recorded episode with turns 0..t-1 frozen token for token
     intervention  re-run with some agents masked (placeholder text) or removed (no message)
-A ``Script`` tells ``EpisodeContext.call`` what to do at each turn index.
+A ``Script`` (``mas.rollout.script``) tells ``EpisodeContext.call`` what to do at each turn index.
 
 Tools (``mas/tools.py``): every generation is one Turn.  When an agent with tools writes
 tool calls, ``EpisodeContext.call`` runs them with the env's tools, records the calls and
@@ -52,25 +52,21 @@ import math
 import dataclasses
 import threading
 import traceback
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 from collections.abc import Awaitable, Mapping
-from typing import Any, Callable, Literal
-
+from typing import Any, Callable
 
 from mas.agents.agent import Agent
 from mas.agents.prompts import PromptCache
 from mas.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
-from mas.rollout.backends.base import Backend, BackendUnavailable, GenRequest, GenResult, generate_apart
+from mas.rollout.backends.base import Backend, GenRequest, GenResult
+from mas.rollout.batcher import Batcher
 from mas.rollout.endpoint import Door, episode_endpoint
 from mas.envs.verifiers import VERIFIED, TurnVerifier, check_score
-from mas.process.fault_points import pause_point
 from mas.process.sandbox import Sandbox
 from mas.types import (
     CritiqueRequest,
-    StepAbandoned,
     Episode,
     EpisodeGroup,
     InterventionRequest,
@@ -86,25 +82,7 @@ from mas.types import (
 
 from mas.rollout.faults import FAULT_KINDS, Faults  # noqa: F401 - FAULT_KINDS is read from here too
 from mas.rollout.positions import fit_budget, model_positions
-
-MASK_TEXT = "[masked]"
-
-class ReplayDivergence(RuntimeError):
-    """A replay asked for something the recorded episode does not hold at a frozen turn: another
-    agent, or the same agent with another prompt.  The replay is not faithful, so the episode
-    fails with this error (named agent and turn) instead of silently crediting a different run.
-
-    A team is replayable when its control flow (who speaks next, what each agent is shown)
-    depends only on the messages so far; see docs/bring_your_own_team.md.
-    """
-
-    def __init__(self, message: str, agent: str, turn: int):
-        super().__init__(message)
-        self.agent = agent
-        self.turn = turn
-
-
-REPLAY_HINT = "a replay needs routing that depends only on the messages so far (docs/bring_your_own_team.md)"
+from mas.rollout.script import MASK_TEXT, REPLAY_HINT, SAMPLE, Directive, ReplayDivergence, Script
 
 LEFTOVER_GRACE_S = 1.0  # wall time a run's clean-up gives tasks still running (cancelled) before it leaves them
 
@@ -120,198 +98,6 @@ class EpisodeStopped(RuntimeError):
         if fault not in FAULT_KINDS:
             raise KeyError(f"unknown fault kind {fault!r}; valid: {sorted(FAULT_KINDS)}")
         self.fault = fault
-
-
-# ---------------------------------------------------------------------------------------------
-# scripts: what to do at each turn of a replayed or intervened episode
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Directive:
-    kind: Literal["sample", "replay", "mask", "remove"]
-    source: Turn | None = None
-    check_prompt: bool = False
-
-
-SAMPLE = Directive("sample")
-
-
-@dataclass(frozen=True)
-class Script:
-    source: Episode
-    freeze_upto: int = 0  # turns with index < freeze_upto are reused exactly
-    masked: tuple[str, ...] = ()
-    mode: Literal["mask", "remove"] = "mask"
-    keep_others: bool = False  # reuse other agents' recorded outputs at the same positions
-    resample: tuple[str, ...] = ()  # ... except these agents, which are always sampled afresh
-
-    def invocation_length(self, index: int, agent: str) -> int:
-        """Recorded turns of ``agent``'s invocation starting at ``index``: 1 plus its tool rounds."""
-        turns = self.source.turns
-        if index >= len(turns) or turns[index].agent != agent:
-            return 1
-        end = index
-        while (end + 1 < len(turns) and turns[end].parsed.get("label") == TOOL_LABEL
-               and turns[end + 1].agent == agent and turns[end + 1].parent == turns[end].index):
-            end += 1
-        return end - index + 1
-
-    def _first_masked(self) -> int:
-        """Position of the first recorded turn of a masked agent (turns before it are unaffected)."""
-        return next((t.index for t in self.source.turns if t.agent in self.masked), len(self.source.turns))
-
-    def directive(self, index: int, agent: str) -> Directive:
-        src = self.source.turns[index] if index < len(self.source.turns) else None
-        if agent in self.masked:
-            return Directive(self.mode)
-        if index < self.freeze_upto:
-            if src is None or src.agent != agent:
-                found = "no turn" if src is None else repr(src.agent)
-                raise ReplayDivergence(f"turn {index}: the team asked for agent {agent!r} where the recorded episode has "
-                                       f"{found}; {REPLAY_HINT}", agent, index)
-            return Directive("replay", src, check_prompt=True)
-        resampled = agent in self.resample and index > self._first_masked()  # before it nothing has changed
-        if (self.keep_others and not resampled and src is not None and src.agent == agent
-                and src.finish_reason not in ("masked", "removed")):
-            return Directive("replay", src)
-        return SAMPLE
-
-
-# ---------------------------------------------------------------------------------------------
-# batching of concurrent generation requests
-# ---------------------------------------------------------------------------------------------
-
-
-class Batcher:
-    """Collects requests from concurrently running episodes and serves them in batches.
-
-    A batch is flushed once every running episode is waiting on at least one request and no
-    episode has a tool call running (tools run in worker threads, and an episode's next
-    request after a tool round belongs in the same batch whatever the tool's speed); a few
-    more loop iterations then let sibling requests of the same episode (concurrent calls in
-    one node) arrive.  The rule depends only on which episodes are waiting, never on timing,
-    so batches, and with them the sampled tokens, are the same in every run.  (Topology code
-    must therefore stay on the event loop: LangGraph runs sync node and routing functions in a
-    thread pool, so every topology function LangGraph calls is async.)
-
-    Framework teams run on this loop as well: an AutoGen team's agent runtime is a set of
-    asyncio tasks, and a user's LangGraph graph is run with ``ainvoke``.  A sync user node runs
-    in a worker thread and hands its model call to this loop (``run_coroutine_threadsafe``);
-    while it runs its episode is not waiting, so the batch waits for it, and sequential code
-    batches the same in every run.  Concurrent calls of one episode made from threads (parallel
-    sync branches) could arrive in different batches: such branches should be async nodes.
-    """
-
-    def __init__(self, backend: Backend, seed: int, settle_yields: int = 4, faults: Faults | None = None,
-                 count_tokens: Callable[[GenRequest, GenResult], int] | None = None,
-                 abort: Callable[[], bool] | None = None):
-        self.backend = backend
-        self.abort = abort  # asked before each batch: True drops the whole run (StepAbandoned)
-        self.faults = faults if faults is not None else Faults()
-        self.seed = seed
-        self.settle_yields = settle_yields
-        self.count_tokens = count_tokens or (lambda req, res: len(res.completion_ids))
-        self.tokens = 0  # completion tokens generated (every result served, critic replies included)
-        self.active: set[int] = set()  # episode keys still running
-        self.busy: Counter[int] = Counter()  # episode key -> tool calls running off the loop
-        self._pending: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []
-        self._inflight: list[tuple[tuple[int, int], GenRequest, asyncio.Future]] = []  # the batch being served
-        self.dead: BaseException | None = None  # what stopped the serving task, if it raised
-        self._wake = asyncio.Event()
-        self.batches = 0
-        self.requests = 0
-        self.fatal: BackendUnavailable | StepAbandoned | None = None  # the backend is gone, or a stop: the run raises it
-
-    async def generate(self, key: tuple[int, int], request: GenRequest) -> GenResult:
-        if self.dead is not None:
-            raise RuntimeError(f"the engine's batch server failed: {self.dead!r}") from self.dead
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((key, request, fut))
-        self._wake.set()
-        return await fut
-
-    def finished(self, key: int) -> None:
-        self.active.discard(key)
-        self._wake.set()
-
-    def drop(self, key: int, error: BaseException) -> None:
-        """Fail the requests of episode ``key`` still waiting for a batch with ``error`` (the
-        episode was stopped): they are not generated."""
-        keep = []
-        for item in self._pending:
-            if item[0][0] == key:
-                _settle(item[2], error=error)
-            else:
-                keep.append(item)
-        self._pending = keep
-        self._wake.set()
-
-    def tool_started(self, key: int) -> None:
-        self.busy[key] += 1
-
-    def tool_finished(self, key: int) -> None:
-        self.busy[key] -= 1
-        if self.busy[key] <= 0:
-            del self.busy[key]
-        self._wake.set()
-
-    def _all_waiting(self) -> bool:
-        return bool(self._pending) and not self.busy and {k[0] for k, _, _ in self._pending} >= self.active
-
-    def fail_pending(self, server: asyncio.Task) -> None:
-        """The serving task ended: if it raised (a bug, not a failed generation: those fail their
-        own requests), every request waiting on it, and every later one, fails with that error."""
-        if server.cancelled() or server.exception() is None:
-            return
-        self.dead = server.exception()
-        for _, _, fut in self._inflight + self._pending:
-            _settle(fut, error=self.dead)
-        self._inflight, self._pending = [], []
-
-    async def serve(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if not self._all_waiting():
-                continue
-            for _ in range(self.settle_yields):
-                await asyncio.sleep(0)
-            batch = sorted((p for p in self._pending if not p[2].done()), key=lambda item: item[0])
-            self._inflight = batch
-            self._pending = []  # (a future is done already only if its episode was cancelled by a timeout)
-            if not batch:
-                continue
-            if self.batches and self.abort is not None:
-                pause_point("mid_rollout", None, resume_when=self.abort)  # a test's signal lands here (fault_points)
-            if self.abort is not None and self.abort():  # a stop was asked: no more generation in this run
-                self.fatal = self.dead = StepAbandoned(f"generation stopped before batch {self.batches + 1}")
-                for _, _, fut in batch:
-                    _settle(fut, error=self.dead)
-                continue
-            seed = self.seed * 1_000_003 + self.batches
-            self.batches += 1
-            self.requests += len(batch)
-            try:  # a request that fails again when retried alone fails its episode (counted there)
-                outcomes = generate_apart(lambda rows: self.backend.generate_batch(rows, seed=seed),
-                                          [[req] for _, req, _ in batch], on_retry=partial(self._retried, len(batch)))
-            except BackendUnavailable as exc:  # nothing can be served: fail every waiting episode, then the rollout
-                self.fatal = self.fatal or exc
-                for _, _, fut in batch:
-                    _settle(fut, error=exc)
-                continue
-            for (_, req, fut), (results, error) in zip(batch, outcomes):
-                self._served(req, fut, results[0] if results else None, error)
-
-    def _retried(self, n: int, exc: BaseException) -> None:
-        self.faults.add("backend_error", f"a batch of {n} generations failed ({type(exc).__name__}: {exc}); "
-                                         "retried one request at a time")
-
-    def _served(self, req: GenRequest, fut: asyncio.Future, res: GenResult | None, error: BaseException | None = None) -> None:
-        """Hand a request its result (counting the tokens generated) or its error."""
-        if error is None:
-            self.tokens += self.count_tokens(req, res)
-        _settle(fut, result=res, error=error)
 
 
 _TURN_FIELDS = tuple(f.name for f in dataclasses.fields(Turn))
@@ -359,15 +145,6 @@ def _cut_at_stop(res: GenResult, stop: tuple[str, ...], tokenizer: Any) -> GenRe
             return GenResult(completion_ids=list(ids[:k]), logprobs=list(res.logprobs[:k]), text=text[:min(hits)],
                              finish_reason="stop", weight_version=res.weight_version)
     return res  # the text holds a stop only across what decoding the ids gives: keep it whole
-
-
-def _settle(fut: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
-    if fut.done():  # its episode timed out meanwhile
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
 
 
 # ---------------------------------------------------------------------------------------------
