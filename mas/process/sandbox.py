@@ -179,6 +179,9 @@ def _worker_main(conn, functions: Mapping[str, Callable[..., Any]], memory_mb: i
 # ------------------------------------------------------------------------------------------
 
 
+_FORK_LOCK = threading.Lock()  # held while a worker is forked and the parent closes the child's ends
+
+
 class _Worker:
     def __init__(self, sandbox: "Sandbox"):
         ctx = multiprocessing.get_context("fork")
@@ -190,10 +193,14 @@ class _Worker:
             name=f"{sandbox.name}-worker",
             daemon=True,
         )
-        with warnings.catch_warnings():  # Python >= 3.12 warns about fork in a threaded process:
-            warnings.simplefilter("ignore", DeprecationWarning)  # the child runs only our loop
+        # One fork at a time, and the child's ends closed here before the next: a worker forked by
+        # another thread in between would inherit them, and this worker's exit would not be seen
+        # (multiprocessing's sentinel pipe stays open in the sibling) until the sibling's exit, so
+        # join() would wait out its timeout
+        with _FORK_LOCK, warnings.catch_warnings():  # Python >= 3.12 warns about fork in a threaded
+            warnings.simplefilter("ignore", DeprecationWarning)  # process: the child runs only our loop
             self.proc.start()
-        child.close()
+            child.close()
         if not self.conn.poll(sandbox.start_timeout_s):
             self.kill()
             raise SandboxCrash(f"{sandbox.name}: a worker did not start within {sandbox.start_timeout_s:g}s")
@@ -203,23 +210,36 @@ class _Worker:
             self.kill()
             raise SandboxCrash(f"{sandbox.name}: a worker died while starting (exit code {self.proc.exitcode})") from None
 
-    def kill(self) -> None:
+    def signal(self) -> None:
+        """SIGKILL, not waited for (``kill`` waits)."""
         self.dead = True
         if self.proc.is_alive():
             try:
                 os.kill(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def kill(self) -> None:
+        self.signal()
         self.proc.join(timeout=5)
         self.conn.close()
 
 
+def _kill_all(workers: list) -> None:
+    """Kill every worker: all signalled first, so that they end side by side, then each waited for."""
+    for w in workers:
+        w.signal()
+    for w in workers:
+        w.kill()
+
+
 def _shutdown(workers: list) -> None:
-    for w in list(workers):
-        try:
-            w.kill()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
+    for step in ("signal", "kill"):
+        for w in list(workers):
+            try:
+                getattr(w, step)()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
     workers.clear()
 
 
@@ -317,8 +337,7 @@ class Sandbox:
         with self._lock:
             workers = list(self._live)
             self._live.clear()
-        for w in workers:
-            w.kill()
+        _kill_all(workers)
         drained = 0
         while True:
             try:
