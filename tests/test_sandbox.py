@@ -241,3 +241,27 @@ def test_workers_started_at_once_hold_no_sibling_s_exit_pipe():
             sandbox.close()
     finally:
         sandbox.close()
+
+
+def test_a_worker_holds_none_of_the_callers_sockets_so_a_connection_the_caller_closes_ends():
+    """Fork copies every descriptor: a worker that kept the caller's sockets would keep open a
+    connection the caller closes (its peer never sees the end) and a port the caller frees."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    sandbox = Sandbox(FUNCTIONS, timeout_s=60.0, workers=1, name="test")
+    try:
+        worker_pid = sandbox("pid")
+        inodes = {os.readlink(f"/proc/self/fd/{s.fileno()}") for s in (server, client, accepted)}
+        held = {os.readlink(f"/proc/{worker_pid}/fd/{fd}") for fd in os.listdir(f"/proc/{worker_pid}/fd")}
+        assert not inodes & held
+        accepted.close()
+        client.settimeout(30)  # a guard against a hang, not a measure: the end arrives at once or never
+        assert client.recv(1) == b""  # the caller's close reached the peer though the worker lives
+        assert sandbox("add", 2, 3) == 5  # the worker still answers on its own pipe
+    finally:
+        sandbox.close()
+        client.close()
+        server.close()

@@ -21,7 +21,8 @@ functions in a small pool of worker processes and bounds each call:
 
 Workers are forked from the calling process on first use, so they inherit the registered
 functions and whatever those close over (a BM25 index, an imported math-verify) without
-pickling or re-importing anything; a call costs one pickled message each way over a pipe
+pickling or re-importing anything, but not the parent's sockets, which a worker lets go of
+(a connection the parent closes ends for its peer); a call costs one pickled message each way over a pipe
 (about 0.1 ms; ``bench/sandbox_overhead.py``).  A worker exits when its pipe closes or its
 parent is gone (it checks once a second), so a killed run leaves no workers behind.
 Exceptions a function raises come back to the caller as they were (or as ``SandboxError``
@@ -38,6 +39,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import stat
 import sys
 import threading
 import time
@@ -143,8 +145,33 @@ def _watch_parent(parent: int) -> None:
             os._exit(1)
 
 
+def _release_inherited_sockets(keep: int) -> None:
+    """Let go of the copies of the parent's sockets that fork gave this worker (the endpoint's
+    listening socket and its connections, a team process's socket pair, Ray's), so that a
+    socket the parent closes is closed for its peer too, and a port it frees is free, while the
+    worker lives.  Each fd is pointed at /dev/null rather than closed: a socket object of the
+    parent's that this copy of its heap still holds may close its number later, and the number
+    must not by then belong to something else."""
+    if not os.path.isdir("/proc/self/fd"):
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd <= 2 or fd in (keep, null):
+                continue
+            try:
+                if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+            except OSError:  # the listing's own descriptor, already gone
+                pass
+    finally:
+        os.close(null)
+
+
 def _worker_main(conn, functions: Mapping[str, Callable[..., Any]], memory_mb: int | None, network: bool, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the parent, which stops the workers
+    _release_inherited_sockets(keep=conn.fileno())
     isolated = True if network else _unshare_network()  # before any thread starts (user namespaces need that)
     if not network:
         _install_guard(block_processes=not isolated)
