@@ -110,3 +110,17 @@ def test_a_wrong_number_of_results_fails_every_group():
     out = generate_apart(Backend(short=True), [[req("a")], [req("b")]])
     assert [r for r, _ in out] == [None, None]
     assert all(str(e) == "the backend returned 1 results for 2 requests" for _, e in out)
+
+
+def test_a_retry_that_returns_a_wrong_number_of_results_fails_its_group_only():
+    class ShortAlone(Backend):  # the batch fails; alone, group ["b", "c"] comes back one result short
+        def __call__(self, rows):
+            self.calls.append([r.agent for r in rows])
+            if len(self.calls) == 1:
+                raise RuntimeError("the batch")
+            got = [res(r.agent) for r in rows]
+            return got[:-1] if len(rows) == 2 else got
+
+    out = generate_apart(ShortAlone(), [[req("a")], [req("b"), req("c")]])
+    assert texts(out[0]) == ["a"]
+    assert out[1][0] is None and str(out[1][1]) == "the backend returned 1 results for 2 requests"

@@ -120,7 +120,8 @@ def generate_apart(call: Callable[[list[GenRequest]], list[GenResult]], groups: 
     - any other error: each group is generated again on its own (``on_retry(error)`` first), so a
       group the backend cannot serve fails alone; a lone group is not sent again, which would only
       repeat the error;
-    - a call that returns another number of results than it was sent fails every group.
+    - a call that returns another number of results than it was sent fails the groups it was sent
+      (every group, or on a retry that group).
     """
     rows = [r for g in groups for r in g]
     try:
@@ -137,16 +138,21 @@ def generate_apart(call: Callable[[list[GenRequest]], list[GenResult]], groups: 
         out: list[Outcome] = []
         for group in groups:
             try:
-                out.append((call(group), None))
+                got = call(group)
             except BatchError as one:
                 out.extend(_split([group], one.results, one.errors))
             except Exception as one:  # noqa: BLE001 - this group fails (BackendUnavailable included)
                 out.append((None, one))
+            else:
+                out.append((got, None) if len(got) == len(group) else (None, _miscounted(got, group)))
         return out
     if len(results) != len(rows):
-        err = RuntimeError(f"the backend returned {len(results)} results for {len(rows)} requests")
-        return [(None, err)] * len(groups)
+        return [(None, _miscounted(results, rows))] * len(groups)
     return _split(groups, results, [None] * len(rows))
+
+
+def _miscounted(results: list[GenResult], rows: list[GenRequest]) -> RuntimeError:
+    return RuntimeError(f"the backend returned {len(results)} results for {len(rows)} requests")
 
 
 def _split(groups: list[list[GenRequest]], results: list[GenResult | None],
