@@ -75,3 +75,23 @@ def loaded(module: str) -> bool:
     import sys
 
     return module in sys.modules
+
+
+class TwoArgs(Exception):
+    """Pickles (as its args) but does not unpickle: ``__init__`` wants two arguments."""
+
+    def __init__(self, a: int, b: int):
+        super().__init__(f"{a}/{b}")
+
+
+def does_not_come_back(task: str) -> object:
+    return TwoArgs(1, 2)
+
+
+class Mute(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no words")
+
+
+def raises_mute(task: str) -> str:
+    raise Mute()

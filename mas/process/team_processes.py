@@ -35,6 +35,7 @@ import asyncio
 import inspect
 import itertools
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -100,6 +101,14 @@ def _run_job(ref: str, args: tuple, kwargs: dict) -> Any:
     return fn(*args, **kwargs)
 
 
+def _text(value: Any) -> str:
+    """``str(value)``, or what it is where its ``__str__`` raises."""
+    try:
+        return str(value)
+    except Exception as exc:  # noqa: BLE001 - a user's class
+        return f"<a {type(value).__name__} whose str() raised {type(exc).__name__}: {exc}>"
+
+
 def _worker_main(conn: Any, parent: int) -> None:
     """A worker's loop: each job on a thread of its own, each reply sent under one lock."""
     lock = threading.Lock()
@@ -115,12 +124,13 @@ def _worker_main(conn: Any, parent: int) -> None:
         try:
             value = _run_job(ref, args, kwargs)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the episode
-            send(("error", job_id, type(exc).__name__, str(exc), traceback.format_exc()))
+            send(("error", job_id, type(exc).__name__, _text(exc), traceback.format_exc()))
             return
-        try:
-            send(("ok", job_id, value))  # Connection.send pickles before it writes anything
+        try:  # pickled here, unpickled by the parent apart from the message: a value that does not
+            payload = pickle.dumps(value)  # come back fails its own episode, not the worker's reader
         except Exception:  # noqa: BLE001 - it does not pickle: the answer is read as text
-            send(("ok", job_id, str(value)))
+            payload = pickle.dumps(_text(value))
+        send(("ok", job_id, payload))
 
     def watch_parent() -> None:
         while True:
@@ -206,19 +216,27 @@ class TeamProcesses:
     def _read(self, worker: _Worker) -> None:
         while True:
             try:
-                message = worker.conn.recv()
+                kind, job_id, *rest = worker.conn.recv()
             except (EOFError, OSError):
                 break
-            kind, job_id, *rest = message
+            except Exception:  # noqa: BLE001 - a message that does not read: the channel is not to be
+                worker.process.kill()  # trusted; its jobs fail below (WorkerExited), none hangs
+                break
             with worker.lock:
                 pending = worker.jobs.pop(job_id, None)
             if pending is None:  # the episode gave up on it (cancelled, timed out)
                 continue
             loop, future = pending
-            if kind == "ok":
-                _settle(loop, future, value=rest[0])
-            else:
+            if kind != "ok":
                 _settle(loop, future, error=remote_error(*rest))
+                continue
+            try:
+                value = pickle.loads(rest[0])
+            except Exception as exc:  # noqa: BLE001 - e.g. an exception class whose __init__ takes other arguments
+                _settle(loop, future, error=remote_error(type(exc).__name__, "the entry point's answer came back from "
+                                                         f"its worker process but does not unpickle here: {exc}"))
+            else:
+                _settle(loop, future, value=value)
         with worker.lock:
             worker.alive = False
             pending_jobs = list(worker.jobs.values())

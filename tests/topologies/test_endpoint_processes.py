@@ -122,6 +122,30 @@ def test_a_worker_runs_its_jobs_at_once_and_returns_what_pickles_or_its_text():
     assert 'raise ValueError(f"boom at {task}")' in error.remote_traceback
 
 
+def test_an_answer_that_does_not_unpickle_or_an_error_without_words_fails_its_job_and_the_worker_goes_on():
+    """The worker pickles the answer and the parent unpickles it apart from the message, so an
+    answer that does not come back fails its own job (it had killed the reader thread, and every
+    job of that worker then waited forever)."""
+    pool = TeamProcesses(1)
+
+    async def main():
+        with pytest.raises(TeamProcessError) as lost:
+            await pool.run("team_process_helpers:does_not_come_back", "q")
+        with pytest.raises(TeamProcessError) as mute:
+            await pool.run("team_process_helpers:raises_mute", "q")
+        after = await pool.run("team_process_helpers:async_pid", "q")
+        return lost.value, mute.value, after
+
+    try:
+        lost, mute, after = asyncio.run(asyncio.wait_for(main(), 120))  # a guard against a hang, not a measure
+        pids = pool.pids()
+    finally:
+        pool.close()
+    assert type(lost).__name__ == "TypeError" and "does not unpickle here" in str(lost) and "TwoArgs" in str(lost)
+    assert type(mute).__name__ == "Mute" and "str() raised RuntimeError: no words" in str(mute)
+    assert after == f"q from {pids[0]}"  # the same worker answered the next job
+
+
 def test_a_closed_pool_stops_its_workers_and_refuses_new_jobs():
     pool = TeamProcesses(2)
     asyncio.run(pool.run("team_process_helpers:async_pid", "q"))
