@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mas.process.sandbox import Sandbox, SandboxMemoryError, SandboxTimeout
+from mas.process.sandbox import Sandbox, SandboxError, SandboxMemoryError, SandboxTimeout
 
 
 def add(a, b):
@@ -64,7 +64,32 @@ def pid():
     return os.getpid()
 
 
-FUNCTIONS = {f.__name__: f for f in (add, hang, spin, allocate, connect, raw_socket, spawn, net_devices, fail, pid)}
+def leave():
+    import sys
+
+    sys.exit(0)  # as model-written code a tool runs might
+
+
+class TwoArgs(Exception):
+    def __init__(self, a, b):  # pickles as its args, does not unpickle
+        super().__init__(f"{a}/{b}")
+
+
+def odd():
+    raise TwoArgs(1, 2)
+
+
+def nested_add():
+    """A sandbox inside a worker (a tool that uses one)."""
+    inner = Sandbox({"add": add}, timeout_s=30.0, network=True, workers=1, name="inner")
+    try:
+        return inner("add", 20, 22)
+    finally:
+        inner.close()
+
+
+FUNCTIONS = {f.__name__: f for f in (add, hang, spin, allocate, connect, raw_socket, spawn, net_devices, fail, pid,
+                                     leave, odd)}
 
 
 def _sandbox(timeout_s: float) -> Iterator[Sandbox]:
@@ -265,3 +290,42 @@ def test_a_worker_holds_none_of_the_callers_sockets_so_a_connection_the_caller_c
         sandbox.close()
         client.close()
         server.close()
+
+
+def test_a_tool_that_exits_or_raises_what_does_not_unpickle_gets_a_sandbox_error_and_the_caller_goes_on(box):
+    """SystemExit re-raised in the caller would end the training run from a tool's code."""
+    with pytest.raises(SandboxError, match="leave raised SystemExit"):
+        box("leave")
+    with pytest.raises(SandboxError, match="does not unpickle here"):
+        box("odd")
+    assert box("add", 1, 2) == 3
+
+
+def test_a_call_interrupted_in_the_caller_retires_its_worker_so_the_next_call_gets_its_own_answer():
+    sandbox = Sandbox(FUNCTIONS, timeout_s=60.0, workers=1, name="test")
+    try:
+        first = sandbox("pid")
+        worker = sandbox._live[0]
+
+        def interrupted(timeout):  # Ctrl-C lands while the caller waits for the reply
+            raise KeyboardInterrupt
+
+        worker.conn.poll = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            sandbox("add", 1, 2)
+        assert worker.dead and sandbox("add", 5, 6) == 11  # a new worker, not the old one's queued 3
+        assert sandbox("pid") != first
+    finally:
+        sandbox.close()
+
+
+def test_a_sandbox_made_inside_a_worker_fails_at_once_instead_of_waiting_on_the_copied_fork_lock():
+    """A worker is forked while the parent holds the fork lock; its copy is replaced, so a tool that
+    makes a sandbox of its own gets multiprocessing's refusal (workers are daemons), not a wait until
+    the call's time limit."""
+    sandbox = Sandbox({"nested_add": nested_add}, timeout_s=60.0, network=True, workers=1, name="outer")
+    try:
+        with pytest.raises(AssertionError, match="daemonic processes are not allowed to have children"):
+            sandbox("nested_add")
+    finally:
+        sandbox.close()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import stat
@@ -57,6 +58,7 @@ _NETWORK_EVENTS = frozenset({
     "socket.gethostbyname_ex", "socket.gethostbyaddr", "socket.getnameinfo", "socket.sendto", "socket.sendmsg",
 })
 _PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn"})
+_FORK_LOCK = threading.Lock()  # held while a worker is forked and the parent closes the child's ends
 
 
 class SandboxError(RuntimeError):
@@ -170,6 +172,8 @@ def _release_inherited_sockets(keep: int) -> None:
 
 
 def _worker_main(conn, functions: Mapping[str, Callable[..., Any]], memory_mb: int | None, network: bool, parent: int) -> None:
+    global _FORK_LOCK
+    _FORK_LOCK = threading.Lock()  # forked while the parent held it: a sandbox made in here needs its own
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the parent, which stops the workers
     _release_inherited_sockets(keep=conn.fileno())
     isolated = True if network else _unshare_network()  # before any thread starts (user namespaces need that)
@@ -204,9 +208,6 @@ def _worker_main(conn, functions: Mapping[str, Callable[..., Any]], memory_mb: i
 # ------------------------------------------------------------------------------------------
 # in the caller
 # ------------------------------------------------------------------------------------------
-
-
-_FORK_LOCK = threading.Lock()  # held while a worker is forked and the parent closes the child's ends
 
 
 class _Worker:
@@ -340,12 +341,21 @@ class Sandbox:
         try:
             worker.conn.send((name, args, kwargs))
             ready = worker.conn.poll(self.timeout_s)
-            reply = worker.conn.recv() if ready else None
+            reply = worker.conn.recv_bytes() if ready else None
         except (EOFError, OSError, BrokenPipeError):
             code = worker.proc.exitcode if not worker.proc.is_alive() else None
             self._retire(worker)
             hint = " (killed: out of memory?)" if code == -signal.SIGKILL else ""
             raise SandboxCrash(f"{self.name}: {name} ended its worker process (exit code {code}){hint}") from None
+        except BaseException:  # interrupted (Ctrl-C on the calling thread): the reply may still come, so
+            self._retire(worker)  # this worker must not answer the next call with it
+            raise
+        if reply is not None:
+            try:
+                reply = pickle.loads(reply)
+            except Exception as exc:  # noqa: BLE001 - e.g. an exception class whose __init__ takes other arguments
+                raise SandboxError(f"{self.name}: what {name} returned or raised does not unpickle here "
+                                   f"({type(exc).__name__}: {exc})") from None
         if reply is None:
             self._retire(worker)
             raise SandboxTimeout(f"{name} did not finish within {self.timeout_s:g}s; it was stopped")
@@ -356,6 +366,8 @@ class Sandbox:
             self._retire(worker)
             raise SandboxMemoryError(f"{name} ran out of memory (limit: {self.memory_mb} MB more than the worker started with)")
         if kind == "raise":
+            if not isinstance(value, Exception):  # SystemExit, KeyboardInterrupt: a tool must not end the caller
+                raise SandboxError(f"{self.name}: {name} raised {type(value).__name__}: {value}")
             raise value
         raise SandboxError(f"{self.name}: {value}")
 
