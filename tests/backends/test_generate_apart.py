@@ -90,20 +90,9 @@ def test_a_batch_error_on_a_retry_splits_that_group_too():
     assert texts(out[1]) == ["b", None] and str(out[1][1]) == "c"
 
 
-def test_backend_unavailable_is_raised_at_once_but_fails_only_its_group_on_a_retry():
+def test_backend_unavailable_is_raised_at_once():
     with pytest.raises(BackendUnavailable):
         generate_apart(Backend(bad={"a"}, error=BackendUnavailable), [[req("a")], [req("b")]])
-
-    class GoneLater(Backend):
-        def __call__(self, rows):
-            if len(self.calls) == 0:
-                self.calls.append([r.agent for r in rows])
-                raise RuntimeError("the batch")
-            self.error = BackendUnavailable
-            return super().__call__(rows)
-
-    out = generate_apart(GoneLater(bad={"b"}), [[req("a")], [req("b")]])
-    assert texts(out[0]) == ["a"] and isinstance(out[1][1], BackendUnavailable)
 
 
 def test_a_wrong_number_of_results_fails_every_group():
@@ -124,3 +113,36 @@ def test_a_retry_that_returns_a_wrong_number_of_results_fails_its_group_only():
     out = generate_apart(ShortAlone(), [[req("a")], [req("b"), req("c")]])
     assert texts(out[0]) == ["a"]
     assert out[1][0] is None and str(out[1][1]) == "the backend returned 1 results for 2 requests"
+
+
+def test_a_batch_error_whose_lists_do_not_match_or_a_row_with_neither_fails_instead_of_passing_none_on():
+    """A router over several backends zips what each returns: a short answer left a row with no
+    result and no error, and the engine's batcher then died counting the tokens of None."""
+
+    def short_lists(rows):
+        raise BatchError([res("a")], [None])  # two requests, one entry each
+
+    out = generate_apart(short_lists, [[req("a")], [req("b")]])
+    assert [r for r, _ in out] == [None, None]
+    assert str(out[0][1]) == "the backend returned 1 results and 1 errors for 2 requests"
+
+    def neither(rows):
+        raise BatchError([res("a"), None], [None, None])
+
+    out = generate_apart(neither, [[req("a")], [req("b")]])
+    assert texts(out[0]) == ["a"] and out[0][1] is None
+    assert str(out[1][1]) == "the backend returned neither a result nor an error for a request"
+    out = generate_apart(lambda rows: [res("a"), None], [[req("a")], [req("b")]])  # a plain list with a hole
+    assert out[0][1] is None and str(out[1][1]) == "the backend returned neither a result nor an error for a request"
+
+
+def test_backend_unavailable_on_a_retry_is_raised_too():
+    calls = []
+
+    def gone_on_retry(rows):
+        calls.append(len(rows))
+        raise RuntimeError("the batch") if len(calls) == 1 else BackendUnavailable("the actor died")
+
+    with pytest.raises(BackendUnavailable, match="the actor died"):
+        generate_apart(gone_on_retry, [[req("a")], [req("b")], [req("c")]])
+    assert calls == [3, 1]  # no more retries against a backend that is gone

@@ -114,14 +114,15 @@ def generate_apart(call: Callable[[list[GenRequest]], list[GenResult]], groups: 
 
     Where the call fails, only what failed fails:
 
-    - ``BackendUnavailable`` is raised to the caller: nothing can be served;
+    - ``BackendUnavailable``, from the batch or a retry, is raised to the caller: nothing can be served;
     - ``BatchError`` (the backend says which requests failed): each group gets its requests'
       results and the first of their errors;
     - any other error: each group is generated again on its own (``on_retry(error)`` first), so a
       group the backend cannot serve fails alone; a lone group is not sent again, which would only
       repeat the error;
     - a call that returns another number of results than it was sent fails the groups it was sent
-      (every group, or on a retry that group).
+      (every group, or on a retry that group), and so does a ``BatchError`` whose lists do not
+      match the requests; a request with neither a result nor an error fails its group.
     """
     rows = [r for g in groups for r in g]
     try:
@@ -139,9 +140,11 @@ def generate_apart(call: Callable[[list[GenRequest]], list[GenResult]], groups: 
         for group in groups:
             try:
                 got = call(group)
+            except BackendUnavailable:
+                raise
             except BatchError as one:
                 out.extend(_split([group], one.results, one.errors))
-            except Exception as one:  # noqa: BLE001 - this group fails (BackendUnavailable included)
+            except Exception as one:  # noqa: BLE001 - this group fails
                 out.append((None, one))
             else:
                 out.append((got, None) if len(got) == len(group) else (None, _miscounted(got, group)))
@@ -157,11 +160,18 @@ def _miscounted(results: list[GenResult], rows: list[GenRequest]) -> RuntimeErro
 
 def _split(groups: list[list[GenRequest]], results: list[GenResult | None],
            errors: list[BaseException | None]) -> list[Outcome]:
+    n = sum(len(g) for g in groups)
+    if len(results) != n or len(errors) != n:
+        err = RuntimeError(f"the backend returned {len(results)} results and {len(errors)} errors for {n} requests")
+        return [(None, err)] * len(groups)
     out: list[Outcome] = []
     at = 0
     for group in groups:
-        failed = [e for e in errors[at:at + len(group)] if e is not None]
-        out.append((list(results[at:at + len(group)]), failed[0] if failed else None))
+        got, errs = list(results[at:at + len(group)]), errors[at:at + len(group)]
+        failed = [e for e in errs if e is not None]
+        if not failed and any(r is None for r in got):
+            failed = [RuntimeError("the backend returned neither a result nor an error for a request")]
+        out.append((got, failed[0] if failed else None))
         at += len(group)
     return out
 
