@@ -207,6 +207,9 @@ class TeamProcesses:
                 worker.conn.send(("run", job_id, ref, args, kwargs))
             except OSError:  # it died since it was picked: its reader fails the job
                 pass
+            except BaseException:  # the arguments do not pickle (nothing was written): not a job
+                worker.jobs.pop(job_id, None)
+                raise
         try:
             return await future
         finally:

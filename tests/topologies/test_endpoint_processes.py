@@ -146,6 +146,18 @@ def test_an_answer_that_does_not_unpickle_or_an_error_without_words_fails_its_jo
     assert after == f"q from {pids[0]}"  # the same worker answered the next job
 
 
+def test_arguments_that_do_not_pickle_fail_the_call_and_leave_no_job_behind():
+    pool = TeamProcesses(1)
+    try:
+        with pytest.raises(Exception, match="pickle"):
+            asyncio.run(pool.run("team_process_helpers:async_pid", lambda: None))
+        [worker] = pool._workers
+        assert worker.jobs == {}  # a job left here would count against the worker when the next is placed
+        assert asyncio.run(pool.run("team_process_helpers:async_pid", "q")) == f"q from {worker.process.pid}"
+    finally:
+        pool.close()
+
+
 def test_a_closed_pool_stops_its_workers_and_refuses_new_jobs():
     pool = TeamProcesses(2)
     asyncio.run(pool.run("team_process_helpers:async_pid", "q"))
