@@ -214,6 +214,7 @@ class _Worker:
     def __init__(self, sandbox: "Sandbox"):
         ctx = multiprocessing.get_context("fork")
         self.dead = False
+        self._closing = threading.Lock()  # close() and a timed-out call may both kill this worker
         self.conn, child = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(
             target=_worker_main,
@@ -250,7 +251,9 @@ class _Worker:
     def kill(self) -> None:
         self.signal()
         self.proc.join(timeout=5)
-        self.conn.close()
+        with self._closing:  # Connection.close is not atomic: closed twice at once, the second
+            if not self.conn.closed:  # os.close could hit a number another thread has just reused
+                self.conn.close()
 
 
 def _kill_all(workers: list) -> None:
