@@ -150,3 +150,35 @@ def tool_turns(task: str, base_url: str, api_key: str) -> str:
     for agent, reply in (("lead", a), ("helper", b)):
         _keep(base_url, agent=agent, logprobs=_lps(reply.choices[0])[0])
     return base_url
+
+
+LOOKUP_RESPONSES = {"type": "function", "name": "lookup", "description": "Look a number up.",
+                    "parameters": LOOKUP["function"]["parameters"]}
+
+
+def responses_team(task: str, base_url: str, api_key: str) -> str:
+    """The Responses API: lead answers (instructions + input), helper streams, checker makes a tool
+    round and sends it back as function_call / function_call_output items."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    a = client.responses.create(model="lead", instructions="You lead.", input=task)
+    _keep(base_url, agent="lead", content=a.output_text, status=a.status, usage=(a.usage.input_tokens, a.usage.output_tokens))
+    kinds, text, final = [], "", None
+    for event in client.responses.create(model="helper", input=[{"role": "user", "content": f"{task}\nlead: {a.output_text}"}],
+                                         stream=True):
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            text += event.delta
+        if event.type == "response.completed":
+            final = event.response
+    _keep(base_url, agent="helper", content=text, kinds=kinds, final=final.output_text)
+    items: list = [{"role": "user", "content": [{"type": "input_text", "text": task}]}]
+    first = client.responses.create(model="checker", input=items, tools=[LOOKUP_RESPONSES])
+    calls = [o for o in first.output if o.type == "function_call"]
+    _keep(base_url, agent="checker", content=first.output_text or None,
+          tool_calls=[(c.call_id, c.name, c.arguments) for c in calls])
+    if calls:
+        items += [o.model_dump(exclude_none=True) for o in first.output]  # as the Agents SDK sends its history back
+        items += [{"type": "function_call_output", "call_id": c.call_id, "output": "42"} for c in calls]
+        last = client.responses.create(model="checker", input=items, tools=[LOOKUP_RESPONSES])
+        _keep(base_url, agent="checker", content=last.output_text, tool_calls=[])
+    return base_url

@@ -124,17 +124,45 @@ def test_the_agent_is_named_by_path_header_or_model(served):
     assert [m["id"] for m in models["data"]] == ["solver", "checker"]
 
 
+RESPONSES_BAD = [  # the Responses route: (body as sent, status, words, param)
+    (b"{not json", 400, "not valid JSON", None),
+    (json.dumps({"model": "gpt-4o", "input": "2+3"}).encode(), 404, "no agent 'gpt-4o'", "model"),
+    (json.dumps({"model": "solver"}).encode(), 400, "input must be", "input"),
+    (json.dumps({"model": "solver", "input": "x", "previous_response_id": "resp_1"}).encode(), 400, "keeps no responses",
+     "previous_response_id"),
+    (json.dumps({"model": "solver", "input": "x", "max_output_tokens": MAX_TOKENS_LIMIT + 1}).encode(), 400,
+     "max_output_tokens", "max_output_tokens"),
+    (json.dumps({"model": "solver", "input": "x", "temperature": "hot"}).encode(), 400, "temperature", "temperature"),
+    (json.dumps({"model": "solver", "input": [{"type": "input_file"}]}).encode(), 400, "'input_file' are not served", "input[0]"),
+]
+
+
+@pytest.mark.parametrize("body,status,words,param", RESPONSES_BAD, ids=[str(i) for i in range(len(RESPONSES_BAD))])
+def test_a_bad_responses_request_gets_a_4xx_naming_its_field_and_reaches_no_agent(served, body, status, words, param):
+    server, token, session, client = served
+    before = len(session.seen)
+    resp = client.post(f"{server.url(token)}/responses", content=body, headers={"content-type": "application/json"})
+    assert_error(resp, status, words)
+    assert resp.json()["error"]["param"] == param and len(session.seen) == before
+    good = client.post(f"{server.url(token)}/responses", json={"model": "solver", "input": "2+3", "max_output_tokens": 9})
+    assert good.status_code == 200 and session.seen[-1].max_tokens == 9
+    reply = good.json()
+    assert reply["object"] == "response" and reply["status"] == "completed"
+    assert reply["output"][0]["content"][0]["text"] == "ANSWER: 5" and reply["usage"]["output_tokens"] == 2
+
+
 def test_random_bytes_never_crash_the_server(served):
     server, token, session, client = served
     rng = random.Random(0)
-    pieces = [b"{", b"}", b"[", b"]", b'"model"', b'"solver"', b":", b",", b'"messages"', b"null", b"1e999", b'"\\ud800"',
+    pieces = [b"{", b"}", b"[", b"]", b'"model"', b'"solver"', b":", b",", b'"messages"', b'"input"', b"null", b"1e999", b'"\\ud800"',
               b'{"role": "user", "content": "x"}', b"\x00", b"\xc3"]
     for _ in range(200):
         body = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
-        resp = client.post(f"{server.url(token)}/chat/completions", content=body)
-        assert resp.status_code in (200, 400, 404), (body, resp.text)
-        if resp.status_code != 200:
-            assert resp.json()["error"]["message"]
+        for route in ("chat/completions", "responses"):
+            resp = client.post(f"{server.url(token)}/{route}", content=body)
+            assert resp.status_code in (200, 400, 404), (route, body, resp.text)
+            if resp.status_code != 200:
+                assert resp.json()["error"]["message"]
     assert client.post(f"{server.url(token)}/chat/completions", json=ok_body()).status_code == 200
 
 

@@ -12,6 +12,8 @@ Routes (``<token>``: the episode's secret, ``secrets.token_urlsafe``, live while
 
     POST /<token>/v1/chat/completions                  the agent is the request's ``model``
     POST /<token>/agents/<agent>/v1/chat/completions   ... or named in the path
+    POST /<token>/v1/responses                         the Responses API, translated onto chat
+    POST /<token>/agents/<agent>/v1/responses          completions (``mas.rollout.responses``)
     GET  /<token>/v1/models                            the team's agents
 
 A request may also name its agent in the ``X-Mas-Agent`` header (for frameworks that cannot set
@@ -57,6 +59,7 @@ from typing import Any, Protocol
 from mas.agents.prompts import render_prompt, template_takes_tools
 from mas.rollout.backends.base import BackendUnavailable, GenRequest, GenResult, generate_apart
 from mas.rollout.batcher import settle
+from mas.rollout.responses import BadRequest, chat_body, response_body, response_events
 from mas.tools import has_tool_call, parse_tool_calls, tool_call_text
 from mas.topologies.adapters import (EpisodeCalls, Generation, describe_tools, finish_messages, outside_calls,
                                      tool_results_text, tool_schema)
@@ -627,6 +630,38 @@ class EndpointServer:
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
+        async def responses(request: Request) -> Response:  # the Responses API, translated (mas.rollout.responses)
+            try:
+                session = self.session(request.path_params["token"])
+                raw = await read_body(request)
+                try:
+                    body = json.loads(raw)
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise _bad(f"the body is not valid JSON: {exc}") from None
+                try:
+                    chat = chat_body(body)
+                except BadRequest as exc:
+                    raise _bad(str(exc), exc.param) from None
+                try:
+                    req = parse_request(json.dumps(chat).encode(), session.agents, request.path_params.get("agent"),
+                                        request.headers.get(AGENT_HEADER))
+                except EndpointError as exc:  # named as this API names it
+                    if exc.param == "max_tokens":
+                        exc.message, exc.param = exc.message.replace("max_tokens", "max_output_tokens"), "max_output_tokens"
+                    raise
+                [choice] = await answer(session, req)
+            except EndpointError as exc:
+                return error(exc)
+            rid, created = f"resp_{secrets.token_hex(12)}", int(time.time())
+            if not req.stream:
+                return JSONResponse(response_body(body, req.agent, choice, rid, created))
+
+            async def events() -> AsyncIterator[str]:
+                for e in response_events(body, req.agent, choice, rid, created):
+                    yield e
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
         async def models(request: Request) -> Response:
             try:
                 session = self.session(request.path_params["token"])
@@ -638,7 +673,7 @@ class EndpointServer:
         async def not_found(request: Request, exc: Exception) -> Response:
             status = getattr(exc, "status_code", 404)
             return error(EndpointError(status, f"{request.method} {request.url.path}: no such route (POST "
-                                               "/<token>/v1/chat/completions, GET /<token>/v1/models)",
+                                               "/<token>/v1/chat/completions or /<token>/v1/responses, GET /<token>/v1/models)",
                                        code="not_found" if status == 404 else "method_not_allowed"))
 
         async def crashed(request: Request, exc: Exception) -> Response:
@@ -646,6 +681,8 @@ class EndpointServer:
 
         routes = [Route("/{token}/v1/chat/completions", chat, methods=["POST"]),
                   Route("/{token}/agents/{agent}/v1/chat/completions", chat, methods=["POST"]),
+                  Route("/{token}/v1/responses", responses, methods=["POST"]),
+                  Route("/{token}/agents/{agent}/v1/responses", responses, methods=["POST"]),
                   Route("/{token}/v1/models", models, methods=["GET"]),
                   Route("/{token}/agents/{agent}/v1/models", models, methods=["GET"])]
         return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
