@@ -247,6 +247,8 @@ def test_mas_serve_answers_the_openai_client_with_the_trained_policies(trained_r
         b = client.chat.completions.create(model="solver", messages=messages, logprobs=True)
         assert a.choices[0].message.content == b.choices[0].message.content  # greedy by default
         assert a.choices[0].logprobs.content and a.usage.completion_tokens <= 8  # the agent's budget
+        r = client.responses.create(model="solver", input="2+3")  # the Responses API: the same greedy reply
+        assert r.output_text == (a.choices[0].message.content or "") and r.usage.output_tokens == a.usage.completion_tokens
         with pytest.raises(Exception, match="no agent 'gpt-4o'"):
             client.chat.completions.create(model="gpt-4o", messages=messages)
     finally:
