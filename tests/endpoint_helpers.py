@@ -160,8 +160,10 @@ def responses_team(task: str, base_url: str, api_key: str) -> str:
     """The Responses API: lead answers (instructions + input), helper streams, checker makes a tool
     round and sends it back as function_call / function_call_output items."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    a = client.responses.create(model="lead", instructions="You lead.", input=task)
-    _keep(base_url, agent="lead", content=a.output_text, status=a.status, usage=(a.usage.input_tokens, a.usage.output_tokens))
+    a = client.responses.create(model="lead", instructions="You lead.", input=task, include=["message.output_text.logprobs"])
+    lps = a.output[0].content[0].logprobs
+    _keep(base_url, agent="lead", content=a.output_text, status=a.status, usage=(a.usage.input_tokens, a.usage.output_tokens),
+          logprobs=[t.logprob for t in lps], tokens=[t.token for t in lps])
     kinds, text, final = [], "", None
     for event in client.responses.create(model="helper", input=[{"role": "user", "content": f"{task}\nlead: {a.output_text}"}],
                                          stream=True):

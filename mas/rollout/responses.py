@@ -41,7 +41,7 @@ _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _parts_text(content: Any, where: str) -> str:
+def _parts_text(content: Any, where: str, field: str = "content") -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -49,11 +49,11 @@ def _parts_text(content: Any, where: str) -> str:
         for k, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise BadRequest(f"{where}.content[{k}]: only text parts ({', '.join(_TEXT_PARTS)}) are served; got {kind!r}",
-                                  where)
+                raise BadRequest(f"{where}.{field}[{k}]: only text parts ({', '.join(_TEXT_PARTS)}) are served; got {kind!r}",
+                                 where)
             out.append(part["text"])
         return "".join(out)
-    raise BadRequest(f"{where}: content must be a string or a list of text parts", where)
+    raise BadRequest(f"{where}: {field} must be a string or a list of text parts", where)
 
 
 def chat_body(body: Any) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def chat_body(body: Any) -> dict[str, Any]:
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise BadRequest(f"{where}: a function_call_output needs its call_id", where)
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": _parts_text(item.get("output", ""), where)})
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": _parts_text(item.get("output", ""), where, "output")})
         else:
             raise BadRequest(f"{where}: items of type {kind!r} are not served (message, function_call and "
                               "function_call_output are)", where)
@@ -119,19 +119,34 @@ def chat_body(body: Any) -> dict[str, Any]:
     elif choice not in ("auto", "none", "required"):
         raise BadRequest(f"tool_choice must be 'auto', 'none', 'required' or {{'type': 'function', 'name': ...}}; "
                           f"got {choice!r}", "tool_choice")
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":
+        raise BadRequest(f"text.format: structured output ({fmt.get('type')!r}) is not served: the agent writes free text; "
+                         "ask for the format in its instructions and parse the reply", "text")
+    include = body.get("include") or []
     chat = {"model": body.get("model"), "messages": messages, "tool_choice": choice, "stream": body.get("stream"),
-            "temperature": body.get("temperature"), "top_p": body.get("top_p"), "max_tokens": body.get("max_output_tokens")}
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"), "max_tokens": body.get("max_output_tokens"),
+            "logprobs": isinstance(include, list) and "message.output_text.logprobs" in include}
     if tools:
         chat["tools"] = tools
     return chat
+
+
+def _logprobs(choice: Any) -> list[dict[str, Any]]:
+    """The sampled tokens' logprobs, where the request included them (``choice.tokens`` is empty otherwise)."""
+    return [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+            for t, lp in zip(choice.tokens, choice.logprobs)]
 
 
 def _output(choice: Any) -> list[dict[str, Any]]:
     """The reply's output items: its text as a message, then each tool call as a function_call."""
     out: list[dict[str, Any]] = []
     if choice.content:
-        out.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "status": "completed", "role": "assistant",
-                    "content": [{"type": "output_text", "text": choice.content, "annotations": [], "logprobs": []}]})
+        status = "incomplete" if choice.finish_reason == "length" else "completed"
+        out.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "status": status, "role": "assistant",
+                    "content": [{"type": "output_text", "text": choice.content, "annotations": [],
+                                 "logprobs": _logprobs(choice)}]})
     for call in choice.tool_calls:
         out.append({"type": "function_call", "id": f"fc_{secrets.token_hex(12)}", "call_id": call["id"],
                     "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": "completed"})
@@ -152,7 +167,7 @@ def response_body(body: dict[str, Any], agent: str, choice: Any, rid: str, creat
         "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": body.get("temperature"),
         "text": {"format": {"type": "text"}}, "tool_choice": body.get("tool_choice", "auto"),
         "tools": body.get("tools") or [], "top_p": body.get("top_p"), "truncation": "disabled", "metadata": {},
-        "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": completion,
+        "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": completion,
                   "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion},
     }
 
@@ -168,19 +183,19 @@ def response_events(body: dict[str, Any], agent: str, choice: Any, rid: str, cre
         payload = {"type": kind, "sequence_number": len(events), **data}
         events.append(f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n")
 
-    started = {**final, "status": "in_progress", "output": [], "incomplete_details": None}
+    started = {**final, "status": "in_progress", "output": [], "incomplete_details": None, "usage": None}
     event("response.created", response=started)
     event("response.in_progress", response=started)
     for k, item in enumerate(output):
         if item["type"] == "message":
-            text = item["content"][0]["text"]
+            text, lps = item["content"][0]["text"], item["content"][0]["logprobs"]
             event("response.output_item.added", output_index=k, item={**item, "status": "in_progress", "content": []})
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             event("response.content_part.added", item_id=item["id"], output_index=k, content_index=0, part=part)
-            event("response.output_text.delta", item_id=item["id"], output_index=k, content_index=0, delta=text, logprobs=[])
-            event("response.output_text.done", item_id=item["id"], output_index=k, content_index=0, text=text, logprobs=[])
+            event("response.output_text.delta", item_id=item["id"], output_index=k, content_index=0, delta=text, logprobs=lps)
+            event("response.output_text.done", item_id=item["id"], output_index=k, content_index=0, text=text, logprobs=lps)
             event("response.content_part.done", item_id=item["id"], output_index=k, content_index=0,
-                  part={**part, "text": text})
+                  part={**part, "text": text, "logprobs": lps})
         else:
             event("response.output_item.added", output_index=k, item={**item, "status": "in_progress", "arguments": ""})
             event("response.function_call_arguments.delta", item_id=item["id"], output_index=k, delta=item["arguments"])

@@ -35,7 +35,7 @@ def test_a_responses_input_is_the_chat_it_means():
         ],
     }
     assert chat_body(body) == {
-        "model": "checker", "stream": None, "temperature": 0.5, "top_p": None, "max_tokens": 7,
+        "model": "checker", "stream": None, "temperature": 0.5, "top_p": None, "max_tokens": 7, "logprobs": False,
         "tool_choice": {"type": "function", "function": {"name": "lookup"}},
         "tools": [{"type": "function", "function": {"name": "lookup", "description": "d", "parameters": {"type": "object"}}}],
         "messages": [
@@ -61,6 +61,10 @@ def test_a_responses_input_is_the_chat_it_means():
     ({"model": "lead", "input": [{"type": "function_call", "name": "f"}]}, "input[0]", "call_id, name and arguments"),
     ({"model": "lead", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0]", "only function tools"),
     ({"model": "lead", "input": "x", "tool_choice": 3}, "tool_choice", "tool_choice must be"),
+    ({"model": "lead", "input": "x", "text": {"format": {"type": "json_schema", "name": "A", "schema": {}}}}, "text",
+     "structured output"),
+    ({"model": "lead", "input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]},
+     "input[0]", r"input\[0\]\.output\[0\]: only text parts"),
 ])
 def test_what_the_translation_cannot_serve_is_refused_naming_the_responses_field(body, param, words):
     with pytest.raises(BadRequest, match=words) as err:
@@ -78,6 +82,8 @@ def test_the_openai_clients_responses_plain_streamed_and_with_a_tool_round_are_r
         t_lead, t_helper, t_call, t_answer = ep.turns
         assert t_lead.messages[0] == {"role": "system", "content": "You lead."}
         assert lead["content"] == t_lead.text and lead["status"] == "completed"
+        assert lead["logprobs"] == t_lead.logprobs  # include: message.output_text.logprobs, the sampled ones
+        assert lead["tokens"] == [tiny_tokenizer.decode([i]) for i in t_lead.completion_ids]
         assert lead["usage"] == (len(t_lead.prompt_ids), len(t_lead.completion_ids))
         assert helper["content"] == helper["final"] == t_helper.text
         assert helper["kinds"] == ["response.created", "response.in_progress", "response.output_item.added",
@@ -118,3 +124,18 @@ def test_an_agents_sdk_team_on_the_responses_api_hands_off_and_each_agent_is_a_r
         assert answer.messages[1]["content"] == ep.task.prompt and answer.messages[2]["content"] == handoff.text
         assert answer.messages[3]["content"] == f'<tool_response>\n{{"assistant": "{name}"}}\n</tool_response>'
         assert answer.text == "ANSWER: 5"
+
+
+def test_a_reply_cut_at_its_token_budget_is_an_incomplete_response_in_body_items_and_stream():
+    from mas.rollout.endpoint import Choice
+    from mas.rollout.responses import response_body, response_events
+
+    cut = Choice("ANSWER: 1", [], "length", [1, 2, 3], [7, 8], [-0.5, -0.25], [])
+    body = response_body({"model": "lead", "max_output_tokens": 2}, "lead", cut, "resp_1", 0)
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["output"][0]["status"] == "incomplete" and body["output"][0]["content"][0]["logprobs"] == []
+    assert body["usage"]["input_tokens"] == 3 and body["usage"]["output_tokens"] == 2
+    events = [json.loads(e.split("data: ", 1)[1]) for e in response_events({"model": "lead"}, "lead", cut, "resp_1", 0)]
+    assert events[0]["type"] == "response.created" and events[0]["response"]["usage"] is None
+    assert events[-1]["type"] == "response.incomplete" and events[-1]["response"]["status"] == "incomplete"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
