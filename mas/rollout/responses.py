@@ -15,7 +15,9 @@ The translation, item by item of ``input`` (a string is one user message):
   message just before them, which the same response produced);
 * a ``function_call_output`` item -> a ``tool`` message with its ``call_id``;
 * function ``tools`` (``name``, ``description``, ``parameters`` at the top level) -> chat tools;
-  ``tool_choice`` likewise; ``max_output_tokens`` -> ``max_tokens``.
+  ``tool_choice`` likewise (``allowed_tools``: only the tools it lists are offered, with its
+  ``mode``); ``max_output_tokens`` -> ``max_tokens``; ``include: ["message.output_text.logprobs"]``
+  -> ``logprobs``.
 
 The endpoint keeps no responses (``store`` is false): ``previous_response_id`` and
 ``conversation`` are refused with a 400 that says to send the whole conversation, which is what
@@ -116,9 +118,14 @@ def chat_body(body: Any) -> dict[str, Any]:
     choice = body.get("tool_choice", "auto")
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         choice = {"type": "function", "function": {"name": choice["name"]}}
+    elif isinstance(choice, dict) and choice.get("type") == "allowed_tools" and choice.get("mode", "auto") in ("auto", "required") \
+            and isinstance(choice.get("tools"), list):  # a subset of the tools, offered alone
+        allowed = {t.get("name") for t in choice["tools"] if isinstance(t, dict) and t.get("type") == "function"}
+        tools = [t for t in tools if t["function"].get("name") in allowed]
+        choice = choice.get("mode", "auto")
     elif choice not in ("auto", "none", "required"):
-        raise BadRequest(f"tool_choice must be 'auto', 'none', 'required' or {{'type': 'function', 'name': ...}}; "
-                          f"got {choice!r}", "tool_choice")
+        raise BadRequest(f"tool_choice must be 'auto', 'none', 'required', {{'type': 'function', 'name': ...}} or "
+                         f"{{'type': 'allowed_tools', 'mode': ..., 'tools': [...]}}; got {choice!r}", "tool_choice")
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, dict) else None
     if isinstance(fmt, dict) and fmt.get("type", "text") != "text":

@@ -49,6 +49,10 @@ def test_a_responses_input_is_the_chat_it_means():
         ],
     }
     assert chat_body({"model": "lead", "input": "hi"})["messages"] == [{"role": "user", "content": "hi"}]
+    tool = {"type": "function", "name": "other", "parameters": {"type": "object"}}
+    allowed = chat_body({**body, "tools": [*body["tools"], tool],
+                         "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "other"}]}})
+    assert allowed["tool_choice"] == "required" and [t["function"]["name"] for t in allowed["tools"]] == ["other"]
 
 
 @pytest.mark.parametrize("body, param, words", [
