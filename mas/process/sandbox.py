@@ -34,6 +34,7 @@ limit and the audit hook still hold).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -265,12 +266,13 @@ def _kill_all(workers: list) -> None:
 
 
 def _shutdown(workers: list) -> None:
-    for step in ("signal", "kill"):
-        for w in list(workers):
-            try:
-                getattr(w, step)()
-            except Exception:  # noqa: BLE001 - best effort at exit
-                pass
+    """``_kill_all`` at exit, best effort: one worker that fails to stop does not keep the others up."""
+    for w in list(workers):
+        with contextlib.suppress(Exception):
+            w.signal()
+    for w in list(workers):
+        with contextlib.suppress(Exception):
+            w.kill()
     workers.clear()
 
 

@@ -133,13 +133,23 @@ def _integer(body: dict[str, Any], key: str, low: int, high: int, code: str | No
     return v
 
 
+def read_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"the body is not valid JSON: {exc}") from None
+
+
 def parse_request(raw: bytes, agents: Iterable[str], path_agent: str | None = None,
                   header_agent: str | None = None) -> ChatRequest:
     """The checked request of a body; ``EndpointError`` with what is wrong otherwise."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(f"the body is not valid JSON: {exc}") from None
+    return check_request(read_json(raw), agents, path_agent, header_agent)
+
+
+def check_request(body: Any, agents: Iterable[str], path_agent: str | None = None,
+                  header_agent: str | None = None) -> ChatRequest:
+    """The checked request of a decoded chat-completions body (``parse_request``; the Responses
+    route hands its translation here)."""
     if not isinstance(body, dict):
         raise _bad(f"the body must be a JSON object; got {type(body).__name__}")
     model = body.get("model")
@@ -633,17 +643,13 @@ class EndpointServer:
         async def responses(request: Request) -> Response:  # the Responses API, translated (mas.rollout.responses)
             try:
                 session = self.session(request.path_params["token"])
-                raw = await read_body(request)
-                try:
-                    body = json.loads(raw)
-                except (ValueError, UnicodeDecodeError) as exc:
-                    raise _bad(f"the body is not valid JSON: {exc}") from None
+                body = read_json(await read_body(request))
                 try:
                     chat = chat_body(body)
                 except BadRequest as exc:
                     raise _bad(str(exc), exc.param) from None
                 try:
-                    req = parse_request(json.dumps(chat).encode(), session.agents, request.path_params.get("agent"),
+                    req = check_request(chat, session.agents, request.path_params.get("agent"),
                                         request.headers.get(AGENT_HEADER))
                 except EndpointError as exc:  # named as this API names it
                     if exc.param == "max_tokens":

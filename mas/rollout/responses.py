@@ -2,7 +2,7 @@
 
 Some clients speak only the Responses API: the OpenAI Agents SDK's ``OpenAIResponsesModel`` (its
 default for OpenAI's own models), and tools built on it.  A request is translated into the
-chat-completions body it means and served through the same path (``parse_request``, the
+chat-completions body it means and served through the same path (``check_request``, the
 session's ``complete``), so its turns are recorded token for token as any other; the reply is
 translated back into a ``response`` object, or its stream of events.
 
