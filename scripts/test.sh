@@ -32,22 +32,34 @@ export MAS_CACHE_DIR=${MAS_CACHE_DIR:-$PWD/.mas_tmp/cache}
 WORKERS=${MAS_TEST_WORKERS:-2}
 XDIST=()
 [ "$WORKERS" = 0 ] || XDIST=(-n "$WORKERS" --dist loadfile)
+# The vLLM tier (MAS_TEST_VLLM=1, the whole suite only) runs beside the main suite, its output held
+# in a log until the main suite is done: the main suite keeps its 2 cores busy about 70% of its time
+# (tests wait on the processes they start), and the tier's time is mostly its engines' start-up.
+# One engine per module; a small CPU KV cache (the machine is shared); a missing vllm fails. Only
+# the test_vllm* files: .venv-vllm lacks the main env's extras (autogen, ray), so collecting the whole
+# tree there fails (tests/test_vllm_tier_files.py keeps every `vllm`-marked test in those files). Its
+# modules run in MAS_TEST_WORKERS processes as well: two side by side took 455 s, against about
+# 650 s one after another.
+VLLM_PID=""
+if [ "$MAS_TEST_VLLM" = 1 ] && [ "$#" -eq 0 ]; then
+  VLLM_LOG=$(mktemp)
+  trap 'rm -f "$VLLM_LOG"' EXIT
+  VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} MAS_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q \
+    -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} -m vllm $(find tests -name 'test_vllm*.py' | sort) \
+    >"$VLLM_LOG" 2>&1 &
+  VLLM_PID=$!
+fi
 .venv/bin/python -m pytest -q ${XDIST[@]+"${XDIST[@]}"} -m "not vllm" "$@"  # (an empty array under set -u: bash < 4.4)
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: treating as a failure" >&2
-  exit 1
+  status=1
 fi
-if [ "$MAS_TEST_VLLM" = 1 ] && [ "$#" -eq 0 ]; then
-  # one engine per module; a small CPU KV cache (the machine is shared); a missing vllm fails.
-  # Only the test_vllm* files: .venv-vllm lacks the main env's extras (autogen, ray), so collecting
-  # the whole tree there fails (tests/test_vllm_tier_files.py keeps every `vllm`-marked test in those files)
+if [ -n "$VLLM_PID" ]; then
+  vstatus=0
+  wait "$VLLM_PID" || vstatus=$?
   echo "vLLM tier (.venv-vllm):" >&2
-  # In MAS_TEST_WORKERS processes as well, a module each: most of a module's time is its engine's
-  # start-up, and two modules side by side took 455 s against about 650 s one after another.
-  VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} MAS_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q \
-    ${XDIST[@]+"${XDIST[@]}"} -m vllm $(find tests -name 'test_vllm*.py' | sort)
-  vstatus=$?
+  cat "$VLLM_LOG"
   if [ "$vstatus" -eq 5 ]; then
     echo "pytest collected no vllm tests: treating as a failure" >&2
     vstatus=1
