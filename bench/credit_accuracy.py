@@ -52,7 +52,8 @@ from mas.rollout.backends.scripted import ScriptedBackend
 from mas.config.schema import validate_config
 from mas.credit import build_credit_batch, credit_names, run_credit
 from mas.credit.registry import plan_credit
-from mas.rollout.engine import MASK_TEXT, Engine
+from mas.rollout.engine import Engine
+from mas.rollout.script import MASK_TEXT
 from mas.training.metrics import credit_cost
 from mas.models.tiny import train_tokenizer
 from mas.topologies import build_topology

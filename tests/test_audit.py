@@ -31,7 +31,8 @@ from mas.audit import (
 from mas.rollout.backends.scripted import ScriptedBackend
 from mas.cli import main
 from mas.config.schema import validate_config
-from mas.rollout.engine import MASK_TEXT, Engine
+from mas.rollout.engine import Engine
+from mas.rollout.script import MASK_TEXT
 from mas.topologies import build_topology
 from mas.types import Task
 

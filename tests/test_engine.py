@@ -13,7 +13,8 @@ from mas.agents.agent import build_agents
 from mas.agents.prompts import PromptCache, render_prompt
 from mas.rollout.backends.scripted import ScriptedBackend
 from mas.config.schema import validate_config
-from mas.rollout.engine import MASK_TEXT, Engine, _copy_turn
+from mas.rollout.engine import Engine, _copy_turn
+from mas.rollout.script import MASK_TEXT
 from mas.training.team import build_team
 from mas.topologies import build_topology
 from mas.types import InterventionRequest, ReplayRequest, Task, Turn
@@ -375,7 +376,8 @@ class _Persistent:
     does: it waits for agents that call their models), and answers once a call is refused."""
 
     async def run(self, ctx):
-        from mas.rollout.engine import EpisodeStopped, Outcome
+        from mas.rollout.engine import EpisodeStopped
+        from mas.types import Outcome
 
         calls = 0
         while True:

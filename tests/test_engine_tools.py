@@ -13,7 +13,8 @@ import pytest
 from mas.agents.agent import build_agents
 from mas.rollout.backends.scripted import ScriptedBackend
 from mas.config.schema import ConfigError, validate_config
-from mas.rollout.engine import MASK_TEXT, Engine
+from mas.rollout.engine import Engine
+from mas.rollout.script import MASK_TEXT
 from mas.envs.research import HotpotQAConfig, HotpotQAEnv
 from mas.topologies import build_topology
 from mas.types import InterventionRequest, ReplayRequest, Task

@@ -22,7 +22,7 @@ from team_helpers import team_config, varied_reward
 from mas.rollout.backends import RoutedBackend
 from mas.rollout.backends.scripted import ScriptedBackend
 from mas.config.schema import validate_config
-from mas.rollout.engine import FAULT_KINDS
+from mas.rollout.faults import FAULT_KINDS
 from mas.training.team import build_team
 from mas.training.trainer import train
 

@@ -70,7 +70,6 @@ from mas.types import (
     Episode,
     EpisodeGroup,
     InterventionRequest,
-    Outcome,
     ReplayRequest,
     Request,
     Results,
@@ -80,7 +79,7 @@ from mas.types import (
     Turn,
 )
 
-from mas.rollout.faults import FAULT_KINDS, Faults  # noqa: F401 - FAULT_KINDS is read from here too
+from mas.rollout.faults import FAULT_KINDS, Faults
 from mas.rollout.positions import fit_budget, model_positions
 from mas.rollout.script import MASK_TEXT, REPLAY_HINT, SAMPLE, Directive, ReplayDivergence, Script
 

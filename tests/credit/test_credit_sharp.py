@@ -30,7 +30,7 @@ def SharpConfig(**kw) -> _SharpConfig:  # noqa: N802 - these tests fix exclude=(
     kw.setdefault("agent_samples", "turn")  # the references here count turns; the default (episode) is tested below
     return _SharpConfig(**kw)
 from mas.credit.shapley import permutation_orderings, resolve_kind
-from mas.rollout.engine import MASK_TEXT
+from mas.rollout.script import MASK_TEXT
 from mas.types import Episode, EpisodeGroup, InterventionRequest, Task
 
 EPS = 1e-6

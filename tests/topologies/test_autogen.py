@@ -21,7 +21,7 @@ from test_engine import scripted_engine
 from mas.config.checks import meaning_errors
 from mas.config.schema import ConfigError, validate_config
 from mas.credit.registry import plan_credit
-from mas.rollout.engine import MASK_TEXT, ReplayDivergence
+from mas.rollout.script import MASK_TEXT
 from mas.training.team import build_team
 from mas.topologies.autogen_client import MasModelClient, NotInEpisodeError
 from mas.types import InterventionRequest, ReplayRequest, Task

@@ -34,7 +34,7 @@ from test_engine import ManualClock, scripted_engine
 
 from mas.config.checks import meaning_errors
 from mas.config.schema import ConfigError, validate_config
-from mas.rollout.engine import FAULT_KINDS
+from mas.rollout.faults import FAULT_KINDS
 from mas.topologies.langgraph import MasChatModel
 from mas.types import ReplayRequest, Task
 
