@@ -104,11 +104,22 @@ def chatty(task: str, base_url: str, api_key: str) -> str:
         client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
 
 
+def forced_tools(task: str, base_url: str, api_key: str) -> str:
+    """Each agent told to call a tool: lead and checker by tool_choice 'required', helper by name."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    for agent, choice in (("lead", "required"), ("helper", {"type": "function", "function": {"name": "lookup"}}),
+                          ("checker", "required")):
+        msg = client.chat.completions.create(model=agent, messages=[{"role": "user", "content": task}], tools=[LOOKUP],
+                                             tool_choice=choice).choices[0].message
+        _keep(base_url, agent=agent, content=msg.content, calls=[c.function.name for c in msg.tool_calls or []])
+    return base_url
+
+
 def solver_checker(task: str, base_url: str, api_key: str) -> str:
     """lead answers, checker reads it: the reply of each depends only on the messages (replayable)."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     a = client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}]).choices[0].message.content
-    b = client.chat.completions.create(model="checker", messages=[{"role": "user", "content": f"{task}\nlead: {a}"}])
+    client.chat.completions.create(model="checker", messages=[{"role": "user", "content": f"{task}\nlead: {a}"}])
     return a or ""
 
 

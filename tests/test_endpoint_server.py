@@ -80,6 +80,12 @@ BAD = [  # (body as sent, status, words of the message)
     (json.dumps(ok_body(tools={"name": "x"})).encode(), 400, "tools must be a list"),
     (json.dumps(ok_body(tools=[{"type": "function"}])).encode(), 400, "tools[0]"),
     (json.dumps(ok_body(tool_choice=7)).encode(), 400, "tool_choice"),
+    (json.dumps(ok_body(tool_choice={"type": "function"})).encode(), 400, "tool_choice must be"),
+    (json.dumps(ok_body(tool_choice="required")).encode(), 400, "offers no tools"),
+    (json.dumps(ok_body(tools=[{"type": "function", "function": {"name": "add"}}],
+                        tool_choice={"type": "function", "function": {"name": "mul"}})).encode(), 400, "not among the request's tools ['add']"),
+    (json.dumps(ok_body(tools=[{"type": "function", "function": {"name": "add"}}],
+                        tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "any", "tools": []}})).encode(), 400, "allowed_tools"),
     (b"x" * (64 * 1024 + 1), 413, "over the limit"),
 ]
 

@@ -113,6 +113,44 @@ class ChatRequest:
     model: str = ""  # the request's model field, echoed in the reply
 
 
+def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
+    """A request's ``tool_choice``, checked against its tools: ``auto``, ``none``, ``required`` or
+    ``{"type": "function", "function": {"name": ...}}``, and the tools offered.  ``allowed_tools``
+    (``{"type": "allowed_tools", "allowed_tools": {"mode": ..., "tools": [...]}}``) offers only the
+    tools it lists and becomes its mode.  A choice that asks for a call needs a tool to call."""
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        spec = choice.get("allowed_tools")
+        listed = spec.get("tools") if isinstance(spec, dict) else None
+        mode = spec.get("mode", "auto") if isinstance(spec, dict) else None
+        if not isinstance(listed, list) or mode not in ("auto", "required"):
+            raise _bad("tool_choice allowed_tools must be {'mode': 'auto' or 'required', 'tools': [...]}", "tool_choice")
+        allowed = {(t.get("function") or {}).get("name") for t in listed
+                   if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)}
+        choice, tools = mode, [t for t in tools if t["name"] in allowed]
+    named = isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict) \
+        and isinstance(choice["function"].get("name"), str)
+    if not (choice in ("auto", "none", "required") or named):
+        raise _bad("tool_choice must be 'auto', 'none', 'required', {'type': 'function', 'function': {'name': ...}} or "
+                   f"{{'type': 'allowed_tools', 'allowed_tools': {{...}}}}; got {choice!r}", "tool_choice")
+    if (choice == "required" or named) and not tools:
+        raise _bad(f"tool_choice {choice!r} asks for a tool call, but the request offers no tools", "tool_choice")
+    if named and choice["function"]["name"] not in {t["name"] for t in tools}:
+        raise _bad(f"tool_choice names function {choice['function']['name']!r}, which is not among the request's tools "
+                   f"{[t['name'] for t in tools]}", "tool_choice")
+    return choice, tools
+
+
+def unmet_tool_choice(choice: Any, called: list[str]) -> str | None:
+    """How a reply that called the tools ``called`` failed the request's ``tool_choice`` (None: it
+    did not).  Sampling is not constrained, so a reply may answer in text where a call was asked."""
+    if choice == "required" and not called:
+        return "tool_choice 'required' asked for a tool call, and the reply called none"
+    if isinstance(choice, dict) and choice["function"]["name"] not in called:
+        return (f"tool_choice asked for a call of {choice['function']['name']!r}, and the reply called "
+                f"{', '.join(repr(c) for c in called) if called else 'none'}")
+    return None
+
+
 def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
     v = body.get(key)
     if v is None:
@@ -184,9 +222,7 @@ def check_request(body: Any, agents: Iterable[str], path_agent: str | None = Non
             if not isinstance(desc, str):
                 raise _bad(f"tools[{i}].function.description must be a string", f"tools[{i}]")
             tools.append(tool_schema(fn["name"], desc, params))
-    tool_choice = body.get("tool_choice", "auto")
-    if not (tool_choice in ("auto", "none", "required") or isinstance(tool_choice, dict)):
-        raise _bad(f"tool_choice must be 'auto', 'none', 'required' or a function; got {tool_choice!r}", "tool_choice")
+    tool_choice, tools = _tool_choice(body.get("tool_choice", "auto"), tools)
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -401,6 +437,10 @@ class EpisodeSession:
                                                                **options) for _ in range(req.n)))
         except Exception as exc:  # noqa: BLE001 - the episode's error (kept by EpisodeCalls); the client is told
             raise EndpointError(410, f"this episode has ended: {type(exc).__name__}: {exc}", code="episode_ended") from exc
+        for g in gens:
+            unmet = unmet_tool_choice(req.tool_choice, [name for _, name, _ in g.calls])
+            if unmet is not None:  # the reply stands (it is what the model sampled); the step's metrics count it
+                self.ctx.faults.add("tool_choice_unmet", f"agent {req.agent!r}, turn {g.turn.index}: {unmet}")
         return [choice_of(g, tokenizer, tokens=req.logprobs) for g in gens]
 
 

@@ -126,6 +126,37 @@ def test_a_chat_template_that_renders_tools_gets_them_and_the_system_message_sta
     assert tok.decode(tool_turn.prompt_ids).startswith("TOOLS lookup")
 
 
+def test_a_reply_without_the_tool_call_that_tool_choice_asked_for_stands_and_is_counted(tiny_tokenizer):
+    def reply(req):  # lead answers in text where a call is required; helper calls the named tool; checker calls one
+        return "ANSWER: 5" if req.agent == "lead" else '<tool_call>{"name": "lookup", "arguments": {"q": "x"}}</tool_call>'
+
+    engine, _ = scripted_engine(endpoint_config("m", "forced_tools"), reply, tiny_tokenizer)
+    [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
+    for ep, pairs in received([group], ["lead", "helper", "checker"]):
+        got = [r for _, r in pairs]
+        assert [(r["content"], r["calls"]) for r in got] == [("ANSWER: 5", []), (None, ["lookup"]), (None, ["lookup"])]
+    counts, messages = engine.take_faults()
+    assert counts["tool_choice_unmet"] == 2  # lead's reply, once an episode
+    assert messages["tool_choice_unmet"].startswith("agent 'lead', turn 0: tool_choice 'required' asked for a tool call")
+
+
+def test_tool_choice_is_read_against_the_requests_tools():
+    from mas.rollout.endpoint import EndpointError, check_request, unmet_tool_choice
+
+    add, mul = ({"type": "function", "function": {"name": n}} for n in ("add", "mul"))
+    body = {"model": "lead", "messages": [{"role": "user", "content": "x"}], "tools": [add, mul]}
+    req = check_request({**body, "tool_choice": {"type": "allowed_tools",
+                                                 "allowed_tools": {"mode": "required", "tools": [mul]}}}, ["lead"])
+    assert req.tool_choice == "required" and [t["name"] for t in req.tools] == ["mul"]  # only the tools it allows
+    named = check_request({**body, "tool_choice": {"type": "function", "function": {"name": "add"}}}, ["lead"])
+    assert unmet_tool_choice(named.tool_choice, ["add"]) is None
+    assert unmet_tool_choice(named.tool_choice, ["mul"]) == "tool_choice asked for a call of 'add', and the reply called 'mul'"
+    assert unmet_tool_choice("required", ["add"]) is None and unmet_tool_choice("auto", []) is None
+    assert "called none" in unmet_tool_choice("required", [])
+    with pytest.raises(EndpointError, match="not among the request's tools"):
+        check_request({**body, "tools": [add], "tool_choice": {"type": "function", "function": {"name": "mul"}}}, ["lead"])
+
+
 def test_the_cap_on_model_calls_ends_a_team_that_never_stops(tiny_tokenizer):
     engine, _ = scripted_engine(endpoint_config("m", "chatty", max_model_calls=3), scripted_reply, tiny_tokenizer)
     [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
