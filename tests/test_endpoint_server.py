@@ -140,6 +140,8 @@ RESPONSES_BAD = [  # the Responses route: (body as sent, status, words, param)
      "max_output_tokens", "max_output_tokens"),
     (json.dumps({"model": "solver", "input": "x", "temperature": "hot"}).encode(), 400, "temperature", "temperature"),
     (json.dumps({"model": "solver", "input": [{"type": "input_file"}]}).encode(), 400, "'input_file' are not served", "input[0]"),
+    (json.dumps({"model": "solver", "input": "x", "tools": [{"type": "function", "name": "add"}],
+                 "tool_choice": {"type": "function", "name": "mul"}}).encode(), 400, "not among the request's tools", "tool_choice"),
 ]
 
 
