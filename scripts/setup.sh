@@ -99,9 +99,13 @@ fi
 # log until the main one is done, so the two do not interleave.
 VLLM_LOG=$(mktemp)
 EGG_LOCK=$(mktemp)
+# In a process group of its own (job control on while it starts), so that leaving early (a failure,
+# Ctrl-C) ends its pip as well: a background job of a script ignores Ctrl-C
+set -m
 (set -e; setup_vllm) >"$VLLM_LOG" 2>&1 &
 VLLM_PID=$!
-trap 'kill "$VLLM_PID" 2>/dev/null || true; rm -f "$VLLM_LOG" "$EGG_LOCK"' EXIT
+set +m
+trap 'kill -TERM -- -"$VLLM_PID" 2>/dev/null || true; rm -f "$VLLM_LOG" "$EGG_LOCK"' EXIT
 setup_main
 vstatus=0
 wait "$VLLM_PID" || vstatus=$?
