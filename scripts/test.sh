@@ -44,15 +44,16 @@ VLLM_PID=""
 if [ "$MAS_TEST_VLLM" = 1 ] && [ "$#" -eq 0 ]; then
   VLLM_LOG=$(mktemp)
   trap 'rm -f "$VLLM_LOG"' EXIT
-  # A background job of a script ignores Ctrl-C: the tier runs in a process group of its own (setsid),
-  # which an interrupted or stopped test command ends, engines and test processes with it
-  SETSID=()
-  ! command -v setsid >/dev/null 2>&1 || SETSID=(setsid)
-  trap 'kill -TERM -- -"$VLLM_PID" 2>/dev/null || kill -TERM "$VLLM_PID" 2>/dev/null; exit 130' INT TERM
-  VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} MAS_REQUIRE_VLLM=1 ${SETSID[@]+"${SETSID[@]}"} .venv-vllm/bin/python -m pytest -q \
+  # A background job of a script ignores Ctrl-C: the tier starts in a process group of its own (job
+  # control on while it starts, as setup.sh's vLLM install), which an interrupted or stopped test
+  # command ends, engines and test processes with it
+  trap 'kill -TERM -- -"$VLLM_PID" 2>/dev/null || true; exit 130' INT TERM
+  set -m
+  VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} MAS_REQUIRE_VLLM=1 .venv-vllm/bin/python -m pytest -q \
     -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} -m vllm $(find tests -name 'test_vllm*.py' | sort) \
     >"$VLLM_LOG" 2>&1 &
   VLLM_PID=$!
+  set +m
 fi
 .venv/bin/python -m pytest -q ${XDIST[@]+"${XDIST[@]}"} -m "not vllm" "$@"  # (an empty array under set -u: bash < 4.4)
 status=$?

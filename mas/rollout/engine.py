@@ -78,9 +78,9 @@ from mas.types import (
     Topology,
     Turn,
 )
+from mas.types import Outcome  # noqa: F401 - pickles written before it moved to mas.types name it here (mas.engine.Outcome)
 
 from mas.rollout.faults import FAULT_KINDS, Faults
-from mas.types import Outcome  # noqa: F401 - pickles written before it moved to mas.types name it here (mas.engine.Outcome)
 from mas.rollout.positions import fit_budget, model_positions
 from mas.rollout.script import MASK_TEXT, REPLAY_HINT, SAMPLE, Directive, ReplayDivergence, Script
 
