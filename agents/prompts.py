@@ -54,7 +54,13 @@ def render_prompt_text(tokenizer: Any, messages: list[dict], tools: list[dict] |
 
 def render_prompt(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
     """Token ids of the prompt for ``messages`` (ready for generation: ends in the assistant header)."""
-    return list(tokenizer(render_prompt_text(tokenizer, messages, tools), add_special_tokens=False)["input_ids"])
+    return text_ids(tokenizer, render_prompt_text(tokenizer, messages, tools))
+
+
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens: a prompt's, or the forced start of a reply that
+    follows a rendered prompt (``GenRequest.prefix``)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 class PromptCache:

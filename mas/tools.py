@@ -52,6 +52,7 @@ __all__ = [
     "parse_tool_calls",
     "run_tool_call",
     "skipped_call",
+    "tool_call_start",
     "tool_call_text",
     "tool_results_message",
     "tools_prompt",
@@ -108,6 +109,16 @@ def tool_call_text(name: str, arguments: Any) -> str:
     """One call as a model writes it: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, the
     JSON's text kept literal (a non-ASCII title stays as it reads, not ``\\u`` escapes)."""
     return f"{OPEN}{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}{CLOSE}"
+
+
+def tool_call_start(name: str | None = None) -> str:
+    """The start of a call as ``tool_call_text`` writes it, up to where a model's own choice begins:
+    ``<tool_call>{"name": "`` (any tool), or with ``name`` up to its arguments
+    (``<tool_call>{"name": "add", "arguments": ``).  A reply forced to begin with it is a call (how the
+    endpoint meets a request's ``tool_choice``)."""
+    if name is None:
+        return f'{OPEN}{{"name": "'
+    return f'{OPEN}{json.dumps({"name": name}, ensure_ascii=False)[:-1]}, "arguments": '
 
 
 def has_tool_call(text: str) -> bool:

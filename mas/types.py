@@ -294,7 +294,7 @@ class EpisodeContext(Protocol):
                    index: int | None = None, run_tools: bool = True,
                    framework_tools: frozenset[str] = frozenset(), *, tools: list[dict[str, Any]] | None = None,
                    temperature: float | None = None, top_p: float | None = None, max_new_tokens: int | None = None,
-                   stop: tuple[str, ...] = (), fit_positions: bool = False) -> Turn: ...
+                   stop: tuple[str, ...] = (), fit_positions: bool = False, prefix: str = "") -> Turn: ...
 
     def endpoint(self, max_calls: int | None = None, request_sampling: bool = False) -> Any:
         """An async context manager: the episode behind an OpenAI-compatible endpoint while it is

@@ -104,12 +104,18 @@ def chatty(task: str, base_url: str, api_key: str) -> str:
         client.chat.completions.create(model="lead", messages=[{"role": "user", "content": task}])
 
 
+NOTE = {"type": "function", "function": {"name": "note", "description": "Write a note.",
+                                         "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}}
+
+
 def forced_tools(task: str, base_url: str, api_key: str) -> str:
-    """Each agent told to call a tool: lead and checker by tool_choice 'required', helper by name."""
+    """Each agent told to call a tool: lead by tool_choice 'required' with one tool, helper by name, checker
+    by 'required' with two tools."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    for agent, choice in (("lead", "required"), ("helper", {"type": "function", "function": {"name": "lookup"}}),
-                          ("checker", "required")):
-        msg = client.chat.completions.create(model=agent, messages=[{"role": "user", "content": task}], tools=[LOOKUP],
+    for agent, choice, tools in (("lead", "required", [LOOKUP]),
+                                 ("helper", {"type": "function", "function": {"name": "lookup"}}, [LOOKUP, NOTE]),
+                                 ("checker", "required", [LOOKUP, NOTE])):
+        msg = client.chat.completions.create(model=agent, messages=[{"role": "user", "content": task}], tools=tools,
                                              tool_choice=choice).choices[0].message
         _keep(base_url, agent=agent, content=msg.content, calls=[c.function.name for c in msg.tool_calls or []])
     return base_url

@@ -340,3 +340,22 @@ def test_a_request_the_backend_cannot_serve_fails_alone_and_the_others_of_its_ba
     assert replies[2].status_code == 500 and "POISON" in replies[2].json()["error"]["message"]
     assert_same_replies([reply_of(r) for r in replies[:2] + replies[3:]], alone)
     assert_same_replies([reply_of(httpx.post(f"{url}/chat/completions", json=bodies[0], timeout=120))], alone[:1])
+
+
+def test_mas_serve_forces_the_call_that_tool_choice_asks_for(policy_served):
+    url, backend, _ = policy_served
+    lookup = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    body = serve_body(0, tools=[lookup], tool_choice={"type": "function", "function": {"name": "lookup"}}, max_tokens=4)
+    backend.batches.clear()
+    resp = httpx.post(f"{url}/chat/completions", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    [row] = [r for b in backend.batches for r in b]
+    start = '<tool_call>{"name": "lookup", "arguments": '
+    assert row.prefix == start  # the backend continues the call's start, which ends the prompt ids
+    tok = backend.backend.policies["main"].tokenizer
+    ids = tok(start, add_special_tokens=False)["input_ids"]
+    assert row.prompt_ids[-len(ids):] == ids
+    [choice] = resp.json()["choices"]
+    sampled = [t["token"] for t in choice["logprobs"]["content"]]
+    # 4 sampled tokens cannot close the call: the reply is the start and what the model wrote after it
+    assert 0 < len(sampled) <= 4 and choice["message"]["content"] == start + "".join(sampled)

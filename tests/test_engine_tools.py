@@ -236,3 +236,31 @@ def test_a_rendered_call_is_what_the_parser_reads_back_with_its_text_literal():
     assert text == '<tool_call>{"name": "read", "arguments": {"title": "Émile Zola", "k": 2}}</tool_call>'
     (call,) = parse_tool_calls(text)
     assert (call.name, call.arguments, call.error) == ("read", {"title": "Émile Zola", "k": 2}, None)
+
+
+def test_a_forced_start_forces_the_first_generation_of_a_call_not_its_tool_rounds(tiny_tokenizer, env):
+    from mas.types import Outcome
+
+    start = '<tool_call>{"name": "search", "arguments": '
+    forced = []
+
+    class Forced:  # a team whose code asks the researcher for a search call (as a request's tool_choice does)
+        async def run(self, ctx):
+            turn = await ctx.call("researcher", [{"role": "user", "content": ctx.task.prompt}], prefix=start)
+            return Outcome(answer=turn.text)
+
+    def researcher(req):
+        forced.append(req.prefix)
+        return SEARCH if rounds(req) == 0 else "The Seine."
+
+    engine = engine_for(research_config(), scripted(researcher), tiny_tokenizer, env)
+    engine.topology = Forced()
+    ep = engine.rollout([TASK], 1, seed=0)[0].episodes[0]
+    assert ep.status == "ok", ep.error
+    assert forced == [start, ""]  # the tool round after the call is the agent's own
+    call, report = ep.turns
+    ids = tiny_tokenizer(start, add_special_tokens=False)["input_ids"]
+    assert call.prompt_ids[-len(ids):] == ids and call.text == SEARCH and call.tool_calls[0]["valid"]
+    assert call.completion_ids == tiny_tokenizer(SEARCH[len(start):], add_special_tokens=False)["input_ids"] + [
+        tiny_tokenizer.eos_token_id]  # only what followed the start is the model's to learn
+    assert report.text == "The Seine." and report.messages[-2] == {"role": "assistant", "content": SEARCH}

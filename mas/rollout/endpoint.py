@@ -41,6 +41,14 @@ are rendered by the model's chat template where it renders tools
 (``mas.agents.prompts.template_takes_tools``), else described in the system message
 (``describe_tools``, which the warm-up's framework teacher reads).  The reply's ``tool_calls``
 are the ``<tool_call>`` blocks of the model's text (``mas.agents.tools.parse_tool_calls``).
+
+``tool_choice``.  ``none`` offers no tools.  ``required`` and a named function are met by forcing
+the start of the reply (``forced_start``): the model continues ``<tool_call>{"name": "`` (the one
+tool's full name where the request offers one), or ``<tool_call>{"name": "<name>", "arguments": ``
+for a named function.  Those ids end the turn's prompt ids, so only what the model sampled after
+them is trained, and the reply holds the whole call.  A continuation that still makes no valid
+call (an unknown name, JSON that does not close) stands as sampled, and counts the fault
+``tool_choice_unmet``.
 """
 
 from __future__ import annotations
@@ -56,11 +64,11 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mas.agents.prompts import render_prompt, template_takes_tools
+from mas.agents.prompts import render_prompt, template_takes_tools, text_ids
 from mas.rollout.backends.base import BackendUnavailable, GenRequest, GenResult, generate_apart
 from mas.rollout.batcher import settle
 from mas.rollout.responses import BadRequest, chat_body, response_body, response_events
-from mas.tools import has_tool_call, parse_tool_calls, tool_call_text
+from mas.tools import has_tool_call, parse_tool_calls, tool_call_start, tool_call_text
 from mas.topologies.adapters import (EpisodeCalls, Generation, describe_tools, finish_messages, outside_calls,
                                      tool_results_text, tool_schema)
 from mas.types import EpisodeContext, Turn
@@ -140,9 +148,21 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[di
     return choice, tools
 
 
+def forced_start(choice: Any, tools: list[dict[str, Any]]) -> str:
+    """The start a reply is forced to, so that it meets the request's (checked) ``tool_choice``: a
+    call (``required``; of the one tool, where only one is offered), a call of the named function,
+    else nothing."""
+    if choice == "required":
+        return tool_call_start(tools[0]["name"] if len(tools) == 1 else None)
+    if isinstance(choice, dict):
+        return tool_call_start(choice["function"]["name"])
+    return ""
+
+
 def unmet_tool_choice(choice: Any, called: list[str]) -> str | None:
     """How a reply that called the tools ``called`` failed the request's ``tool_choice`` (None: it
-    did not).  Sampling is not constrained, so a reply may answer in text where a call was asked."""
+    did not).  The reply starts as a call (``forced_start``), but what the model wrote after that start
+    may still make no valid call: a name not offered, JSON that does not close."""
     if choice == "required" and not called:
         return "tool_choice 'required' asked for a tool call, and the reply called none"
     if isinstance(choice, dict) and choice["function"]["name"] not in called:
@@ -428,7 +448,8 @@ class EpisodeSession:
         parent = self.calls.parent_of([cid for cid, _ in results])
         tools = [] if req.tool_choice == "none" else req.tools
         template = bool(tools) and template_takes_tools(tokenizer)
-        options: dict[str, Any] = {"max_new_tokens": req.max_tokens, "stop": req.stop}
+        options: dict[str, Any] = {"max_new_tokens": req.max_tokens, "stop": req.stop,
+                                   "prefix": forced_start(req.tool_choice, tools)}
         if self.request_sampling:
             options.update(temperature=req.temperature, top_p=req.top_p)
         specs = [{"type": "function", "function": t} for t in tools] if template else None
@@ -439,7 +460,7 @@ class EpisodeSession:
             raise EndpointError(410, f"this episode has ended: {type(exc).__name__}: {exc}", code="episode_ended") from exc
         for g in gens:
             unmet = unmet_tool_choice(req.tool_choice, [name for _, name, _ in g.calls])
-            if unmet is not None:  # the reply stands (it is what the model sampled); the step's metrics count it
+            if unmet is not None:  # the reply stands (it is what the model wrote); the step's metrics count it
                 self.ctx.faults.add("tool_choice_unmet", f"agent {req.agent!r}, turn {g.turn.index}: {unmet}")
         return [choice_of(g, tokenizer, tokens=req.logprobs) for g in gens]
 
@@ -534,10 +555,14 @@ class PolicySession:
             at = next(i for i, m in enumerate(messages) if m["role"] == "system")
             messages[at] = {"role": "system", "content": messages[at]["content"] + "\n\n" + describe_tools(tools)}
         rendered = render_prompt(tokenizer, messages, [{"type": "function", "function": t} for t in tools] if template else None)
+        prefix = forced_start(req.tool_choice, tools)
+        if prefix:
+            rendered = rendered + text_ids(tokenizer, prefix)
         budget = agent.sampling.max_new_tokens
         gen = GenRequest(policy=agent.policy, prompt_ids=rendered, temperature=req.temperature or 0.0,
                          top_p=1.0 if req.top_p is None else req.top_p, top_k=0,
-                         max_new_tokens=min(req.max_tokens or budget, budget), agent=req.agent, messages=messages)
+                         max_new_tokens=min(req.max_tokens or budget, budget), agent=req.agent, messages=messages,
+                         prefix=prefix)
         results = await self.batcher.generate([gen] * req.n)
         choices = []
         for res in results:
@@ -545,6 +570,7 @@ class PolicySession:
             text = res.text
             for s in req.stop:
                 text = text.split(s)[0] if s else text
+            text = prefix + text  # the forced start is the reply's (a stop text ends what follows it)
             turn = Turn(agent=req.agent, policy=agent.policy, index=self._calls, parent=None, messages=messages,
                         prompt_ids=rendered, completion_ids=res.completion_ids, logprobs=res.logprobs, text=text,
                         finish_reason=res.finish_reason)

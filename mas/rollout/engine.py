@@ -58,7 +58,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, Callable
 
 from mas.agents.agent import Agent
-from mas.agents.prompts import PromptCache
+from mas.agents.prompts import PromptCache, text_ids
 from mas.tools import TOOL_VALID_KEY, ToolSpec, has_tool_call, parse_tool_calls, run_tool_call, skipped_call, tool_results_message
 from mas.rollout.backends.base import Backend, GenRequest, GenResult
 from mas.rollout.batcher import Batcher
@@ -127,6 +127,7 @@ class _Overrides:
     max_new_tokens: int | None = None
     stop: tuple[str, ...] = ()
     fit_positions: bool = False
+    prefix: str = ""  # the first generation's forced start (a tool call a request's tool_choice asks for)
 
 
 _NO_OVERRIDES = _Overrides()
@@ -244,6 +245,7 @@ class EpisodeContext:
         max_new_tokens: int | None = None,
         stop: tuple[str, ...] = (),
         fit_positions: bool = False,
+        prefix: str = "",
     ) -> Turn:
         """One invocation of an agent: its reply, after any tool rounds (each one more Turn).
 
@@ -263,8 +265,13 @@ class EpisodeContext:
         was sampled up to there), and the text before the stop is its reply.  ``fit_positions``: a
         team whose prompts are code (the framework adapters) has each generation fitted to its
         model's positions (``mas.rollout.positions``; the built-in topologies' are bounded at validate).
+        ``prefix``: the start of the reply, forced (``mas.tools.tool_call_start``: a call that a
+        request's ``tool_choice`` asks for).  Its ids follow the rendered prompt in the turn's
+        ``prompt_ids``, so the model continues it and only what it sampled is trained; the turn's
+        text is the prefix and the continuation.  It forces the invocation's first generation only,
+        not the tool rounds after it.
         """
-        over = _Overrides(tools, temperature, top_p, max_new_tokens, tuple(stop), fit_positions)
+        over = _Overrides(tools, temperature, top_p, max_new_tokens, tuple(stop), fit_positions, prefix)
         if self.stopped is not None:
             raise self._refusal()
         if agent_name not in self.agents:
@@ -281,6 +288,7 @@ class EpisodeContext:
             return await self._turn(agent_name, messages, parent, index, d, 0, run_tools=False, over=over)
         turn = await self._turn(agent_name, messages, parent, index, d, agent.max_tool_calls, framework_tools=framework_tools,
                                 over=over)
+        over = dataclasses.replace(over, prefix="")  # the tool rounds' replies are the agent's own
         used = 0
         # (a replayed turn whose calls the framework ran carries the label too: it ends the invocation here)
         while turn.parsed.get("label") == TOOL_LABEL and not _calls_any(turn.text, framework_tools):
@@ -302,7 +310,10 @@ class EpisodeContext:
             raise self._refusal()
         over = over or _NO_OVERRIDES
         agent = self.agents[agent_name]
-        prompt_ids = self.prompts.render(self.tokenizers[agent.policy], messages, tools=over.tools)
+        tokenizer = self.tokenizers[agent.policy]
+        prompt_ids = self.prompts.render(tokenizer, messages, tools=over.tools)
+        if over.prefix:  # the reply's forced start: part of the prompt the model continues
+            prompt_ids = prompt_ids + text_ids(tokenizer, over.prefix)
         base = dict(agent=agent_name, policy=agent.policy, index=index, parent=parent, messages=messages, prompt_ids=prompt_ids)
         if d.kind == "replay":
             src = d.source
@@ -331,6 +342,7 @@ class EpisodeContext:
                 max_new_tokens=budget,
                 agent=agent_name,
                 messages=messages,
+                prefix=over.prefix,
             )
             try:
                 res = await self.batcher.generate((self.key, index), req)
@@ -341,13 +353,14 @@ class EpisodeContext:
                 self.faults.add("backend_error", f"generation for agent {agent_name!r} failed: {type(exc).__name__}: {exc}")
                 raise
             if over.stop:
-                res = _cut_at_stop(res, over.stop, self.tokenizers[agent.policy])
-            parsed, valid = agent.parse(res.text)
-            turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=res.text,
+                res = _cut_at_stop(res, over.stop, tokenizer)
+            text = over.prefix + res.text
+            parsed, valid = agent.parse(text)
+            turn = Turn(**base, completion_ids=res.completion_ids, logprobs=res.logprobs, text=text,
                         parsed=parsed, valid=valid, finish_reason=res.finish_reason,
                         trainable=self.trainable[agent.policy], weight_version=res.weight_version,
                         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
-            if run_tools and agent.tools and has_tool_call(res.text) and not _calls_any(res.text, framework_tools):
+            if run_tools and agent.tools and has_tool_call(text) and not _calls_any(text, framework_tools):
                 await self._run_tools(agent.name, turn, tool_budget)
         self.episode.turns.append(turn)
         return turn

@@ -15,8 +15,8 @@ FAULT_KINDS: dict[str, str] = {
                         "passed the positions of the policy's model: the reply cut to fit, or, where the prompt alone filled "
                         "them, read past them (mas.rollout.positions)",
     "tool_choice_unmet": "replies of the OpenAI-compatible endpoint that did not make the tool call the request's tool_choice "
-                         "asked for ('required' or a named function): sampling is not constrained, so the reply is what "
-                         "the model wrote",
+                         "asked for ('required' or a named function): the reply starts as that call, but what the model "
+                         "wrote after the start made no valid one (an unknown name, JSON that does not close)",
     "score_error": "episodes whose reward function raised or returned NaN/inf (scored 0)",
     "tool_error": "tool calls that raised (a ToolError, the tool's answer to a bad argument, is not a fault)",
     "tool_timeout": "tool calls stopped at runtime.tool_timeout_s",

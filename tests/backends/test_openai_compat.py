@@ -109,6 +109,17 @@ def test_no_key_means_no_authorization_header_and_top_k_is_not_sent(server, monk
     assert call["path"] == "/v1/chat/completions"  # a trailing slash on base_url is fine
 
 
+def test_a_forced_start_is_sent_as_an_assistant_message_to_continue(server):
+    start = '<tool_call>{"name": "'
+    [res] = OpenAICompatBackend(server.base_url, "m").generate_batch([request("call a tool", prefix=start)])
+    body = server.calls[0]["body"]
+    assert body["messages"][-1] == {"role": "assistant", "content": start} and len(body["messages"]) == 3
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False  # vLLM's chat extensions
+    assert res.text == f"echo {start}"  # what the server wrote (this one echoes the last message)
+    OpenAICompatBackend(server.base_url, "m").generate_batch([request("no start")])
+    assert "continue_final_message" not in server.calls[1]["body"] and len(server.calls[1]["body"]["messages"]) == 2
+
+
 @pytest.mark.parametrize("finish,expected", [("stop", "stop"), ("length", "length"), ("content_filter", "stop"), (None, "stop"), ("tool_calls", "stop")])
 def test_finish_reason(server, finish, expected):
     server.respond = lambda body: (200, reply("t", finish))

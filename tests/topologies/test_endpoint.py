@@ -126,18 +126,44 @@ def test_a_chat_template_that_renders_tools_gets_them_and_the_system_message_sta
     assert tok.decode(tool_turn.prompt_ids).startswith("TOOLS lookup")
 
 
-def test_a_reply_without_the_tool_call_that_tool_choice_asked_for_stands_and_is_counted(tiny_tokenizer):
-    def reply(req):  # lead answers in text where a call is required; helper calls the named tool; checker calls one
-        return "ANSWER: 5" if req.agent == "lead" else '<tool_call>{"name": "lookup", "arguments": {"q": "x"}}</tool_call>'
+def test_tool_choice_forces_the_start_of_a_call_and_only_what_follows_is_sampled(tiny_tokenizer):
+    from mas.tools import tool_call_start
+
+    seen = {}
+
+    def reply(req):  # each writes the start it was forced to; helper's named call never closes its JSON
+        seen[req.agent] = req.prefix
+        return {"lead": '<tool_call>{"name": "lookup", "arguments": {"q": "x"}}</tool_call>',
+                "helper": '<tool_call>{"name": "lookup", "arguments": {"q": ',
+                "checker": '<tool_call>{"name": "note", "arguments": {"text": "ok"}}</tool_call>'}[req.agent]
 
     engine, _ = scripted_engine(endpoint_config("m", "forced_tools"), reply, tiny_tokenizer)
     [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
+    # required with one tool: that tool's call up to its arguments; a named one the same; required with two: the name's start
+    assert seen == {"lead": tool_call_start("lookup"), "helper": tool_call_start("lookup"), "checker": tool_call_start()}
     for ep, pairs in received([group], ["lead", "helper", "checker"]):
-        got = [r for _, r in pairs]
-        assert [(r["content"], r["calls"]) for r in got] == [("ANSWER: 5", []), (None, ["lookup"]), (None, ["lookup"])]
+        assert [(r["content"], r["calls"]) for _, r in pairs] == [
+            (None, ["lookup"]), ("", []), (None, ["note"])]  # the broken call block is not content
+        for turn, _ in pairs:  # the forced start ends the prompt; the completion is the model's own part only
+            start = tiny_tokenizer(seen[turn.agent], add_special_tokens=False)["input_ids"]
+            assert turn.prompt_ids[-len(start):] == start and turn.text.startswith(seen[turn.agent])
+            own = tiny_tokenizer(turn.text[len(seen[turn.agent]):], add_special_tokens=False)["input_ids"]
+            assert turn.completion_ids == own + [tiny_tokenizer.eos_token_id]
+            assert turn.prompt_ids[:-len(start)] == render_prompt(tiny_tokenizer, turn.messages)
     counts, messages = engine.take_faults()
-    assert counts["tool_choice_unmet"] == 2  # lead's reply, once an episode
-    assert messages["tool_choice_unmet"].startswith("agent 'lead', turn 0: tool_choice 'required' asked for a tool call")
+    assert counts["tool_choice_unmet"] == 2  # helper's unclosed call, once an episode: the reply stands, counted
+    assert messages["tool_choice_unmet"].startswith("agent 'helper', turn 1: tool_choice asked for a call of 'lookup'")
+
+
+def test_a_script_that_ignores_the_forced_start_fails_with_the_reason(tiny_tokenizer):
+    from mas.rollout.backends.base import GenRequest
+    from mas.rollout.backends.scripted import ScriptedBackend
+
+    backend = ScriptedBackend(lambda req: "ANSWER: 5", {"p": tiny_tokenizer})
+    req = GenRequest(policy="p", prompt_ids=[1], temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=8, agent="lead",
+                     prefix='<tool_call>{"name": "')
+    with pytest.raises(ValueError, match="does not start with the start the request forced"):
+        backend.generate_batch([req])
 
 
 def test_tool_choice_is_read_against_the_requests_tools():
@@ -238,6 +264,29 @@ def test_the_recorded_ids_are_the_rendered_prompt_and_the_sampled_completion(tin
         main = [t for t in turns if t.policy == "main"]
         assert [(s.prompt_ids, s.completion_ids, s.old_logprobs) for s in samples["main"]] == \
                [(t.prompt_ids, t.completion_ids, t.logprobs) for t in main]
+
+
+def test_a_forced_tool_call_start_is_prompt_and_the_model_samples_what_follows(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from mas.rollout.endpoint import forced_start
+
+    with build_team(validate_config(endpoint_config(tiny_model_dir, "forced_tools"))) as team:
+        groups = team.engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+        tok = team.runtime.tokenizers["main"]
+        starts = {"lead": forced_start("required", [{"name": "lookup"}]), "checker": forced_start("required", [{}, {}]),
+                  "helper": forced_start({"function": {"name": "lookup"}}, [])}
+        for ep, pairs in received(groups, ["lead", "helper", "checker"]):
+            for turn, _ in pairs:
+                start = tok(starts[turn.agent], add_special_tokens=False)["input_ids"]
+                assert turn.text.startswith(starts[turn.agent]) and turn.prompt_ids[-len(start):] == start
+                ids = torch.tensor([turn.prompt_ids + turn.completion_ids])
+                with torch.no_grad():
+                    logits = model(ids).logits[0, len(turn.prompt_ids) - 1:-1] / turn.temperature
+                again = torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(turn.prompt_ids):, None])[:, 0]
+                assert torch.allclose(again, torch.tensor(turn.logprobs), atol=1e-5)  # sampled after the start
+                assert tok.decode(turn.completion_ids, skip_special_tokens=True) == turn.text[len(starts[turn.agent]):]
 
 
 # --- the shipped config trains, and `mas serve` answers the real client ---------------------------------

@@ -10,7 +10,11 @@ come back in request order).  Body::
      "top_p": top_p, "n": 1, **extra_body}
 
 ``top_k`` is not part of the OpenAI API and is not sent (pass it in ``extra_body`` for servers
-that accept it, e.g. vLLM).  Temperature 0 asks the server for greedy decoding.
+that accept it, e.g. vLLM).  Temperature 0 asks the server for greedy decoding.  A request whose
+reply has a forced start (``GenRequest.prefix``: a tool call its ``tool_choice`` asks for) sends
+it as a last assistant message to be continued, with vLLM's chat extensions
+``"continue_final_message": true, "add_generation_prompt": false`` (a server without them
+refuses or ignores them); the reply's text is what follows it.
 
 The reply's ``choices[0].message.content`` is the text; ``finish_reason`` "length" is kept,
 every other value ("stop", "content_filter", "tool_calls", null) reads as "stop".
@@ -149,13 +153,16 @@ class OpenAICompatBackend:
 
     def body(self, req: GenRequest) -> dict[str, Any]:
         """The JSON body sent for ``req``."""
+        messages = [{"role": m["role"], "content": m["content"]} for m in req.messages or []]
+        forced = {"continue_final_message": True, "add_generation_prompt": False} if req.prefix else {}
         return {
             "model": self.model,
-            "messages": [{"role": m["role"], "content": m["content"]} for m in req.messages or []],
+            "messages": messages + ([{"role": "assistant", "content": req.prefix}] if req.prefix else []),
             "max_tokens": req.max_new_tokens,
             "temperature": req.temperature,
             "top_p": req.top_p,
             "n": 1,
+            **forced,
             **self.extra_body,
         }
 

@@ -3,7 +3,9 @@
 Used for the embedded model's teacher transcripts, for tests of topologies and credit that
 need exact control of what each agent says, and for benchmarks with known ground truth.
 The text is tokenised with the policy's tokenizer and ends with its EOS token, so turns
-look exactly like sampled ones (logprobs are 0: a script is deterministic).
+look exactly like sampled ones (logprobs are 0: a script is deterministic).  A request whose
+reply has a forced start (``GenRequest.prefix``) gets the script's text after it; a script whose
+text does not begin with it is an error, not a reply that would contradict its prompt.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ class ScriptedBackend:
         out = []
         for req in requests:
             text = self.respond(req)
+            if req.prefix:  # the reply's start was forced: the script wrote it, the result is what follows
+                if not text.startswith(req.prefix):
+                    raise ValueError(f"the script's reply for agent {req.agent!r} does not start with the start "
+                                     f"the request forced ({req.prefix!r}, a tool_choice): {text[:80]!r}")
+                text = text[len(req.prefix):]
             tok = self.tokenizers[req.policy]
             ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
             out.append(GenResult(completion_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="stop"))
