@@ -121,6 +121,23 @@ def test_the_teacher_calls_the_tool_of_the_tasks_operation_with_its_numbers():
     assert ask(t, "calculator", ("system", unfillable), ("user", "3+2")) == "ANSWER: 5"  # no call it could make
 
 
+def test_an_agent_with_a_final_answer_tool_works_then_answers_through_it():
+    """smolagents' ToolCallingAgent: every step is a tool call, the answer final_answer's argument; its
+    history writes a call back as 'Calling tools:' and a Python list, not as the text the model wrote."""
+    system = "You do arithmetic.\n\n" + describe_tools([tool("final_answer", answer="string"),
+                                                           tool("calculate", expression="string")])
+    t = teacher(("calculator",), routers=())
+    first = ask(t, "calculator", ("system", system), ("user", "9-4"))
+    assert calls(first) == [("calculate", {"expression": "9-4"})]  # the work first, though listed second
+    history = "Calling tools:\n[{'id': 'call_1', 'type': 'function', 'function': {'name': 'calculate', 'arguments': {}}}]"
+    done = ask(t, "calculator", ("system", system), ("user", "9-4"), ("assistant", history), ("user", "Observation:\n5"))
+    assert calls(done) == [("final_answer", {"answer": "ANSWER: 5"})]
+    asked = ask(t, "calculator", ("system", system), ("user", "9-4"), ("assistant", first), ("user", "Observation:\n5"))
+    assert asked == done  # its own <tool_call> text counts as the call too
+    no_tool = "You do arithmetic.\n\n" + describe_tools([tool("check_answer", input="string")])  # a tool, not the answer's
+    assert calls(ask(t, "calculator", ("system", no_tool), ("user", "3+2"))) == [("check_answer", {"input": "3+2"})]
+
+
 def test_a_triage_hands_off_to_the_agent_named_for_the_tasks_operation():
     """The OpenAI Agents SDK triage team: in list order the addition tutor would get every task."""
     system = "You determine which agent to use.\n\n" + describe_tools([tool("transfer_to_addition_tutor"),

@@ -31,6 +31,11 @@ the framework built, and answers from what it finds there:
   and, on a line of its own, the answer the latest result proposed (``Proposed answer: 3``,
   ``agent_tool_input``); then it answers.  The agent behind each tool reads the task in that
   input and answers.
+* **An answer tool** (``final_answer`` or ``submit_answer`` with one text argument: smolagents'
+  ``final_answer``, through which a ``ToolCallingAgent`` ends its run) is not work: the agent does
+  its work first, then answers by calling it with its answer (``ANSWER: <gold>``).  What the agent
+  called is read from its own messages: the ``<tool_call>`` blocks it wrote, or its framework's
+  record of a call (smolagents writes ``Calling tools:`` and the calls as a Python list).
 * **A planner** (its own prompt says it plans, delegates or assigns the work to the team:
   ``delegates``) with members still to speak and no tool to reach them writes a delegation in
   the form its prompt asks for, one line per pending member (``<member>: <subtask>``; AutoGen's
@@ -65,7 +70,9 @@ planner's ``max_new_tokens`` (the teacher has no tokenizer); a tool with two str
 or a list, is not called; agents as tools are known by their one text argument each, not by the
 agents behind them (two tools of one text argument each are called in turn, each once); a request
 with no training task in its messages is a ``KeyError`` (the warm-up then fails loudly: give
-``trainer.warmup.demonstrations``).
+``trainer.warmup.demonstrations``); the teacher does not read a request's ``tool_choice``, so where
+the endpoint forces a call's start (``GenRequest.prefix``) and the teacher answers in text, or calls
+another tool than the one named, that teacher episode fails with the reason (``ScriptedBackend``).
 
 Two framework teams on arithmetic have teachers of their own, which read the task where the
 framework puts it (``arithmetic_task``): an AutoGen selector of specialists (``SelectorTeacher``)
@@ -91,6 +98,7 @@ from mas.topologies.teaching import ChainTeacher, NoTeacher, chain_steps, slippe
 from mas.types import Task
 
 HANDOFF = "transfer_to_"  # the name of a handoff tool, AutoGen's and LangGraph's: transfer_to_<agent>
+ANSWER_TOOLS = ("final_answer", "submit_answer")  # a tool an agent answers through (smolagents' final_answer), not work
 TOOLS_HEADER = describe_tools([tool_schema("t", "", None)]).splitlines()[0]  # how the adapters start their tool list
 _TOOL_LINE = re.compile(r"^- (\w+)\(([^)]*)\)")
 # a capitalised word or phrase a prompt asks an agent to write: "end with TERMINATE", "respond with FINISH",
@@ -245,6 +253,26 @@ def names_task_operation(name: str, text: str) -> bool:
     numbers = task_numbers(text)
     return forms is not None and any(text[end:start].strip().lower() in forms
                                      for (_, _, end), (_, start, _) in zip(numbers, numbers[1:]))
+
+
+def called(chat: list[dict[str, str]], tools: list[Tool]) -> list[str]:
+    """The tools the agent has called, read from its own (assistant) messages: the ``<tool_call>`` blocks
+    it wrote, and the offered tools its framework's record of a call names (smolagents writes a call
+    back as ``Calling tools:`` and a list of ``{'function': {'name': 'calculate', ...}}``)."""
+    out = []
+    for m in chat:
+        if m.get("role") != "assistant":
+            continue
+        blocks = [c.name for c in parse_tool_calls(m["content"]) if c.name]
+        out += blocks or [t.name for t in tools if re.search(rf"""['"]name['"]: ['"]{re.escape(t.name)}['"]""", m["content"])]
+    return out
+
+
+def answer_tool(tools: list[Tool]) -> Tool | None:
+    """The tool the agent answers through (``ANSWER_TOOLS``: smolagents' ``final_answer(answer)``, which
+    ends the agent's run with its argument), where it takes one text argument; None where none is offered."""
+    return next((t for t in tools if t.name in ANSWER_TOOLS and len(t.params) == 1
+                 and (t.types or ("",))[0] in _TEXT_TYPES | {""}), None)
 
 
 def agent_tools(tools: list[Tool], prompt: str) -> list[Tool]:
@@ -438,12 +466,13 @@ class FrameworkTeacher:
         spoke = list(dict.fromkeys(a for a, _ in said))
         if req.agent in self.routers:
             return self._route(chat, system, said, skip, task)
-        mine = [c.name for m in chat if m.get("role") == "assistant" for c in parse_tool_calls(m["content"])]
-        pending = [] if skip else [a for a in self.members if a not in spoke and a != req.agent]
         tools = offered_tools(system)
+        mine = called(chat, tools)
+        pending = [] if skip else [a for a in self.members if a not in spoke and a != req.agent]
         targets = {t.name[len(HANDOFF):]: t.name for t in tools if t.name.startswith(HANDOFF)}
         handoffs = {a: name for a, name in targets.items() if a in self.members and a != req.agent}  # not to "user"
-        work = [t for t in tools if not t.name.startswith(HANDOFF)]
+        answers = answer_tool(tools)
+        work = [t for t in tools if not t.name.startswith(HANDOFF) and t is not answers]
         as_tools = agent_tools(work, system)  # agents as tools: each called once, in the order the prompt names them
         left = [t for t in as_tools if t.name not in mine]
         if left and not skip:
@@ -466,7 +495,11 @@ class FrameworkTeacher:
             return delegation(system, self._protocol_order(pending), subtask)
         reply = self._answer(req.agent, task, said, system, final=not pending, skip=skip, rng=rng)
         owner = None if pending else next((a for a in self._owners_of_words(req.agent, system) if a in handoffs), None)
-        return reply if owner is None else f"{reply}\n{tool_call_text(handoffs[owner], {})}"  # the one who ends it
+        if owner is not None:
+            return f"{reply}\n{tool_call_text(handoffs[owner], {})}"  # the one who ends it
+        if answers is not None:  # its framework takes the answer as this tool's argument
+            return tool_call_text(answers.name, {answers.params[0][0]: reply})
+        return reply
 
     # -- the moves --------------------------------------------------------------------------
 
