@@ -142,6 +142,12 @@ RESPONSES_BAD = [  # the Responses route: (body as sent, status, words, param)
     (json.dumps({"model": "solver", "input": [{"type": "input_file"}]}).encode(), 400, "'input_file' are not served", "input[0]"),
     (json.dumps({"model": "solver", "input": "x", "tools": [{"type": "function", "name": "add"}],
                  "tool_choice": {"type": "function", "name": "mul"}}).encode(), 400, "not among the request's tools", "tool_choice"),
+    (json.dumps({"model": "solver", "input": "x", "tools": [{"type": "function", "name": "add"}],
+                 "tool_choice": {"type": "allowed_tools", "mode": "any", "tools": []}}).encode(), 400, "allowed_tools",
+     "tool_choice"),
+    (json.dumps({"model": "solver", "input": "x", "tools": [{"type": "function", "name": "add"}],
+                 "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "mul"}]}}
+                ).encode(), 400, "offers no tools", "tool_choice"),
 ]
 
 

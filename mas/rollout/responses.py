@@ -15,8 +15,7 @@ The translation, item by item of ``input`` (a string is one user message):
   message just before them, which the same response produced);
 * a ``function_call_output`` item -> a ``tool`` message with its ``call_id``;
 * function ``tools`` (``name``, ``description``, ``parameters`` at the top level) -> chat tools;
-  ``tool_choice`` likewise (``allowed_tools``: only the tools it lists are offered, with its
-  ``mode``); ``max_output_tokens`` -> ``max_tokens``; ``include: ["message.output_text.logprobs"]``
+  ``tool_choice`` likewise (``allowed_tools`` into chat's form, whose tools the endpoint filters); ``max_output_tokens`` -> ``max_tokens``; ``include: ["message.output_text.logprobs"]``
   -> ``logprobs``.
 
 The endpoint keeps no responses (``store`` is false): ``previous_response_id`` and
@@ -118,11 +117,12 @@ def chat_body(body: Any) -> dict[str, Any]:
     choice = body.get("tool_choice", "auto")
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         choice = {"type": "function", "function": {"name": choice["name"]}}
-    elif isinstance(choice, dict) and choice.get("type") == "allowed_tools" and choice.get("mode", "auto") in ("auto", "required") \
-            and isinstance(choice.get("tools"), list):  # a subset of the tools, offered alone
-        allowed = {t.get("name") for t in choice["tools"] if isinstance(t, dict) and t.get("type") == "function"}
-        tools = [t for t in tools if t["function"].get("name") in allowed]
-        choice = choice.get("mode", "auto")
+    elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":  # in chat's form: the endpoint checks it
+        listed = choice.get("tools")
+        if isinstance(listed, list):
+            listed = [{"type": "function", "function": {"name": t.get("name")}} for t in listed
+                      if isinstance(t, dict) and t.get("type") == "function"]
+        choice = {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode", "auto"), "tools": listed}}
     elif choice not in ("auto", "none", "required"):
         raise BadRequest(f"tool_choice must be 'auto', 'none', 'required', {{'type': 'function', 'name': ...}} or "
                          f"{{'type': 'allowed_tools', 'mode': ..., 'tools': [...]}}; got {choice!r}", "tool_choice")

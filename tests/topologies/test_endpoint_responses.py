@@ -11,6 +11,7 @@ from endpoint_helpers import RECEIVED
 from test_endpoint import endpoint_config, scripted_reply
 from test_engine import scripted_engine
 
+from mas.rollout.endpoint import check_request
 from mas.rollout.responses import BadRequest, chat_body
 from mas.tools import parse_tool_calls
 from mas.types import Task
@@ -50,9 +51,9 @@ def test_a_responses_input_is_the_chat_it_means():
     }
     assert chat_body({"model": "lead", "input": "hi"})["messages"] == [{"role": "user", "content": "hi"}]
     tool = {"type": "function", "name": "other", "parameters": {"type": "object"}}
-    allowed = chat_body({**body, "tools": [*body["tools"], tool],
-                         "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "other"}]}})
-    assert allowed["tool_choice"] == "required" and [t["function"]["name"] for t in allowed["tools"]] == ["other"]
+    allowed = check_request(chat_body({**body, "tools": [*body["tools"], tool], "tool_choice": {
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "other"}]}}), [body["model"]])
+    assert allowed.tool_choice == "required" and [t["name"] for t in allowed.tools] == ["other"]  # only those it allows
 
 
 @pytest.mark.parametrize("body, param, words", [
