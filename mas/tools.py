@@ -52,6 +52,7 @@ __all__ = [
     "parse_tool_calls",
     "run_tool_call",
     "skipped_call",
+    "forced_call_start",
     "tool_call_start",
     "tool_call_text",
     "tool_results_message",
@@ -119,6 +120,20 @@ def tool_call_start(name: str | None = None) -> str:
     if name is None:
         return f'{OPEN}{{"name": "'
     return f'{OPEN}{json.dumps({"name": name}, ensure_ascii=False)[:-1]}, "arguments": '
+
+
+def forced_call_start(choice: Any, names: list[str]) -> str:
+    """The start a reply is forced to so that it meets an OpenAI ``tool_choice`` (checked against the
+    tools ``names`` offered): ``required``, a call (of the one tool, where one is offered); a named
+    function (``{"type": "function", "function": {"name": ...}}``), that function's call; else, and with
+    no tools offered, none."""
+    if not names:
+        return ""
+    if choice == "required":
+        return tool_call_start(names[0] if len(names) == 1 else None)
+    if isinstance(choice, dict):
+        return tool_call_start(choice["function"]["name"])
+    return ""
 
 
 def has_tool_call(text: str) -> bool:

@@ -40,7 +40,7 @@ from autogen_core.models import (
 )
 from autogen_core.tools import Tool, ToolSchema
 
-from mas.tools import tool_call_text
+from mas.tools import forced_call_start, tool_call_text
 from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
 MODEL_INFO: ModelInfo = {
@@ -87,7 +87,9 @@ class MasModelClient(ChatCompletionClient):
         schemas = [] if tool_choice == "none" else [_schema(t) for t in tools]
         last = messages[-1] if messages else None  # tool results last: this call continues that tool turn
         results = [r.call_id for r in last.content] if isinstance(last, FunctionExecutionResultMessage) else []
-        gen = await self._calls.generate(self.agent, self._chat(messages), schemas, self._calls.parent_of(results))
+        start = forced_call_start(_openai_choice(tool_choice, [s["name"] for s in schemas]), [s["name"] for s in schemas])
+        gen = await self._calls.generate(self.agent, self._chat(messages), schemas, self._calls.parent_of(results),
+                                         prefix=start)  # a call asked for: the reply starts as one
         turn = gen.turn
         usage = RequestUsage(prompt_tokens=len(turn.prompt_ids), completion_tokens=len(turn.completion_ids))
         self._usage = RequestUsage(self._usage.prompt_tokens + usage.prompt_tokens,
@@ -182,6 +184,17 @@ class MasModelClient(ChatCompletionClient):
             return raw
         calls = [tool_call_text(c.name, _json_or_text(c.arguments)) for c in m.content]
         return "\n".join(([m.thought] if m.thought else []) + calls)
+
+
+def _openai_choice(choice: Any, names: list[str]) -> Any:
+    """AutoGen's ``tool_choice`` (``auto``, ``required``, ``none`` or one of the tools) in OpenAI's form;
+    a tool that is not among ``tools`` is a ValueError."""
+    if isinstance(choice, str):
+        return choice
+    name = choice.schema["name"] if hasattr(choice, "schema") else getattr(choice, "name", None)
+    if name not in names:
+        raise ValueError(f"tool_choice names the tool {name!r}, which is not among the tools of the call {names}")
+    return {"type": "function", "function": {"name": name}}
 
 
 def _schema(tool: Tool | ToolSchema) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
-from mas.tools import tool_call_text
+from mas.tools import forced_call_start, tool_call_text
 from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
 EPISODE: ContextVar[EpisodeCalls | None] = ContextVar("mas_episode", default=None)  # set per run by kind: langgraph
@@ -68,8 +68,14 @@ class MasChatModel(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"agent": self.agent}
 
-    def bind_tools(self, tools: Any, *, tool_choice: str | None = None, **kwargs: Any) -> Any:
-        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], tool_choice=tool_choice, **kwargs)
+    def bind_tools(self, tools: Any, *, tool_choice: Any = None, **kwargs: Any) -> Any:
+        """The tools as OpenAI function specs; ``tool_choice`` as ``ChatOpenAI`` takes it (``auto``,
+        ``none``, ``any`` or ``required``, ``True`` with one tool, a tool's name, or OpenAI's dict),
+        checked here: a choice that asks for a call makes every reply start as one
+        (``mas.tools.forced_call_start``)."""
+        specs = [convert_to_openai_tool(t) for t in tools]
+        return self.bind(tools=specs, tool_choice=openai_tool_choice(tool_choice, [t["function"]["name"] for t in specs]),
+                         **kwargs)
 
     def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
         """Not supported: a clear error instead of LangChain's default, which would route the
@@ -111,7 +117,8 @@ class MasChatModel(BaseChatModel):
                 break
             results.append(m.tool_call_id)
         chat = _chat(messages, calls, self.agent)
-        gen = await calls.generate(self.agent, chat, tools, calls.parent_of(results))
+        start = forced_call_start(kwargs.get("tool_choice"), [t["name"] for t in tools])
+        gen = await calls.generate(self.agent, chat, tools, calls.parent_of(results), prefix=start)
         turn = gen.turn
         good = {cid for cid, _, _ in gen.calls}
         message = AIMessage(
@@ -124,6 +131,23 @@ class MasChatModel(BaseChatModel):
             response_metadata={"finish_reason": turn.finish_reason, "agent": self.agent, "turn": turn.index},
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+def openai_tool_choice(choice: Any, names: list[str]) -> Any:
+    """LangChain's ``tool_choice`` in OpenAI's form, checked against the tools ``names``: None or
+    ``auto``, ``none``, ``required`` (also ``any``, and ``True`` with one tool), or a named function."""
+    if choice is None or choice in ("auto", "none", "required") and not isinstance(choice, bool):
+        return choice
+    if choice == "any" or (choice is True and len(names) == 1):
+        return "required"
+    name = choice if isinstance(choice, str) else (choice.get("function") or {}).get("name") \
+        if isinstance(choice, dict) and choice.get("type") == "function" else None
+    if not isinstance(name, str):
+        raise ValueError(f"tool_choice must be 'auto', 'none', 'any', 'required', True with one tool, a tool's name or "
+                         f"{{'type': 'function', 'function': {{'name': ...}}}}; got {choice!r} for the tools {names}")
+    if name not in names:
+        raise ValueError(f"tool_choice names {name!r}, which is not among the bound tools {names}")
+    return {"type": "function", "function": {"name": name}}
 
 
 def record_tool_messages(calls: EpisodeCalls, messages: list[Any]) -> None:

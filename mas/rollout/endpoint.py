@@ -43,7 +43,7 @@ are rendered by the model's chat template where it renders tools
 are the ``<tool_call>`` blocks of the model's text (``mas.agents.tools.parse_tool_calls``).
 
 ``tool_choice``.  ``none`` offers no tools.  ``required`` and a named function are met by forcing
-the start of the reply (``forced_start``): the model continues ``<tool_call>{"name": "`` (the one
+the start of the reply (``mas.tools.forced_call_start``): the model continues ``<tool_call>{"name": "`` (the one
 tool's full name where the request offers one), or ``<tool_call>{"name": "<name>", "arguments": ``
 for a named function.  Those ids end the turn's prompt ids, so only what the model sampled after
 them is trained, and the reply holds the whole call.  A continuation that still makes no valid
@@ -68,7 +68,7 @@ from mas.agents.prompts import render_prompt, template_takes_tools, text_ids
 from mas.rollout.backends.base import BackendUnavailable, GenRequest, GenResult, generate_apart
 from mas.rollout.batcher import settle
 from mas.rollout.responses import BadRequest, chat_body, response_body, response_events
-from mas.tools import has_tool_call, parse_tool_calls, tool_call_start, tool_call_text
+from mas.tools import forced_call_start, has_tool_call, parse_tool_calls, tool_call_text
 from mas.topologies.adapters import (EpisodeCalls, Generation, describe_tools, finish_messages, outside_calls,
                                      tool_results_text, tool_schema)
 from mas.types import EpisodeContext, Turn
@@ -148,20 +148,9 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[di
     return choice, tools
 
 
-def forced_start(choice: Any, tools: list[dict[str, Any]]) -> str:
-    """The start a reply is forced to, so that it meets the request's (checked) ``tool_choice``: a
-    call (``required``; of the one tool, where only one is offered), a call of the named function,
-    else nothing."""
-    if choice == "required":
-        return tool_call_start(tools[0]["name"] if len(tools) == 1 else None)
-    if isinstance(choice, dict):
-        return tool_call_start(choice["function"]["name"])
-    return ""
-
-
 def unmet_tool_choice(choice: Any, called: list[str]) -> str | None:
     """How a reply that called the tools ``called`` failed the request's ``tool_choice`` (None: it
-    did not).  The reply starts as a call (``forced_start``), but what the model wrote after that start
+    did not).  The reply starts as a call (``forced_call_start``), but what the model wrote after that start
     may still make no valid call: a name not offered, JSON that does not close."""
     if choice == "required" and not called:
         return "tool_choice 'required' asked for a tool call, and the reply called none"
@@ -449,7 +438,7 @@ class EpisodeSession:
         tools = [] if req.tool_choice == "none" else req.tools
         template = bool(tools) and template_takes_tools(tokenizer)
         options: dict[str, Any] = {"max_new_tokens": req.max_tokens, "stop": req.stop,
-                                   "prefix": forced_start(req.tool_choice, tools)}
+                                   "prefix": forced_call_start(req.tool_choice, [t["name"] for t in tools])}
         if self.request_sampling:
             options.update(temperature=req.temperature, top_p=req.top_p)
         specs = [{"type": "function", "function": t} for t in tools] if template else None
@@ -555,7 +544,7 @@ class PolicySession:
             at = next(i for i, m in enumerate(messages) if m["role"] == "system")
             messages[at] = {"role": "system", "content": messages[at]["content"] + "\n\n" + describe_tools(tools)}
         rendered = render_prompt(tokenizer, messages, [{"type": "function", "function": t} for t in tools] if template else None)
-        prefix = forced_start(req.tool_choice, tools)
+        prefix = forced_call_start(req.tool_choice, [t["name"] for t in tools])
         if prefix:
             rendered = rendered + text_ids(tokenizer, prefix)
         budget = agent.sampling.max_new_tokens

@@ -44,6 +44,20 @@ def tool_team(clients):
     return RoundRobinGroupChat([calc, check], termination_condition=TextMentionTermination("ACCEPT") | MaxMessageTermination(6))
 
 
+def forced_team(clients):
+    """tool_team, its calculator's client asked for a call whenever tools are offered (tool_choice='required')."""
+    client = clients["lead"]
+    create = client.create
+
+    async def required(messages, **kw):
+        if kw.get("tools") and kw.get("tool_choice", "auto") == "auto":
+            kw["tool_choice"] = "required"
+        return await create(messages, **kw)
+
+    client.create = required
+    return tool_team(clients)
+
+
 def random_team(clients):
     """Routes on a random number, not on the messages: not replayable."""
     a = AssistantAgent("lead", clients["lead"], system_message="You solve.")
@@ -82,6 +96,32 @@ def test_a_factory_teams_function_tool_call_and_its_observation_are_on_the_turn(
     assert reply.parent == call.index and reply.messages[-1]["content"] == "<tool_response>\n5\n</tool_response>"
     assert reply.messages[-2] == {"role": "assistant", "content": call.text}  # the model's own words, call included
     assert check.messages[-1]["content"] == "2+3\nlead: ANSWER: 5" and ep.answer == "5" and ep.reward == 1.0
+
+
+def test_a_required_tool_choice_forces_the_start_of_the_call(tiny_tokenizer):
+    from mas.topologies.autogen_client import _openai_choice
+
+    starts = []
+
+    def respond(req):
+        starts.append((req.agent, req.prefix))
+        return tool_respond(req)[len("I add. "):] if req.prefix else tool_respond(req)
+
+    ADDS.clear()
+    engine, _ = scripted_engine(autogen_config(factory="test_autogen:forced_team"), respond, tiny_tokenizer)
+    ep = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    assert ep.status == "ok", ep.error
+    start = '<tool_call>{"name": "add", "arguments": '  # the one tool: its call, up to the arguments
+    assert starts == [("lead", start), ("lead", ""), ("checker", "")] and ADDS == [(2, 3)]  # the reflection: tool_choice none
+    call = ep.turns[0]
+    assert call.text.startswith(start) and call.tool_calls[0]["valid"]
+    assert call.prompt_ids[-len(tiny_tokenizer(start, add_special_tokens=False)["input_ids"]):] == \
+        tiny_tokenizer(start, add_special_tokens=False)["input_ids"]
+    mul = FunctionTool(add, name="mul", description="Another tool.")
+    assert _openai_choice(mul, ["add", "mul"]) == {"type": "function", "function": {"name": "mul"}}
+    assert _openai_choice("required", ["add"]) == "required"
+    with pytest.raises(ValueError, match="not among the tools of the call"):
+        _openai_choice(mul, ["add"])
 
 
 def test_a_malformed_tool_call_is_recorded_invalid_and_the_reply_stands(tiny_tokenizer):

@@ -269,14 +269,14 @@ def test_the_recorded_ids_are_the_rendered_prompt_and_the_sampled_completion(tin
 def test_a_forced_tool_call_start_is_prompt_and_the_model_samples_what_follows(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from mas.rollout.endpoint import forced_start
+    from mas.tools import forced_call_start as forced_start
 
     with build_team(validate_config(endpoint_config(tiny_model_dir, "forced_tools"))) as team:
         groups = team.engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
         tok = team.runtime.tokenizers["main"]
-        starts = {"lead": forced_start("required", [{"name": "lookup"}]), "checker": forced_start("required", [{}, {}]),
-                  "helper": forced_start({"function": {"name": "lookup"}}, [])}
+        starts = {"lead": forced_start("required", ["lookup"]), "checker": forced_start("required", ["lookup", "note"]),
+                  "helper": forced_start({"function": {"name": "lookup"}}, ["lookup", "note"])}
         for ep, pairs in received(groups, ["lead", "helper", "checker"]):
             for turn, _ in pairs:
                 start = tok(starts[turn.agent], add_special_tokens=False)["input_ids"]

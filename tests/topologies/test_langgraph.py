@@ -105,6 +105,21 @@ def react_graph() -> StateGraph:
     return g
 
 
+def forced_graph() -> StateGraph:
+    """One node whose model must call a tool (LangChain's tool_choice='any'); the answer is the call's arguments."""
+    model = MasChatModel(agent="lead").bind_tools([multiply], tool_choice="any")
+
+    async def agent(state: Chat) -> dict:
+        reply = await model.ainvoke(state["messages"])
+        return {"messages": [reply.model_copy(update={"content": str(reply.tool_calls[0]["args"])})]}
+
+    g = StateGraph(Chat)
+    g.add_node("agent", agent)
+    g.add_edge(START, "agent")
+    g.add_edge("agent", END)
+    return g
+
+
 def unknown_agent_graph() -> StateGraph:
     MasChatModel(agent="ghost")
     return two_nodes()
@@ -200,6 +215,32 @@ def test_bind_tools_and_a_tool_node_record_the_call_and_its_result(tiny_tokenize
     assert call.tool_calls[0]["name"] == "multiply" and call.tool_calls[0]["valid"] and call.observations == ["6"]
     assert "multiply(a: int, b: int): Multiply two integers." in call.messages[0]["content"]
     assert reply.parent == call.index and ep.answer == "ANSWER: 6"
+
+
+def test_a_tool_choice_that_asks_for_a_call_forces_its_start(tiny_tokenizer):
+    from mas.topologies.langchain_model import openai_tool_choice
+
+    starts = []
+
+    def respond(req):
+        starts.append(req.prefix)
+        return '<tool_call>{"name": "multiply", "arguments": {"a": 2, "b": 3}}</tool_call>'
+
+    engine, _ = scripted_engine(graph_config("forced_graph", input_key="messages", input_as="messages", answer_key="messages"),
+                                respond, tiny_tokenizer)
+    ep = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
+    assert ep.status == "ok", ep.error
+    assert starts == ['<tool_call>{"name": "multiply", "arguments": '] and ep.answer == "{'a': 2, 'b': 3}"
+    [turn] = ep.turns
+    start = tiny_tokenizer(starts[0], add_special_tokens=False)["input_ids"]
+    assert turn.prompt_ids[-len(start):] == start and turn.text.startswith(starts[0])
+    assert [openai_tool_choice(c, ["add", "mul"]) for c in (None, "auto", "none", "any", "required", "mul")] == [
+        None, "auto", "none", "required", "required", {"type": "function", "function": {"name": "mul"}}]
+    assert openai_tool_choice(True, ["add"]) == "required"
+    with pytest.raises(ValueError, match="not among the bound tools"):
+        openai_tool_choice("div", ["add", "mul"])
+    with pytest.raises(ValueError, match="tool_choice must be"):
+        openai_tool_choice(True, ["add", "mul"])  # True names the one tool: with two, which?
 
 
 def test_a_graph_routing_on_a_random_number_gets_replay_divergence_naming_the_agent(tiny_tokenizer):
