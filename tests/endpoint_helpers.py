@@ -121,6 +121,22 @@ def forced_tools(task: str, base_url: str, api_key: str) -> str:
     return base_url
 
 
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+
+
+def json_replies(task: str, base_url: str, api_key: str) -> str:
+    """Structured output: lead by a JSON schema (no tools), helper by json_object with a tool offered, checker by
+    a JSON schema, its reply lacking the required property."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    schema = {"type": "json_schema", "json_schema": {"name": "Answer", "schema": ANSWER_SCHEMA, "strict": True}}
+    for agent, fmt, tools in (("lead", schema, None), ("helper", {"type": "json_object"}, [LOOKUP]), ("checker", schema, None)):
+        extra = {"tools": tools} if tools else {}
+        msg = client.chat.completions.create(model=agent, messages=[{"role": "user", "content": task}], response_format=fmt,
+                                             **extra).choices[0].message
+        _keep(base_url, agent=agent, content=msg.content, calls=[c.function.name for c in msg.tool_calls or []])
+    return base_url
+
+
 def solver_checker(task: str, base_url: str, api_key: str) -> str:
     """lead answers, checker reads it: the reply of each depends only on the messages (replayable)."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)

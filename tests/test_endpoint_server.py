@@ -86,6 +86,9 @@ BAD = [  # (body as sent, status, words of the message)
                         tool_choice={"type": "function", "function": {"name": "mul"}})).encode(), 400, "not among the request's tools ['add']"),
     (json.dumps(ok_body(tools=[{"type": "function", "function": {"name": "add"}}],
                         tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "any", "tools": []}})).encode(), 400, "allowed_tools"),
+    (json.dumps(ok_body(response_format={"type": "json_schema"})).encode(), 400, "response_format must be"),
+    (json.dumps(ok_body(response_format={"type": "xml"})).encode(), 400, "response_format must be"),
+    (json.dumps(ok_body(response_format="json")).encode(), 400, "response_format must be"),
     (b"x" * (64 * 1024 + 1), 413, "over the limit"),
 ]
 
@@ -148,6 +151,8 @@ RESPONSES_BAD = [  # the Responses route: (body as sent, status, words, param)
     (json.dumps({"model": "solver", "input": "x", "tools": [{"type": "function", "name": "add"}],
                  "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "mul"}]}}
                 ).encode(), 400, "offers no tools", "tool_choice"),
+    (json.dumps({"model": "solver", "input": "x", "text": {"format": {"type": "xml"}}}).encode(), 400,
+     "text.format: response_format must be", "text"),
 ]
 
 
@@ -365,3 +370,15 @@ def test_mas_serve_forces_the_call_that_tool_choice_asks_for(policy_served):
     sampled = [t["token"] for t in choice["logprobs"]["content"]]
     # 4 sampled tokens cannot close the call: the reply is the start and what the model wrote after it
     assert 0 < len(sampled) <= 4 and choice["message"]["content"] == start + "".join(sampled)
+
+
+def test_mas_serve_starts_a_json_reply_and_asks_for_it_in_the_system_message(policy_served):
+    url, backend, _ = policy_served
+    backend.batches.clear()
+    resp = httpx.post(f"{url}/chat/completions", json=serve_body(0, response_format={"type": "json_object"}, max_tokens=4),
+                      timeout=120)
+    assert resp.status_code == 200, resp.text
+    [row] = [r for b in backend.batches for r in b]
+    assert row.prefix == "{" and row.messages[0]["content"].endswith("Reply with one JSON object and nothing else.")
+    [choice] = resp.json()["choices"]
+    assert choice["message"]["content"] == "{" + "".join(t["token"] for t in choice["logprobs"]["content"])

@@ -49,6 +49,13 @@ for a named function.  Those ids end the turn's prompt ids, so only what the mod
 them is trained, and the reply holds the whole call.  A continuation that still makes no valid
 call (an unknown name, JSON that does not close) stands as sampled, and counts the fault
 ``tool_choice_unmet``.
+
+``response_format``.  ``json_object`` and ``json_schema`` (the Agents SDK's ``output_type``,
+LangChain's ``with_structured_output``) end the system message with an instruction to reply with
+one JSON object (``format_instruction``: the schema with it), and, where the request offers no
+tool, force the reply to start with ``{`` (``reply_start``).  What follows is sampled, not
+constrained to the schema: a text reply that is not one JSON object, or lacks a property the
+schema requires, stands and counts the fault ``response_format_unmet``.
 """
 
 from __future__ import annotations
@@ -119,6 +126,7 @@ class ChatRequest:
     include_usage: bool = False
     logprobs: bool = False
     model: str = ""  # the request's model field, echoed in the reply
+    response_format: dict[str, Any] | None = None  # None: text; {"type": "json_object"} or {"type": "json_schema", ...}
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[dict[str, Any]]]:
@@ -146,6 +154,68 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[di
         raise _bad(f"tool_choice names function {choice['function']['name']!r}, which is not among the request's tools "
                    f"{[t['name'] for t in tools]}", "tool_choice")
     return choice, tools
+
+
+def _response_format(fmt: Any) -> dict[str, Any] | None:
+    """A request's ``response_format``, checked: None for text, ``{"type": "json_object"}``, or
+    ``{"type": "json_schema", "name": ..., "schema": {...}}`` (from OpenAI's ``json_schema`` wrapper)."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema" and isinstance(spec, dict) and isinstance(spec.get("name"), str) \
+            and isinstance(spec.get("schema", {}), dict):
+        return {"type": "json_schema", "name": spec["name"], "schema": spec.get("schema") or {}}
+    raise _bad("response_format must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
+               f"'json_schema': {{'name': ..., 'schema': {{...}}}}}}; got {str(fmt)[:120]!r}", "response_format")
+
+
+def format_instruction(fmt: dict[str, Any]) -> str:
+    """What the system message asks of a reply in ``fmt``'s format (the model sees the schema)."""
+    if fmt["type"] == "json_object":
+        return "Reply with one JSON object and nothing else."
+    schema = json.dumps(fmt["schema"], ensure_ascii=False, separators=(", ", ": "))
+    return f"Reply with one JSON object and nothing else, following this JSON schema ({fmt['name']}):\n{schema}"
+
+
+def with_format(messages: list[dict[str, str]], fmt: dict[str, Any] | None) -> list[dict[str, str]]:
+    """``messages`` (a system message first, ``finish_messages``) with the format's instruction at the
+    end of the system message."""
+    if fmt is None:
+        return messages
+    at = next(i for i, m in enumerate(messages) if m["role"] == "system")
+    out = list(messages)
+    out[at] = {"role": "system", "content": f"{out[at]['content']}\n\n{format_instruction(fmt)}"}
+    return out
+
+
+def unmet_response_format(fmt: dict[str, Any] | None, text: str) -> str | None:
+    """How a text reply failed the request's ``response_format`` (None: it did not, or text was asked):
+    not one JSON object, or without a property the schema requires."""
+    if fmt is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return f"response_format {fmt['type']!r} asked for one JSON object, and the reply is not JSON ({exc})"
+    if not isinstance(value, dict):
+        return f"response_format {fmt['type']!r} asked for one JSON object, and the reply is a {type(value).__name__}"
+    required = fmt.get("schema", {}).get("required") or []
+    missing = [k for k in required if isinstance(k, str) and k not in value]
+    if missing:
+        return f"the reply's JSON object lacks {missing}, which the response_format schema {fmt['name']!r} requires"
+    return None
+
+
+def reply_start(req: ChatRequest, tools: list[dict[str, Any]]) -> str:
+    """The start a reply to ``req`` is forced to: a tool call its ``tool_choice`` asks for, else, where
+    a JSON ``response_format`` is asked and no tool is offered (a tool call is then a reply too), ``{``."""
+    start = forced_call_start(req.tool_choice, [t["name"] for t in tools])
+    return start or ("{" if req.response_format is not None and not tools else "")
 
 
 def unmet_tool_choice(choice: Any, called: list[str]) -> str | None:
@@ -256,7 +326,8 @@ def check_request(body: Any, agents: Iterable[str], path_agent: str | None = Non
         agent=agent, messages=messages, tools=tools, tool_choice=tool_choice,
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
         max_tokens=max_tokens, stop=stops, n=_integer(body, "n", 1, MAX_N) or 1, stream=bool(body.get("stream")),
-        include_usage=bool((options or {}).get("include_usage")), logprobs=bool(body.get("logprobs")), model=model)
+        include_usage=bool((options or {}).get("include_usage")), logprobs=bool(body.get("logprobs")), model=model,
+        response_format=_response_format(body.get("response_format")))
 
 
 def _text(content: Any, where: str) -> str:
@@ -436,9 +507,9 @@ class EpisodeSession:
             self.calls.record_result(cid, content, False)
         parent = self.calls.parent_of([cid for cid, _ in results])
         tools = [] if req.tool_choice == "none" else req.tools
+        messages = with_format(finish_messages(messages, agent.role), req.response_format)
         template = bool(tools) and template_takes_tools(tokenizer)
-        options: dict[str, Any] = {"max_new_tokens": req.max_tokens, "stop": req.stop,
-                                   "prefix": forced_call_start(req.tool_choice, [t["name"] for t in tools])}
+        options: dict[str, Any] = {"max_new_tokens": req.max_tokens, "stop": req.stop, "prefix": reply_start(req, tools)}
         if self.request_sampling:
             options.update(temperature=req.temperature, top_p=req.top_p)
         specs = [{"type": "function", "function": t} for t in tools] if template else None
@@ -447,10 +518,13 @@ class EpisodeSession:
                                                                **options) for _ in range(req.n)))
         except Exception as exc:  # noqa: BLE001 - the episode's error (kept by EpisodeCalls); the client is told
             raise EndpointError(410, f"this episode has ended: {type(exc).__name__}: {exc}", code="episode_ended") from exc
-        for g in gens:
+        for g in gens:  # a reply that misses what was asked stands (it is what the model wrote); the metrics count it
             unmet = unmet_tool_choice(req.tool_choice, [name for _, name, _ in g.calls])
-            if unmet is not None:  # the reply stands (it is what the model wrote); the step's metrics count it
+            if unmet is not None:
                 self.ctx.faults.add("tool_choice_unmet", f"agent {req.agent!r}, turn {g.turn.index}: {unmet}")
+            unmet = None if g.calls else unmet_response_format(req.response_format, g.content)
+            if unmet is not None:
+                self.ctx.faults.add("response_format_unmet", f"agent {req.agent!r}, turn {g.turn.index}: {unmet}")
         return [choice_of(g, tokenizer, tokens=req.logprobs) for g in gens]
 
 
@@ -537,14 +611,14 @@ class PolicySession:
         agent = self.team[req.agent]
         tokenizer = self.tokenizers[agent.policy]
         messages, _ = chat_messages(req.messages, self.raw_text)
-        messages = finish_messages(messages, agent.role)
+        messages = with_format(finish_messages(messages, agent.role), req.response_format)
         tools = [] if req.tool_choice == "none" else req.tools
         template = bool(tools) and template_takes_tools(tokenizer)
         if tools and not template:
             at = next(i for i, m in enumerate(messages) if m["role"] == "system")
             messages[at] = {"role": "system", "content": messages[at]["content"] + "\n\n" + describe_tools(tools)}
         rendered = render_prompt(tokenizer, messages, [{"type": "function", "function": t} for t in tools] if template else None)
-        prefix = forced_call_start(req.tool_choice, [t["name"] for t in tools])
+        prefix = reply_start(req, tools)
         if prefix:
             rendered = rendered + text_ids(tokenizer, prefix)
         budget = agent.sampling.max_new_tokens
@@ -709,6 +783,8 @@ class EndpointServer:
                 except EndpointError as exc:  # named as this API names it
                     if exc.param == "max_tokens":
                         exc.message, exc.param = exc.message.replace("max_tokens", "max_output_tokens"), "max_output_tokens"
+                    elif exc.param == "response_format":
+                        exc.message, exc.param = "text.format: " + exc.message, "text"
                     raise
                 [choice] = await answer(session, req)
             except EndpointError as exc:

@@ -126,15 +126,16 @@ def chat_body(body: Any) -> dict[str, Any]:
     elif choice not in ("auto", "none", "required"):
         raise BadRequest(f"tool_choice must be 'auto', 'none', 'required', {{'type': 'function', 'name': ...}} or "
                          f"{{'type': 'allowed_tools', 'mode': ..., 'tools': [...]}}; got {choice!r}", "tool_choice")
-    text = body.get("text")
-    fmt = text.get("format") if isinstance(text, dict) else None
-    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":
-        raise BadRequest(f"text.format: structured output ({fmt.get('type')!r}) is not served: the agent writes free text; "
-                         "ask for the format in its instructions and parse the reply", "text")
     include = body.get("include") or []
     chat = {"model": body.get("model"), "messages": messages, "tool_choice": choice, "stream": body.get("stream"),
             "temperature": body.get("temperature"), "top_p": body.get("top_p"), "max_tokens": body.get("max_output_tokens"),
             "logprobs": isinstance(include, list) and "message.output_text.logprobs" in include}
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is not None:  # chat's response_format (the endpoint checks it): its json_schema wraps name and schema
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        chat["response_format"] = {"type": kind, "json_schema": {k: fmt[k] for k in ("name", "schema") if k in fmt}} \
+            if kind == "json_schema" else fmt
     if tools:
         chat["tools"] = tools
     return chat
@@ -160,6 +161,13 @@ def _output(choice: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _format(body: dict[str, Any]) -> Any:
+    """The request's ``text.format``, echoed (``{"type": "text"}`` where it gave none)."""
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    return fmt if isinstance(fmt, dict) else {"type": "text"}
+
+
 def response_body(body: dict[str, Any], agent: str, choice: Any, rid: str, created: int,
                   output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The ``response`` object of one choice (``output``: its items, made once when streamed)."""
@@ -172,7 +180,7 @@ def response_body(body: dict[str, Any], agent: str, choice: Any, rid: str, creat
         "model": body.get("model") or agent, "output": _output(choice) if output is None else output,
         "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)), "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": body.get("temperature"),
-        "text": {"format": {"type": "text"}}, "tool_choice": body.get("tool_choice", "auto"),
+        "text": {"format": _format(body)}, "tool_choice": body.get("tool_choice", "auto"),
         "tools": body.get("tools") or [], "top_p": body.get("top_p"), "truncation": "disabled", "metadata": {},
         "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": completion,
                   "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion},

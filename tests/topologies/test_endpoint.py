@@ -155,6 +155,45 @@ def test_tool_choice_forces_the_start_of_a_call_and_only_what_follows_is_sampled
     assert messages["tool_choice_unmet"].startswith("agent 'helper', turn 1: tool_choice asked for a call of 'lookup'")
 
 
+def test_a_json_response_format_is_asked_in_the_system_message_and_starts_the_reply(tiny_tokenizer):
+    from endpoint_helpers import ANSWER_SCHEMA
+
+    seen = {}
+
+    def reply(req):  # lead answers in the schema; helper calls its tool (a JSON reply is not forced there); checker misses
+        seen[req.agent] = (req.prefix, req.messages[0]["content"])
+        return {"lead": '{"answer": "5"}', "helper": '<tool_call>{"name": "lookup", "arguments": {"q": "x"}}</tool_call>',
+                "checker": '{"verdict": "ok"}'}[req.agent]
+
+    engine, _ = scripted_engine(endpoint_config("m", "json_replies"), reply, tiny_tokenizer)
+    [group] = engine.rollout([Task("t0", "2+3", "5")], group_size=2, seed=0)
+    assert {a: start for a, (start, _) in seen.items()} == {"lead": "{", "helper": "", "checker": "{"}
+    lead_system = seen["lead"][1]
+    assert lead_system.startswith("You are the lead.\n\n") and lead_system.endswith(  # the role, then the format's instruction
+        "Reply with one JSON object and nothing else, following this JSON schema (Answer):\n" + json.dumps(ANSWER_SCHEMA))
+    assert "Reply with one JSON object and nothing else." in seen["helper"][1]
+    for ep, pairs in received([group], ["lead", "helper", "checker"]):
+        assert [(r["content"], r["calls"]) for _, r in pairs] == [
+            ('{"answer": "5"}', []), (None, ["lookup"]), ('{"verdict": "ok"}', [])]
+        lead = pairs[0][0]
+        assert lead.completion_ids == tiny_tokenizer('"answer": "5"}', add_special_tokens=False)["input_ids"] + [
+            tiny_tokenizer.eos_token_id]  # the forced "{" ends the prompt; the rest was the model's
+    counts, messages = engine.take_faults()
+    assert counts["response_format_unmet"] == 2 and counts["tool_choice_unmet"] == 0  # checker's reply, once an episode
+    assert messages["response_format_unmet"] == ("agent 'checker', turn 2: the reply's JSON object lacks ['answer'], which "
+                                                 "the response_format schema 'Answer' requires")
+
+
+def test_what_a_json_reply_misses_is_said():
+    from mas.rollout.endpoint import unmet_response_format
+
+    fmt = {"type": "json_schema", "name": "A", "schema": {"required": ["a"]}}
+    assert unmet_response_format(None, "hi") is None and unmet_response_format(fmt, ' {"a": 1} ') is None
+    assert "is not JSON" in unmet_response_format(fmt, '{"a": 1} and more')
+    assert "is a list" in unmet_response_format({"type": "json_object"}, "[1]")
+    assert unmet_response_format({"type": "json_object"}, '{"b": 2}') is None
+
+
 def test_a_script_that_ignores_the_forced_start_fails_with_the_reason(tiny_tokenizer):
     from mas.rollout.backends.base import GenRequest
     from mas.rollout.backends.scripted import ScriptedBackend

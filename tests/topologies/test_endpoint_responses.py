@@ -56,6 +56,25 @@ def test_a_responses_input_is_the_chat_it_means():
     assert allowed.tool_choice == "required" and [t["name"] for t in allowed.tools] == ["other"]  # only those it allows
 
 
+def test_a_text_format_is_chats_response_format_and_is_echoed():
+    from mas.rollout.responses import response_body
+
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    fmt = {"type": "json_schema", "name": "Answer", "schema": schema, "strict": True}
+    body = {"model": "lead", "input": "2+3", "text": {"format": fmt}}
+    req = check_request(chat_body(body), ["lead"])
+    assert req.response_format == {"type": "json_schema", "name": "Answer", "schema": schema}
+    assert check_request(chat_body({**body, "text": {"format": {"type": "json_object"}}}), ["lead"]).response_format == {
+        "type": "json_object"}
+    assert check_request(chat_body({**body, "text": {"format": {"type": "text"}}}), ["lead"]).response_format is None
+
+    class Choice:
+        finish_reason, prompt_ids, completion_ids, content, tool_calls, tokens, logprobs = "stop", [1], [2], "{}", [], [], []
+
+    assert response_body(body, "lead", Choice(), "resp_1", 0)["text"] == {"format": fmt}
+    assert response_body({"model": "lead"}, "lead", Choice(), "resp_1", 0)["text"] == {"format": {"type": "text"}}
+
+
 @pytest.mark.parametrize("body, param, words", [
     ({"model": "lead", "input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "keeps no responses"),
     ({"model": "lead", "input": []}, "input", "non-empty"),
@@ -66,8 +85,6 @@ def test_a_responses_input_is_the_chat_it_means():
     ({"model": "lead", "input": [{"type": "function_call", "name": "f"}]}, "input[0]", "call_id, name and arguments"),
     ({"model": "lead", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0]", "only function tools"),
     ({"model": "lead", "input": "x", "tool_choice": 3}, "tool_choice", "tool_choice must be"),
-    ({"model": "lead", "input": "x", "text": {"format": {"type": "json_schema", "name": "A", "schema": {}}}}, "text",
-     "structured output"),
     ({"model": "lead", "input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]},
      "input[0]", r"input\[0\]\.output\[0\]: only text parts"),
 ])
