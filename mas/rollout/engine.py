@@ -127,7 +127,7 @@ class _Overrides:
     max_new_tokens: int | None = None
     stop: tuple[str, ...] = ()
     fit_positions: bool = False
-    prefix: str = ""  # the first generation's forced start (a tool call a request's tool_choice asks for)
+    prefix: str = ""  # the first generation's forced start (a tool call a request asks for, a JSON reply's "{")
 
 
 _NO_OVERRIDES = _Overrides()
@@ -265,8 +265,8 @@ class EpisodeContext:
         was sampled up to there), and the text before the stop is its reply.  ``fit_positions``: a
         team whose prompts are code (the framework adapters) has each generation fitted to its
         model's positions (``mas.rollout.positions``; the built-in topologies' are bounded at validate).
-        ``prefix``: the start of the reply, forced (``mas.tools.tool_call_start``: a call that a
-        request's ``tool_choice`` asks for).  Its ids follow the rendered prompt in the turn's
+        ``prefix``: the start of the reply, forced (``mas.tools.forced_call_start``: a call that a
+        request's ``tool_choice`` asks for; the ``{`` of a JSON reply).  Its ids follow the rendered prompt in the turn's
         ``prompt_ids``, so the model continues it and only what it sampled is trained; the turn's
         text is the prefix and the continuation.  It forces the invocation's first generation only,
         not the tool rounds after it.

@@ -33,8 +33,8 @@ class GenRequest:
     max_new_tokens: int
     agent: str = ""  # which agent asks (for logging, per-agent adapters and scripted backends)
     messages: list[dict[str, str]] | None = None  # the chat messages prompt_ids were rendered from
-    # the reply's forced start (a tool call a request's tool_choice asks for), already at the end of
-    # prompt_ids: the result is what follows it.  A backend that sends messages, not ids, sends it too.
+    # the reply's forced start (a tool call a request's tool_choice asks for, a JSON reply's "{"), already at
+    # the end of prompt_ids: the result is what follows it.  A backend that sends messages, not ids, sends it too.
     prefix: str = ""
 
 

@@ -11,10 +11,10 @@ come back in request order).  Body::
 
 ``top_k`` is not part of the OpenAI API and is not sent (pass it in ``extra_body`` for servers
 that accept it, e.g. vLLM).  Temperature 0 asks the server for greedy decoding.  A request whose
-reply has a forced start (``GenRequest.prefix``: a tool call its ``tool_choice`` asks for) sends
-it as a last assistant message to be continued, with vLLM's chat extensions
-``"continue_final_message": true, "add_generation_prompt": false`` (a server without them
-refuses or ignores them); the reply's text is what follows it.
+reply has a forced start (``GenRequest.prefix``: a tool call its ``tool_choice`` asks for, the
+``{`` of a JSON reply) sends it as a last assistant message to be continued, with vLLM's chat
+extensions ``"continue_final_message": true, "add_generation_prompt": false`` (a server without
+them refuses or ignores them); the reply's text is what follows it.
 
 The reply's ``choices[0].message.content`` is the text; ``finish_reason`` "length" is kept,
 every other value ("stop", "content_filter", "tool_calls", null) reads as "stop".

@@ -32,7 +32,7 @@ class ScriptedBackend:
             if req.prefix:  # the reply's start was forced: the script wrote it, the result is what follows
                 if not text.startswith(req.prefix):
                     raise ValueError(f"the script's reply for agent {req.agent!r} does not start with the start "
-                                     f"the request forced ({req.prefix!r}, a tool_choice): {text[:80]!r}")
+                                     f"the request forced ({req.prefix!r}: its tool_choice or response_format): {text[:80]!r}")
                 text = text[len(req.prefix):]
             tok = self.tokenizers[req.policy]
             ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
