@@ -70,9 +70,10 @@ planner's ``max_new_tokens`` (the teacher has no tokenizer); a tool with two str
 or a list, is not called; agents as tools are known by their one text argument each, not by the
 agents behind them (two tools of one text argument each are called in turn, each once); a request
 with no training task in its messages is a ``KeyError`` (the warm-up then fails loudly: give
-``trainer.warmup.demonstrations``); the teacher does not read a request's ``tool_choice``, so where
-the endpoint forces a call's start (``GenRequest.prefix``) and the teacher answers in text, or calls
-another tool than the one named, that teacher episode fails with the reason (``ScriptedBackend``).
+``trainer.warmup.demonstrations``); the teacher does not read a request's ``tool_choice`` or
+``response_format``, so where the endpoint forces a reply's start (``GenRequest.prefix``: a call, a
+JSON reply's ``{``) and the teacher answers in text, or calls another tool than the one named, that
+teacher episode fails with the reason (``ScriptedBackend``).
 
 Two framework teams on arithmetic have teachers of their own, which read the task where the
 framework puts it (``arithmetic_task``): an AutoGen selector of specialists (``SelectorTeacher``)
