@@ -10,7 +10,8 @@ What differs from the docs (examples/README.md): each node has its own ``ChatOpe
 retried request would be a second turn); the prompts ask for ``ANSWER: <number>``, the env's
 answer format.  Two more, where a mas policy differs from a hosted model:
 - the grade is read from the evaluator's text (``ACCEPT`` or ``REJECT``), where the guide uses
-  ``with_structured_output``: the policy writes text, and mas trains on that text;
+  ``with_structured_output``: the endpoint serves it (``response_format``), but the warm-up's
+  framework teacher writes no JSON, so it could not show the evaluator a graded reply;
 - the loop stops after ``MAX_ATTEMPTS`` answers, so an untrained evaluator that never accepts
   ends the episode instead of running into LangGraph's recursion limit.
 
