@@ -136,7 +136,7 @@ class MasChatModel(BaseChatModel):
 def openai_tool_choice(choice: Any, names: list[str]) -> Any:
     """LangChain's ``tool_choice`` in OpenAI's form, checked against the tools ``names``: None or
     ``auto``, ``none``, ``required`` (also ``any``, and ``True`` with one tool), or a named function."""
-    if choice is None or choice in ("auto", "none", "required") and not isinstance(choice, bool):
+    if choice is None or (isinstance(choice, str) and choice in ("auto", "none", "required")):
         return choice
     if choice == "any" or (choice is True and len(names) == 1):
         return "required"

@@ -204,8 +204,8 @@ def unmet_response_format(fmt: dict[str, Any] | None, text: str) -> str | None:
         return f"response_format {fmt['type']!r} asked for one JSON object, and the reply is not JSON ({exc})"
     if not isinstance(value, dict):
         return f"response_format {fmt['type']!r} asked for one JSON object, and the reply is a {type(value).__name__}"
-    required = fmt.get("schema", {}).get("required") or []
-    missing = [k for k in required if isinstance(k, str) and k not in value]
+    required = fmt.get("schema", {}).get("required")  # the client's schema: a list of names, or it asks nothing
+    missing = [k for k in required if isinstance(k, str) and k not in value] if isinstance(required, list) else []
     if missing:
         return f"the reply's JSON object lacks {missing}, which the response_format schema {fmt['name']!r} requires"
     return None
@@ -507,7 +507,8 @@ class EpisodeSession:
             self.calls.record_result(cid, content, False)
         parent = self.calls.parent_of([cid for cid, _ in results])
         tools = [] if req.tool_choice == "none" else req.tools
-        messages = with_format(finish_messages(messages, agent.role), req.response_format)
+        if req.response_format is not None:  # its instruction ends the system message (the role, where none came)
+            messages = with_format(finish_messages(messages, agent.role), req.response_format)
         template = bool(tools) and template_takes_tools(tokenizer)
         options: dict[str, Any] = {"max_new_tokens": req.max_tokens, "stop": req.stop, "prefix": reply_start(req, tools)}
         if self.request_sampling:

@@ -192,6 +192,8 @@ def test_what_a_json_reply_misses_is_said():
     assert "is not JSON" in unmet_response_format(fmt, '{"a": 1} and more')
     assert "is a list" in unmet_response_format({"type": "json_object"}, "[1]")
     assert unmet_response_format({"type": "json_object"}, '{"b": 2}') is None
+    odd = {"type": "json_schema", "name": "A", "schema": {"required": True}}  # a client's malformed schema: no crash
+    assert unmet_response_format(odd, '{"b": 2}') is None and "is not JSON" in unmet_response_format(odd, "x")
 
 
 def test_a_script_that_ignores_the_forced_start_fails_with_the_reason(tiny_tokenizer):
