@@ -11,6 +11,13 @@ sync).  The trainer's ``evaluate``, ``warm_up``, ``train_step``, ``rollout`` and
 for the same config (``mas.learning.memory_plan.plan_run``: weights, optimizer, one learner
 pass, the generation terms, the process baseline) and its planned peak.
 
+``--longest`` makes every sampled completion run to its ``max_new_tokens`` (the stop ids are
+masked until then, transformers' ``min_new_tokens``): no turn ends early, so a topology whose
+replies then miss its protocol runs each episode to its turn cap, with the longest prompts its
+history can build.  That is a step's worst case in tokens, for a bound on a step's peak that the
+run's own steps, which may grow longer as training goes, cannot exceed.  The completions are
+what the model samples under that mask, and the learner trains on them as usual.
+
     python bench/phase_peaks.py --config configs/smol_debate.yaml [--set trainer.steps=2 ...] [--json out.json]
 
 Linux only (clear_refs).  Nothing here is asserted: the numbers go to docs/benchmarks/memory.md
@@ -88,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     ap.add_argument("--run-dir", type=Path, default=None, help="run directory (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--longest", action="store_true", help="every completion runs to its max_new_tokens (worst case)")
     ap.add_argument("--calls", type=int, default=0, metavar="ROWS", help="print each generate call of at least ROWS rows as it ends")
     args = ap.parse_args(argv)
 
@@ -155,7 +163,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def generate_group(self, handle, reqs):
         before, mark = status_mb("VmRSS"), status_mb("VmHWM")
-        got = group(self, handle, reqs)
+        if args.longest:
+            model, generate = handle.model, handle.model.generate
+            model.generate = lambda **kw: generate(**kw, min_new_tokens=kw["max_new_tokens"])
+            try:
+                got = group(self, handle, reqs)
+            finally:
+                del model.generate  # the class's method again
+        else:
+            got = group(self, handle, reqs)
         after = status_mb("VmHWM")
         calls.append({"phase": len(phases.rows), "policy": handle.name, "rows": len(reqs),
                       "prompt": max(len(r.prompt_ids) for r in reqs), "new": max(len(g.completion_ids) for g in got),
@@ -172,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mas-phases-") as tmp:
         mas.train(team, args.run_dir or Path(tmp) / "run")
     phases.end("after train")
+    steps = [c for c in calls if c["phase"] < len(phases.rows) and phases.rows[c["phase"]]["phase"].startswith("step ")]
+    if steps:
+        print(f"\nRL steps' generate calls: {len(steps)}, longest prompt {max(c['prompt'] for c in steps)} tokens, "
+              f"most steps {max(c['new'] for c in steps)}")
     whole = max(r["peak_mb"] for r in phases.rows)
 
     print("\n| phase | RSS at start (MiB) | peak (MiB) | RSS at end (MiB) | seconds |")

@@ -11,8 +11,9 @@ What differs from the tutorial's code:
 * the chat models: ``MasChatModel(agent=...)``, one per YAML agent, where the tutorial has one
   ``ChatOpenAI(...)`` for all;
 * the supervisor's choice is read from its text: the tutorial asks for structured output
-  (``with_structured_output(Router)``), which a mas policy does not give (it writes text, and
-  mas trains on that text), so the node takes the first option its reply names;
+  (``with_structured_output(Router)``); a ``MasChatModel`` serves it (a forced call of the
+  schema), but the warm-up's framework teacher does not write it, so it could not show the
+  supervisor its part: the node takes the first option its reply names;
 * a worker's report carries its name in the text too (``calculator: ...``): the tutorial sets
   the message's ``name``, which a chat template does not show to the model;
 * the one prompt change: the workers are asked for ``ANSWER: <number>``, the env's format.

@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # on one floor, and a module is placed by its folder.  The top of mas/ holds the ground floor
 # (types, errors, the tool specifications, references to user code) and the commands users call.
 LAYERS: dict[str, int] = {
-    # 1. the ground floor: types and the episode-context protocol, errors, tool specifications,
+    # 1. the ground floor: types and the episode-context protocol, errors, tool specifications and reply formats,
     #    references to user code; the process layer (pause points, memory, the tool sandbox)
-    "mas.types": 1, "mas.errors": 1, "mas.version": 1, "mas.tools": 1, "mas.refs": 1, "mas._moved": 1,
+    "mas.types": 1, "mas.errors": 1, "mas.version": 1, "mas.tools": 1, "mas.response_format": 1, "mas.refs": 1,
+    "mas._moved": 1,
     "mas.process": 1,
     # 2. the kinds, each with its own config: credit methods, envs, topologies (and the teachers
     #    that play them); where weights come from (models) and the backends that sample them
@@ -79,7 +80,7 @@ FOLDERS: dict[str, str] = {
     "training": "team, trainer and warm-up, checkpoint, metrics, callbacks, run directory",
     "report": "mas report", "study": "mas study",
 }
-TOP_MODULES = {"__init__", "_moved", "types", "errors", "version", "tools", "refs", "api", "cli", "audit", "show", "export"}
+TOP_MODULES = {"__init__", "_moved", "types", "errors", "version", "tools", "response_format", "refs", "api", "cli", "audit", "show", "export"}
 
 # Packages not placed yet, and why; their imports are still checked for cycles.
 UNPLACED: dict[str, str] = {}

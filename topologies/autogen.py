@@ -13,9 +13,9 @@ Two ways to define the team:
   (``{"solver": MasModelClient, ...}``) and runs the team it returns: your team code, changed
   only where it created its model clients.  An agent's YAML ``tools`` (the env's) need nothing
   in that code: mas runs them inside the agent's model call (``topologies/adapters.py``).
-  Refused by name at validate (and, should a factory build them only later, when an episode
-  builds them): a ``UserProxyAgent`` (it waits for a person) and structured output
-  (``output_content_type``; ``unsupported_parts``).
+  Refused by name at validate (and, should a factory build one only later, when an episode
+  builds it): a ``UserProxyAgent`` (it waits for a person; ``unsupported_parts``).  Structured
+  output (``output_content_type``) is served by the client (``topologies/autogen_client.py``).
 
 An episode ends, whatever the team's termination, at ``topology.max_model_calls`` model calls
 and at ``runtime.episode_timeout_s``: from then on every call of its clients raises the engine's
@@ -223,8 +223,7 @@ def _factory_errors(ref: str, names: list[str]) -> list[tuple[tuple, Any, str]]:
 def unsupported_parts(team: Any) -> list[str]:
     """What mas cannot run in an AgentChat team, by agent name (the team, its nested teams and
     wrapped agents are searched): a ``UserProxyAgent`` waits for a person to type, and nobody
-    answers during training; an agent with structured output (``output_content_type``) asks its
-    model client for a pydantic object, and a mas client returns the policy's text."""
+    answers during training."""
     from autogen_agentchat.agents import UserProxyAgent
 
     problems: list[str] = []
@@ -238,11 +237,6 @@ def unsupported_parts(team: Any) -> list[str]:
         if isinstance(obj, UserProxyAgent):
             problems.append(f"agent {name!r} is a UserProxyAgent, which waits for human input; nobody answers during "
                             "training (mas does not support human-in-the-loop agents): leave it out of the team")
-        structured = getattr(obj, "_output_content_type", None)
-        if structured is not None:
-            problems.append(f"agent {name!r} has structured output (output_content_type={getattr(structured, '__name__', structured)}), "
-                            "which mas's model client does not support: it returns the policy's text; drop "
-                            "output_content_type and parse the agent's text instead")
         for child in getattr(obj, "_participants", None) or ():  # a team's agents
             walk(child)
         walk(getattr(obj, "_team", None))  # a SocietyOfMindAgent's inner team

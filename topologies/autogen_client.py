@@ -14,8 +14,13 @@ model wrote, tool calls included) when this client wrote it, else user prefixed 
 (a swarm hands an agent's context to the next); ``FunctionExecutionResultMessage`` -> user, each result in
 ``<tool_response>`` tags.  Images are not supported (the policies read text).
 
-Not supported (a clear error): structured output (``json_output`` set to a pydantic model, an
-agent's ``output_content_type``), refused by ``mas validate`` already (``topologies/autogen.py``).
+``tool_choice`` ``required`` or a tool forces the reply to start as a call (``mas.tools.forced_call_start``).
+JSON output (``json_output=True``) and structured output (``json_output`` a pydantic model, what an
+agent's ``output_content_type`` sends) are served as the endpoint serves ``response_format``
+(``mas.response_format``): the system message asks for one JSON object (the model's schema with
+it), and where no tool is offered the reply starts with ``{``; AutoGen parses the text into the
+model.  A reply that misses the format stands as written and counts the fault
+``response_format_unmet`` (AutoGen's own parse then fails the episode with its error).
 ``extra_create_args`` are ignored: sampling is the agent's YAML ``sampling`` section.
 """
 
@@ -40,15 +45,16 @@ from autogen_core.models import (
 )
 from autogen_core.tools import Tool, ToolSchema
 
+from mas.response_format import JSON_START, json_schema_format, unmet_response_format, with_format
 from mas.tools import forced_call_start, tool_call_text
 from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
 MODEL_INFO: ModelInfo = {
     "vision": False,
     "function_calling": True,  # in the <tool_call> format of mas.tools
-    "json_output": False,
+    "json_output": True,  # mas.response_format
     "family": ModelFamily.UNKNOWN,  # a SelectorGroupChat then sends its prompt as a user message
-    "structured_output": False,
+    "structured_output": True,
     "multiple_system_messages": True,
 }
 
@@ -81,16 +87,18 @@ class MasModelClient(ChatCompletionClient):
         if self._calls is None:
             raise NotInEpisodeError(f"the mas model client of agent {self.agent!r} was called outside a mas episode; "
                                     "it answers only while mas runs the team (mas train / mas eval)")
-        if isinstance(json_output, type):
-            raise ValueError(f"agent {self.agent!r}: structured output ({json_output.__name__}) is not supported by the "
-                             "mas model client; parse the agent's text instead")
+        fmt = _json_format(self.agent, json_output)
         schemas = [] if tool_choice == "none" else [_schema(t) for t in tools]
         last = messages[-1] if messages else None  # tool results last: this call continues that tool turn
         results = [r.call_id for r in last.content] if isinstance(last, FunctionExecutionResultMessage) else []
         start = forced_call_start(_openai_choice(tool_choice, [s["name"] for s in schemas]), [s["name"] for s in schemas])
-        gen = await self._calls.generate(self.agent, self._chat(messages), schemas, self._calls.parent_of(results),
-                                         prefix=start)  # a call asked for: the reply starts as one
+        start = start or (JSON_START if fmt is not None and not schemas else "")
+        gen = await self._calls.generate(self.agent, with_format(self._chat(messages), fmt), schemas,
+                                         self._calls.parent_of(results), prefix=start)  # the reply starts as asked
         turn = gen.turn
+        unmet = None if gen.calls else unmet_response_format(fmt, gen.content)
+        if unmet is not None:  # it stands (what the model wrote); the metrics count it
+            self._calls.ctx.faults.add("response_format_unmet", f"agent {self.agent!r}, turn {turn.index}: {unmet}")
         usage = RequestUsage(prompt_tokens=len(turn.prompt_ids), completion_tokens=len(turn.completion_ids))
         self._usage = RequestUsage(self._usage.prompt_tokens + usage.prompt_tokens,
                                    self._usage.completion_tokens + usage.completion_tokens)
@@ -195,6 +203,20 @@ def _openai_choice(choice: Any, names: list[str]) -> Any:
     if name not in names:
         raise ValueError(f"tool_choice names the tool {name!r}, which is not among the tools of the call {names}")
     return {"type": "function", "function": {"name": name}}
+
+
+def _json_format(agent: str, json_output: Any) -> dict[str, Any] | None:
+    """AutoGen's ``json_output`` as a format of ``mas.response_format``: None or False (text), True
+    (one JSON object), or a pydantic model (its JSON schema, by the model's name)."""
+    if json_output is None or json_output is False:
+        return None
+    if json_output is True:
+        return {"type": "json_object"}
+    schema = getattr(json_output, "model_json_schema", None)
+    if not isinstance(json_output, type) or not callable(schema):
+        raise ValueError(f"agent {agent!r}: json_output must be True, False, None or a pydantic model class; "
+                         f"got {json_output!r}")
+    return json_schema_format(json_output.__name__, schema())
 
 
 def _schema(tool: Tool | ToolSchema) -> dict[str, Any]:

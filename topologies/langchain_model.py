@@ -21,7 +21,10 @@ policy never reads another agent's words as its own.  ``stop`` words are
 ignored (a completion ends at the policy's stop tokens or ``max_new_tokens``); sampling is the
 agent's YAML ``sampling`` section.
 
-Not supported (a clear ``NotImplementedError``): ``with_structured_output``.  Once its episode is
+``with_structured_output(Schema)`` is LangChain's own: the schema bound as the one tool with
+``tool_choice="any"``, so every reply starts as a call of it and its arguments are the object
+(a reply whose arguments do not parse gives LangChain's parser error, or None, as with any chat
+model); the ``method`` argument is ignored, as LangChain's base class does.  Once its episode is
 stopped (past ``runtime.episode_timeout_s`` or ``topology.max_model_calls``) every call raises
 ``EpisodeStopped``, so a graph that loops forever unwinds.
 """
@@ -76,15 +79,6 @@ class MasChatModel(BaseChatModel):
         specs = [convert_to_openai_tool(t) for t in tools]
         return self.bind(tools=specs, tool_choice=openai_tool_choice(tool_choice, [t["function"]["name"] for t in specs]),
                          **kwargs)
-
-    def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
-        """Not supported: a clear error instead of LangChain's default, which would route the
-        schema through a tool call the policy was never trained to make."""
-        name = getattr(schema, "__name__", None) or (schema.get("title") if isinstance(schema, dict) else None) or "a schema"
-        raise NotImplementedError(
-            f"MasChatModel(agent={self.agent!r}).with_structured_output({name}) is not supported: the policy writes text, "
-            "and mas trains on that text; call the model itself and parse its reply in your node (e.g. json.loads, or "
-            "the agent's YAML parser)")
 
     def _episode(self) -> EpisodeCalls:
         calls = EPISODE.get()

@@ -15,8 +15,8 @@ parallel nodes may make more, and gets a cap set by hand).
 Not supported, refused by name: ``interrupt()`` and ``interrupt_before``/``interrupt_after``
 (human-in-the-loop: nobody answers during training) at validate where the graph shows them,
 and an episode the graph ends at an interrupt anyway is a failed episode (``GraphInterrupted``)
-rather than a silent one with no answer; ``with_structured_output`` on a ``MasChatModel``, at
-validate where the builder or a node (or a helper of the user's code a node calls) asks for it.
+rather than a silent one with no answer.  ``with_structured_output`` on a ``MasChatModel`` works
+(a forced call of the schema as a tool: ``topologies/langchain_model.py``).
 
 Replays and interventions re-run the graph with the engine's script (recorded turns reused,
 agents masked or removed).  Routing that depends only on the state the nodes built from the
@@ -41,7 +41,7 @@ from mas.types import EpisodeContext, Outcome, Section
 from .langchain_model import BUILDING, EPISODE, MasChatModel, NotInEpisodeError, record_tool_messages
 
 __all__ = ["GraphInterrupted", "LangGraphTopology", "MasChatModel", "NotInEpisodeError", "UserGraph", "build_langgraph",
-           "interrupt_errors", "langgraph_errors", "structured_output_errors"]
+           "interrupt_errors", "langgraph_errors"]
 
 
 class LangGraphTopology(Section):
@@ -102,7 +102,7 @@ def langgraph_errors(cfg: Any, names: list[str]) -> list[tuple[tuple, Any, str]]
         if getattr(cfg, field) not in keys:
             errs.append((("topology", field), getattr(cfg, field), f"not a key of the graph's state; valid: {keys}"))
     errs += [(("topology", "builder"), cfg.builder, problem)
-             for problem in interrupt_errors(graph) + structured_output_errors(graph)]
+             for problem in interrupt_errors(graph)]
     return errs
 
 
@@ -132,41 +132,6 @@ def interrupt_errors(graph: Any, where: str = "") -> list[str]:
             if any(obj is interrupt for obj in _referenced(fn)):
                 out.append(f"{where}node {name!r} calls interrupt(){via}, which {HUMAN}")
                 break
-    return out
-
-
-def structured_output_errors(graph: Any, where: str = "") -> list[str]:
-    """Nodes (of the graph and its subgraphs) whose code, or a helper of the user's code they call,
-    asks a ``MasChatModel`` for ``with_structured_output``, as the LangGraph supervisor tutorial
-    does inside its supervisor node.  Building such a model in the builder already fails at
-    validate; inside a node it would fail every episode.  A node that calls it on another chat
-    model (a hosted one, not trained) is left alone."""
-    from langchain_core.language_models import BaseChatModel
-    from langchain_core.runnables import RunnableBinding
-    from langgraph.graph.state import CompiledStateGraph
-
-    def model(obj: Any) -> Any:
-        while isinstance(obj, RunnableBinding):
-            obj = obj.bound
-        return obj
-
-    out = []
-    for name, spec in graph.builder.nodes.items():
-        runnable = spec.runnable
-        if isinstance(runnable, CompiledStateGraph):
-            out += structured_output_errors(runnable, f"{where}subgraph {name!r}: ")
-            continue
-        for fn, via in _reached(runnable):
-            if "with_structured_output" not in _names(fn):
-                continue
-            models = [model(obj) for obj in _referenced(fn)]
-            others = [m for m in models if isinstance(m, BaseChatModel) and not isinstance(m, MasChatModel)]
-            if others and not any(isinstance(m, MasChatModel) for m in models):
-                continue  # another model's structured output: not a trained agent's call
-            out.append(f"{where}node {name!r} calls with_structured_output(){via}, which a MasChatModel does not give: "
-                       "the policy writes text, and mas trains on that text; call the model itself and parse its reply "
-                       "(e.g. the first option it names, json.loads, or the agent's YAML parser)")
-            break
     return out
 
 

@@ -52,7 +52,7 @@ call (an unknown name, JSON that does not close) stands as sampled, and counts t
 
 ``response_format``.  ``json_object`` and ``json_schema`` (the Agents SDK's ``output_type``,
 LangChain's ``with_structured_output``) end the system message with an instruction to reply with
-one JSON object (``format_instruction``: the schema with it), and, where the request offers no
+one JSON object (``mas.response_format``: the schema with it), and, where the request offers no
 tool, force the reply to start with ``{`` (``reply_start``).  What follows is sampled, not
 constrained to the schema: a text reply that is not one JSON object, or lacks a property the
 schema requires, stands and counts the fault ``response_format_unmet``.
@@ -74,6 +74,7 @@ from typing import Any, Protocol
 from mas.agents.prompts import render_prompt, template_takes_tools, text_ids
 from mas.rollout.backends.base import BackendUnavailable, GenRequest, GenResult, generate_apart
 from mas.rollout.batcher import settle
+from mas.response_format import JSON_START, unmet_response_format, with_format
 from mas.rollout.responses import BadRequest, chat_body, response_body, response_events
 from mas.tools import forced_call_start, has_tool_call, parse_tool_calls, tool_call_text
 from mas.topologies.adapters import (EpisodeCalls, Generation, describe_tools, finish_messages, outside_calls,
@@ -174,48 +175,11 @@ def _response_format(fmt: Any) -> dict[str, Any] | None:
                f"'json_schema': {{'name': ..., 'schema': {{...}}}}}}; got {str(fmt)[:120]!r}", "response_format")
 
 
-def format_instruction(fmt: dict[str, Any]) -> str:
-    """What the system message asks of a reply in ``fmt``'s format (the model sees the schema)."""
-    if fmt["type"] == "json_object":
-        return "Reply with one JSON object and nothing else."
-    schema = json.dumps(fmt["schema"], ensure_ascii=False, separators=(", ", ": "))
-    return f"Reply with one JSON object and nothing else, following this JSON schema ({fmt['name']}):\n{schema}"
-
-
-def with_format(messages: list[dict[str, str]], fmt: dict[str, Any] | None) -> list[dict[str, str]]:
-    """``messages`` (a system message first, ``finish_messages``) with the format's instruction at the
-    end of the system message."""
-    if fmt is None:
-        return messages
-    at = next(i for i, m in enumerate(messages) if m["role"] == "system")
-    out = list(messages)
-    out[at] = {"role": "system", "content": f"{out[at]['content']}\n\n{format_instruction(fmt)}"}
-    return out
-
-
-def unmet_response_format(fmt: dict[str, Any] | None, text: str) -> str | None:
-    """How a text reply failed the request's ``response_format`` (None: it did not, or text was asked):
-    not one JSON object, or without a property the schema requires."""
-    if fmt is None:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        return f"response_format {fmt['type']!r} asked for one JSON object, and the reply is not JSON ({exc})"
-    if not isinstance(value, dict):
-        return f"response_format {fmt['type']!r} asked for one JSON object, and the reply is a {type(value).__name__}"
-    required = fmt.get("schema", {}).get("required")  # the client's schema: a list of names, or it asks nothing
-    missing = [k for k in required if isinstance(k, str) and k not in value] if isinstance(required, list) else []
-    if missing:
-        return f"the reply's JSON object lacks {missing}, which the response_format schema {fmt['name']!r} requires"
-    return None
-
-
 def reply_start(req: ChatRequest, tools: list[dict[str, Any]]) -> str:
     """The start a reply to ``req`` is forced to: a tool call its ``tool_choice`` asks for, else, where
     a JSON ``response_format`` is asked and no tool is offered (a tool call is then a reply too), ``{``."""
     start = forced_call_start(req.tool_choice, [t["name"] for t in tools])
-    return start or ("{" if req.response_format is not None and not tools else "")
+    return start or (JSON_START if req.response_format is not None and not tools else "")
 
 
 def unmet_tool_choice(choice: Any, called: list[str]) -> str | None:

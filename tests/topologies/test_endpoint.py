@@ -185,7 +185,7 @@ def test_a_json_response_format_is_asked_in_the_system_message_and_starts_the_re
 
 
 def test_what_a_json_reply_misses_is_said():
-    from mas.rollout.endpoint import unmet_response_format
+    from mas.response_format import unmet_response_format
 
     fmt = {"type": "json_schema", "name": "A", "schema": {"required": ["a"]}}
     assert unmet_response_format(None, "hi") is None and unmet_response_format(fmt, ' {"a": 1} ') is None

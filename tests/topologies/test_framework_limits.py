@@ -6,7 +6,9 @@ custom code (issue 39, "Teams from the frameworks' documentation").
   Time is the engine's injected clock, moved on by the scripted backend at a chosen call, so
   nothing here depends on the machine's speed.
 * ``topology.max_model_calls`` ends a team that never terminates even without a timeout.
-* ``mas validate`` refuses, by name, what needs a person or a structured-output model.
+* ``mas validate`` refuses, by name, what needs a person.
+* Structured output (LangChain's ``with_structured_output``, AutoGen's ``output_content_type``) is
+  served: the reply's start is forced (a call of the schema, or ``{``) and the framework parses it.
 * A factory agent's YAML ``tools`` (the env's) work without the factory knowing about them.
 
 Each rollout runs in a thread joined with a generous guard: before the fix these episodes
@@ -21,6 +23,7 @@ from typing import Annotated, TypedDict
 import pytest
 from autogen_agentchat.agents import AssistantAgent, UserProxyAgent
 from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
+from autogen_agentchat.messages import StructuredMessage
 from autogen_agentchat.teams import RoundRobinGroupChat, Swarm
 from langchain_core.messages import AnyMessage
 from langchain_core.tools import tool
@@ -217,8 +220,10 @@ def with_user_proxy(clients):
 
 
 def with_structured_output(clients):
+    """AutoGen's structured-output example: the team registers the agent's message type."""
     lead = AssistantAgent("lead", clients["lead"], output_content_type=Verdict)
-    return RoundRobinGroupChat([lead], termination_condition=MaxMessageTermination(2))
+    return RoundRobinGroupChat([lead], termination_condition=MaxMessageTermination(2),
+                               custom_message_types=[StructuredMessage[Verdict]])
 
 
 def ask_graph(ask) -> StateGraph:
@@ -312,24 +317,15 @@ def hidden_interrupt_graph() -> StateGraph:
 
 @pytest.mark.parametrize("cfg,needle", [
     (autogen_config("with_user_proxy"), "agent 'checker' is a UserProxyAgent, which waits for human input"),
-    (autogen_config("with_structured_output"), "agent 'lead' has structured output (output_content_type=Verdict)"),
     (graph_config("interrupting_graph"), "node 'ask' calls interrupt(), which waits for human input"),
     (graph_config("graph_interrupted_before"), "the graph is compiled with interrupt_before=['ask']"),
-    (graph_config("structured_graph"), "MasChatModel(agent='lead').with_structured_output(Verdict) is not supported"),
     (graph_config("helper_interrupt_graph"), "node 'ask' calls interrupt() through helper 'confirm', which waits for human"),
-    (graph_config("structured_node_graph"), "node 'ask' calls with_structured_output(), which a MasChatModel does not give"),
-    (graph_config("structured_helper_graph"), "node 'ask' calls with_structured_output() through helper 'choose', which"),
-], ids=["user_proxy", "output_content_type", "interrupt", "interrupt_before", "with_structured_output",
-        "interrupt_through_helpers", "structured_output_in_a_node", "structured_output_through_a_helper"])
+], ids=["user_proxy", "interrupt", "interrupt_before", "interrupt_through_helpers"])
 def test_validate_refuses_unsupported_framework_features_by_name(cfg, needle):
     path = "topology.factory" if "factory" in cfg["topology"] else "topology.builder"
     with pytest.raises(ConfigError) as info:
         validate_config(cfg, check=meaning_errors)
     assert any(line.startswith(path + ":") and needle in line for line in info.value.lines), info.value.lines
-
-
-def test_structured_output_of_a_model_that_is_not_an_agents_is_left_alone():
-    validate_config(graph_config("hosted_structured_graph"), check=meaning_errors)  # no ConfigError
 
 
 def test_mas_validate_names_the_user_proxy_agent(tmp_path, capsys):
@@ -352,13 +348,67 @@ def test_a_graph_that_ends_at_an_interrupt_is_a_counted_failure_not_a_silent_epi
     assert engine.take_faults()[0]["agent_error"] == 1
 
 
-@pytest.mark.parametrize("factory,needle", [
-    ("with_user_proxy", "UserProxyAgent"), ("with_structured_output", "structured output")])
-def test_a_factory_that_slips_past_validate_fails_its_episode_with_the_same_message(factory, needle, tiny_tokenizer):
-    engine, backend = scripted_engine(autogen_config(factory), lambda req: "ANSWER: 5", tiny_tokenizer)
+def test_a_factory_that_slips_past_validate_fails_its_episode_with_the_same_message(tiny_tokenizer):
+    engine, backend = scripted_engine(autogen_config("with_user_proxy"), lambda req: "ANSWER: 5", tiny_tokenizer)
     (ep,) = guarded_rollout(engine, TASKS[:1])  # scripted_engine does not run mas validate's checks
-    assert ep.status == "error" and ep.error.startswith("NotImplementedError:") and needle in ep.error
+    assert ep.status == "error" and ep.error.startswith("NotImplementedError:") and "UserProxyAgent" in ep.error
     assert backend.requests == 0 and engine.take_faults()[0]["agent_error"] == 1
+
+
+# --- 4. structured output: served, its reply's start forced ----------------------------------------
+
+
+def verdict(ok: str = "true"):
+    """The scripted policy: a call of the schema where its start is forced (LangChain's way), a JSON
+    object where ``{`` is (AutoGen's), else text."""
+    def respond(req) -> str:
+        if req.prefix.startswith("<tool_call>"):
+            return req.prefix + '{"ok": %s}}</tool_call>' % ok
+        if req.prefix == "{":
+            return '{"ok": %s}' % ok
+        return "ANSWER: 5"
+    return respond
+
+
+@pytest.mark.parametrize("builder", ["structured_graph", "structured_node_graph", "structured_helper_graph",
+                                     "hosted_structured_graph"])
+def test_a_graph_asking_a_mas_model_for_structured_output_validates(builder):
+    validate_config(graph_config(builder), check=meaning_errors)  # no ConfigError
+
+
+@pytest.mark.parametrize("builder", ["structured_node_graph", "structured_helper_graph"])
+def test_with_structured_output_forces_a_call_of_the_schema_and_parses_its_arguments(builder, tiny_tokenizer):
+    """The LangGraph supervisor tutorial's pattern (in the node, or in a helper it calls) runs: the
+    reply starts as a call of Verdict, the arguments the policy wrote become the object."""
+    engine, backend = scripted_engine(graph_config(builder), verdict(), tiny_tokenizer)
+    (ep,) = guarded_rollout(engine, TASKS[:1])
+    assert ep.status == "ok", ep.error
+    assert ep.answer == "True" and [t.agent for t in ep.turns] == ["lead", "lead"]
+    turn = ep.turns[1]
+    start = '<tool_call>{"name": "Verdict", "arguments": '
+    start_ids = tiny_tokenizer(start, add_special_tokens=False)["input_ids"]
+    assert turn.prompt_ids[-len(start_ids):] == start_ids and turn.text.startswith(start)  # trained: what follows
+    assert "Verdict" in turn.messages[0]["content"]  # the schema is described as the one tool
+
+
+def test_output_content_type_asks_for_its_schema_and_forces_a_json_start(tiny_tokenizer):
+    engine, _ = scripted_engine(autogen_config("with_structured_output"), verdict(), tiny_tokenizer)
+    (ep,) = guarded_rollout(engine, TASKS[:1])
+    assert ep.status == "ok", ep.error
+    [turn] = ep.turns
+    assert turn.text == '{"ok": true}' and turn.messages[0]["role"] == "system"
+    assert 'following this JSON schema (Verdict):\n{"properties": {"ok":' in turn.messages[0]["content"]
+    assert turn.prompt_ids[-1:] == tiny_tokenizer("{", add_special_tokens=False)["input_ids"]
+    assert engine.take_faults()[0].get("response_format_unmet", 0) == 0
+
+
+def test_a_reply_that_misses_output_content_type_counts_the_fault_and_fails_as_autogen_does(tiny_tokenizer):
+    engine, _ = scripted_engine(autogen_config("with_structured_output"), verdict('"maybe"}, {'), tiny_tokenizer)
+    (ep,) = guarded_rollout(engine, TASKS[:1])
+    assert ep.status == "error" and "ValidationError" in ep.error  # AutoGen's own parse of the text
+    faults = engine.take_faults()
+    assert faults[0]["response_format_unmet"] == 1 and "response_format_unmet" in FAULT_KINDS
+    assert faults[1]["response_format_unmet"].startswith("agent 'lead', turn 0: response_format 'json_schema' asked")
 
 
 # --- 4. the env's tools for a factory's agents and a graph's nodes -----------------------------------

@@ -1,0 +1,69 @@
+"""Replies in a JSON format a caller asks for: OpenAI's ``response_format``, an AutoGen agent's
+``output_content_type``.
+
+A format is ``{"type": "json_object"}`` or ``{"type": "json_schema", "name": ..., "schema": {...}}``.
+Asking for one does three things, wherever the call comes from (the OpenAI-compatible endpoint,
+the AutoGen model client):
+
+* the system message ends with an instruction to reply with one JSON object, the schema with it
+  (``format_instruction``, ``with_format``);
+* where the call offers no tool (a tool call is then a reply too), the reply is forced to start
+  with ``JSON_START``: those ids end the turn's prompt ids, and only what the model sampled after
+  them is trained;
+* what follows is sampled, not constrained to the schema: a reply that is not one JSON object, or
+  lacks a property the schema requires, stands as written, and ``unmet_response_format`` says how
+  it missed (the caller counts the fault ``response_format_unmet``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["JSON_START", "format_instruction", "json_schema_format", "unmet_response_format", "with_format"]
+
+JSON_START = "{"  # a JSON object's first character: the start a formatted reply is forced to
+
+
+def json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The ``json_schema`` format of a named JSON schema (e.g. a pydantic model's ``model_json_schema()``)."""
+    return {"type": "json_schema", "name": name, "schema": schema}
+
+
+def format_instruction(fmt: dict[str, Any]) -> str:
+    """What the system message asks of a reply in ``fmt``'s format (the model sees the schema)."""
+    if fmt["type"] == "json_object":
+        return "Reply with one JSON object and nothing else."
+    schema = json.dumps(fmt["schema"], ensure_ascii=False, separators=(", ", ": "))
+    return f"Reply with one JSON object and nothing else, following this JSON schema ({fmt['name']}):\n{schema}"
+
+
+def with_format(messages: list[dict[str, str]], fmt: dict[str, Any] | None) -> list[dict[str, str]]:
+    """``messages`` with the format's instruction at the end of the first system message (a system
+    message of its own first, where there is none)."""
+    if fmt is None:
+        return messages
+    at = next((i for i, m in enumerate(messages) if m["role"] == "system"), None)
+    if at is None:
+        return [{"role": "system", "content": format_instruction(fmt)}, *messages]
+    out = list(messages)
+    out[at] = {"role": "system", "content": f"{out[at]['content']}\n\n{format_instruction(fmt)}"}
+    return out
+
+
+def unmet_response_format(fmt: dict[str, Any] | None, text: str) -> str | None:
+    """How a text reply failed the format ``fmt`` (None: it did not, or no format was asked): not one
+    JSON object, or without a property the schema requires."""
+    if fmt is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return f"response_format {fmt['type']!r} asked for one JSON object, and the reply is not JSON ({exc})"
+    if not isinstance(value, dict):
+        return f"response_format {fmt['type']!r} asked for one JSON object, and the reply is a {type(value).__name__}"
+    required = fmt.get("schema", {}).get("required")  # the client's schema: a list of names, or it asks nothing
+    missing = [k for k in required if isinstance(k, str) and k not in value] if isinstance(required, list) else []
+    if missing:
+        return f"the reply's JSON object lacks {missing}, which the response_format schema {fmt['name']!r} requires"
+    return None
