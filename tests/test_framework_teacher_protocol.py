@@ -6,12 +6,15 @@ with the embedded model's tokenizers (the teacher never calls a model)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from pathlib import Path
+from typing import Literal, TypedDict
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 import mas
 from mas.agents.parsers import parse_answer
@@ -379,3 +382,129 @@ def test_a_two_argument_tool_is_called_with_the_tasks_numbers(tmp_path):
     for task, ((name, arguments),) in made:
         a, op, b = task.partition("+") if "+" in task else task.partition("-")
         assert (name, arguments) == ("add" if op == "+" else "subtract", {"a": int(a), "b": int(b)}), task
+
+
+# ---------------------------------------------------------------------------------------------
+# a reply whose start is forced: structured output, a JSON response_format, tool_choice
+# ---------------------------------------------------------------------------------------------
+
+
+def forced(t: FrameworkTeacher, agent: str, prefix: str, *messages: tuple[str, str]) -> str:
+    return t(GenRequest("p", [], 1.0, 1.0, 0, 8, agent=agent, messages=[{"role": r, "content": c} for r, c in messages],
+                        prefix=prefix), random.Random(0))
+
+
+GRADE = {"type": "object", "properties": {"grade": {"enum": ["correct", "incorrect"], "type": "string"},
+                                          "feedback": {"type": "string"}, "score": {"type": "integer"},
+                                          "ok": {"type": "boolean"}, "notes": {"type": "array"}},
+         "required": ["grade", "feedback"]}
+
+
+def test_the_tool_list_shows_a_parameters_allowed_values_and_the_teacher_reads_them_back():
+    from mas.topologies.framework_teaching import Slot, tool_slots
+
+    system = "You grade.\n\n" + describe_tools([tool_schema("Grade", "", GRADE)])
+    assert '- Grade(grade: "correct" | "incorrect", feedback: str, score: int = optional' in system
+    (grade,) = offered_tools(system)
+    assert tool_slots(grade) == [Slot("grade", "enum", ("correct", "incorrect")), Slot("feedback", "string"),
+                                 Slot("score", "integer"), Slot("ok", "boolean"), Slot("notes", "other")]
+
+
+@pytest.mark.parametrize("values, accept, reject", [
+    (("correct", "incorrect"), "correct", "incorrect"), (("incorrect", "correct"), "correct", "incorrect"),
+    (("funny", "not funny"), "funny", "not funny"), (("fail", "pass"), "pass", "fail"), (("yes", "no"), "yes", "no"),
+    (("red", "blue", "green"), "red", "green"),  # nothing reads as a verdict: the first accepts, the last rejects
+])
+def test_a_verdicts_value_is_the_positive_one_or_the_one_the_other_negates(values, accept, reject):
+    from mas.topologies.framework_teaching import verdict_value
+
+    assert (verdict_value(values, True), verdict_value(values, False)) == (accept, reject)
+
+
+def test_a_json_reply_fills_the_schema_the_system_message_shows_from_the_teachers_reply():
+    from mas.response_format import json_schema_format, with_format
+
+    t = teacher(("solver", "grader"), parsers={"grader": "verdict"}, routers=())
+    [system] = with_format([{"role": "system", "content": "You grade."}], json_schema_format("Grade", GRADE))
+    said = ("user", "3+2\nsolver: ANSWER: 5")
+    reply = json.loads(forced(t, "grader", "{", ("system", system["content"]), said))
+    assert reply == {"grade": "correct", "feedback": "ANSWER: 5\nACCEPT", "score": 5, "ok": True, "notes": None}
+    wrong = json.loads(forced(t, "grader", "{", ("system", system["content"]), ("user", "3+2\nsolver: ANSWER: 6")))
+    assert (wrong["grade"], wrong["ok"]) == ("incorrect", False)
+    [plain] = with_format([{"role": "system", "content": "You solve."}], {"type": "json_object"})
+    assert json.loads(forced(t, "solver", "{", ("system", plain["content"]), ("user", "3+2"))) == {"reply": "ANSWER: 5"}
+
+
+def test_a_forced_call_is_the_teachers_own_call_or_the_named_tool_filled_from_its_reply():
+    from mas.tools import forced_call_start
+
+    system = "You calculate.\n\n" + describe_tools([tool("add", a="integer", b="integer"), tool_schema("Grade", "", GRADE)])
+    t = teacher(("calculator",), routers=())
+    own = forced(t, "calculator", forced_call_start("required", ["add", "Grade"]), ("system", system), ("user", "3+2"))
+    assert calls(own) == [("add", {"a": 3, "b": 2})]  # what it would call anyway
+    named = forced(t, "calculator", forced_call_start({"type": "function", "function": {"name": "Grade"}}, ["add", "Grade"]),
+                   ("system", system), ("user", "3+2"), ("assistant", own), ("user", "<tool_response>\n5\n</tool_response>"))
+    assert calls(named) == [("Grade", {"grade": "correct", "feedback": "ANSWER: 5", "score": 5, "ok": True, "notes": None})]
+    router = teacher(("researcher", "coder"), routers=("supervisor",))
+    route = "You route.\n\n" + describe_tools([tool_schema("Router", "", {"type": "object", "properties": {
+        "next": {"enum": ["researcher", "coder", "FINISH"], "type": "string"}}, "required": ["next"]})])
+    start = forced_call_start("required", ["Router"])
+    assert calls(forced(router, "supervisor", start, ("system", route), ("user", "3+2"))) == [("Router", {"next": "researcher"})]
+
+
+class Grade(BaseModel):
+    grade: Literal["correct", "incorrect"]
+    feedback: str
+
+
+class Graded(TypedDict, total=False):
+    question: str
+    answer: str
+    grade: str
+
+
+def graded_graph():
+    """A solver, then a grader whose verdict is structured output (LangChain's with_structured_output)."""
+    from langgraph.graph import END, START, StateGraph
+
+    from mas.topologies.langgraph import MasChatModel
+
+    solver, grader = MasChatModel(agent="solver"), MasChatModel(agent="grader").with_structured_output(Grade)
+
+    async def solve(state: Graded) -> dict:
+        return {"answer": (await solver.ainvoke([("user", state["question"])])).content}
+
+    async def grade(state: Graded) -> dict:
+        return {"grade": (await grader.ainvoke([("user", f"{state['question']}\nsolver: {state['answer']}")])).grade}
+
+    g = StateGraph(Graded)
+    g.add_node("solve", solve)
+    g.add_node("grade", grade)
+    g.add_edge(START, "solve")
+    g.add_edge("solve", "grade")
+    g.add_edge("grade", END)
+    return g
+
+
+def test_the_warm_up_plays_a_structured_output_agent_as_a_call_of_its_schema(tmp_path):
+    agent = {"policy": "p", "parser": "answer", "sampling": {"max_new_tokens": 64}}
+    cfg = {
+        "team": {"name": "graded", "description": "A solver and a grader with structured output."},
+        "policies": {"p": {"kind": "full", "model": "embedded"}},
+        "agents": [{"name": "solver", "role": "You solve.", **agent}, {"name": "grader", "role": "You grade.", **agent}],
+        "topology": {"kind": "langgraph", "builder": "test_framework_teacher_protocol:graded_graph"},
+        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
+        "credit": {"method": "dr_mas"},
+        "trainer": {"steps": 1, "batch_size": 1, "group_size": 2, "eval_size": 0, "warmup": {"steps": 0}},
+    }
+    path = tmp_path / "team.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with mas.load_team(str(path), ["logging.progress=false"]) as team:
+        demos, reward = teacher_demonstrations(team, 4, scripted_teacher(team.cfg, {"p_skip": 0.0}), seed=0)
+        tok = team.runtime.tokenizers["p"]
+        turns = [(agent, tok.decode(prompt), tok.decode(completion[:-1])) for agent, (prompt, completion) in demos]
+    assert reward == 1.0 and [a for a, _, _ in turns] == ["solver", "grader"] * 4
+    for agent, prompt, text in turns:
+        if agent == "grader":  # the forced start ends the prompt; the demonstration is the arguments after it
+            assert prompt.endswith('<tool_call>{"name": "Grade", "arguments": ')
+            assert text.startswith('{"grade": "correct", "feedback": "ANSWER: ') and text.endswith("}}</tool_call>")

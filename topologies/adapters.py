@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,8 +109,7 @@ def describe_tools(schemas: list[dict[str, Any]]) -> str:
     for s in schemas:
         props = s["parameters"].get("properties", {})
         required = set(s["parameters"].get("required", []))
-        args = [f"{k}: {_JSON_TYPES.get(v.get('type'), v.get('type', 'any'))}" + ("" if k in required else " = optional")
-                for k, v in props.items()]
+        args = [f"{k}: {_type_text(v)}" + ("" if k in required else " = optional") for k, v in props.items()]
         lines.append(f"- {s['name']}({', '.join(args)})" + (f": {s['description']}" if s["description"] else ""))
     first = schemas[0]
     example = {k: _EXAMPLES.get(v.get("type"), "...") for k, v in first["parameters"].get("properties", {}).items()}
@@ -119,6 +119,15 @@ def describe_tools(schemas: list[dict[str, Any]]) -> str:
         "Each result comes back inside <tool_response> tags. When you have what you need, reply without a tool call.",
     ]
     return "\n".join(lines)
+
+
+def _type_text(prop: dict[str, Any]) -> str:
+    """A parameter's type as the tool list writes it: its allowed values where it has them (a
+    ``Literal``'s JSON-schema ``enum``: ``"yes" | "no"``), else the Python name of its JSON type."""
+    values = prop.get("enum")
+    if isinstance(values, list) and values:
+        return " | ".join(json.dumps(v, ensure_ascii=False) for v in values)
+    return _JSON_TYPES.get(prop.get("type"), prop.get("type", "any"))
 
 
 def tool_results_text(results: list[str]) -> str:

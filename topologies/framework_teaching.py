@@ -70,10 +70,15 @@ planner's ``max_new_tokens`` (the teacher has no tokenizer); a tool with two str
 or a list, is not called; agents as tools are known by their one text argument each, not by the
 agents behind them (two tools of one text argument each are called in turn, each once); a request
 with no training task in its messages is a ``KeyError`` (the warm-up then fails loudly: give
-``trainer.warmup.demonstrations``); the teacher does not read a request's ``tool_choice`` or
-``response_format``, so where the endpoint forces a reply's start (``GenRequest.prefix``: a call, a
-JSON reply's ``{``) and the teacher answers in text, or calls another tool than the one named, that
-teacher episode fails with the reason (``ScriptedBackend``).
+``trainer.warmup.demonstrations``).
+
+A reply whose start is forced (``GenRequest.prefix``: a ``tool_choice`` that asks for a call, a JSON
+``response_format``, structured output; ``meet_start``) is what the teacher would write, in that
+form: its own call of the tool where it makes one, else the tool's arguments (or the JSON object the
+schema in the system message describes) filled from its reply (``filled``): a field with allowed
+values takes the one its reply names (a router's choice), else the verdict's (``ACCEPT``: the
+positive one, "correct", "yes"; ``REJECT``: the other), a boolean the verdict, a number the
+answer, a string the reply's text.  Nested objects and lists are left empty.
 
 Two framework teams on arithmetic have teachers of their own, which read the task where the
 framework puts it (``arithmetic_task``): an AutoGen selector of specialists (``SelectorTeacher``)
@@ -84,6 +89,7 @@ read from the messages).  ``mas.training.framework_teacher`` re-exports this mod
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import re
 from collections.abc import Iterable, Mapping
@@ -91,7 +97,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mas.agents.parsers import parse_answer
-from mas.tools import parse_tool_calls, tool_call_text
+from mas.response_format import JSON_START
+from mas.tools import parse_tool_calls, tool_call_start, tool_call_text
 from mas.envs import build_env
 from mas.rollout.backends.base import GenRequest
 from mas.topologies.adapters import describe_tools, tool_schema
@@ -437,6 +444,115 @@ def delegation(system: str, names: list[str], subtask: str) -> str:
     return "\n".join(f"{f'{i}{number[1:]}' if number else ''}{name}{sep}{subtask}" for i, name in enumerate(names, 1))
 
 
+# -- a reply whose start is forced: the call or the JSON object the request asks for ----------------
+
+_FORCED_CALL = re.compile(r'^<tool_call>\{"name": "(?P<name>[^"]+)", "arguments": $')  # mas.tools.forced_call_start
+_SCHEMA = re.compile(r"following this JSON schema \((?P<name>[^)\n]*)\):\n(?P<schema>\{.*)")  # mas.response_format
+_POSITIVE = {"accept", "accepted", "approve", "approved", "correct", "right", "yes", "true", "pass", "passed", "good",
+             "valid", "ok", "done", "success"}  # a verdict's positive value, as a schema's allowed values write it
+_NEGATION = re.compile(r"^(?:not[ _-]?|in|un|non[ _-]?)", re.I)  # "not correct", "incorrect", "unsure": a negated value
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One field of a forced reply: its name, its kind (``enum``, ``boolean``, ``integer``, ``number``,
+    ``string`` or ``other``) and, for ``enum``, its allowed values."""
+
+    name: str
+    kind: str
+    values: tuple[Any, ...] = ()
+
+
+def schema_slots(schema: dict[str, Any]) -> list[Slot]:
+    """The fields of a JSON schema's object (its ``properties``)."""
+    out = []
+    for name, prop in (schema.get("properties") or {}).items():
+        prop = prop if isinstance(prop, dict) else {}
+        values = prop.get("enum")
+        kind = "enum" if isinstance(values, list) and values else prop.get("type")
+        out.append(Slot(name, kind if kind in ("enum", "boolean", "integer", "number", "string") else "other",
+                        tuple(values) if kind == "enum" else ()))
+    return out
+
+
+def tool_slots(tool: Tool) -> list[Slot]:
+    """The fields of a tool's arguments, as the adapters' tool list writes them (``describe_tools``)."""
+    kinds = {"int": "integer", "integer": "integer", "float": "number", "number": "number", "bool": "boolean",
+             "boolean": "boolean", "str": "string", "string": "string", "any": "string", "": "string"}
+    out = []
+    for (name, _), type_ in zip(tool.params, tool.types or ("",) * len(tool.params)):
+        values = tuple(json.loads(v) for v in re.findall(r'"(?:[^"\\]|\\.)*"', type_)) if type_.startswith('"') else ()
+        out.append(Slot(name, "enum", values) if values else Slot(name, kinds.get(type_, "other")))
+    return out
+
+
+def verdict_value(values: tuple[Any, ...], accept: bool) -> Any:
+    """The allowed value that says ``accept`` (or rejects): the one that reads as positive ("correct",
+    "yes", "pass"), or, of two, the one the other negates ("incorrect", "not funny"); else the first
+    (accept) or the last (reject)."""
+    text = [str(v).strip().lower() for v in values]
+    good = [i for i, v in enumerate(text) if v in _POSITIVE]
+    if not good and len(values) == 2:
+        negated = [i for i, v in enumerate(text) if _NEGATION.sub("", v) == text[1 - i] and v != text[1 - i]]
+        good = [1 - negated[0]] if len(negated) == 1 else []
+    if accept:
+        return values[good[0] if good else 0]
+    if not good:
+        return values[-1]
+    return next((v for i, v in enumerate(values) if i not in good), values[-1])
+
+
+def filled(slots: list[Slot], reply: str) -> dict[str, Any]:
+    """``slots`` filled from the teacher's own ``reply``: an allowed value the reply is (a router's
+    choice) or the verdict's, a boolean the verdict, a number the answer, a string the reply."""
+    said = reply.strip()
+    verdict = True if "ACCEPT" in said else False if "REJECT" in said else None
+    answer = parse_answer(said)[0].get("answer")
+    numbers = [n for n, _, _ in task_numbers(answer or said)]
+    out: dict[str, Any] = {}
+    for slot in slots:
+        if slot.kind == "enum":
+            named = [v for v in slot.values if str(v) == said or (isinstance(v, str) and v == said.split("\n")[0])]
+            out[slot.name] = named[0] if named else verdict_value(slot.values, verdict is not False)
+        elif slot.kind == "boolean":
+            out[slot.name] = verdict is not False
+        elif slot.kind in ("integer", "number"):
+            value = float(numbers[0]) if numbers else 0.0
+            out[slot.name] = int(value) if slot.kind == "integer" or value.is_integer() else value
+        elif slot.kind == "string":
+            out[slot.name] = said
+        else:
+            out[slot.name] = None
+    return out
+
+
+def meet_start(prefix: str, reply: str, system: str) -> str:
+    """The teacher's ``reply`` in the form a forced start asks for (module docstring): as it is where it
+    already starts so; the reply's own call from where it starts; else the named (or the first offered)
+    tool called with its arguments filled from the reply, or the JSON object the system message's
+    schema describes (``{"reply": ...}`` for a plain JSON object)."""
+    if not prefix or reply.startswith(prefix):
+        return reply
+    if prefix == JSON_START:
+        m = _SCHEMA.search(system)
+        try:
+            schema = json.loads(m.group("schema")) if m else None
+        except ValueError:
+            schema = None
+        value = filled(schema_slots(schema), reply) if isinstance(schema, dict) else {"reply": reply.strip()}
+        return json.dumps(value, ensure_ascii=False)
+    if prefix.startswith(tool_call_start()):
+        at = reply.find(prefix)
+        if at >= 0:  # the reply calls it (after its text: a report, then a handoff)
+            return reply[at:]
+        tools = offered_tools(system)
+        m = _FORCED_CALL.match(prefix)
+        tool = next((t for t in tools if m is not None and t.name == m.group("name")), tools[0] if tools and m is None else None)
+        if tool is not None:
+            return tool_call_text(tool.name, filled(tool_slots(tool), reply))
+    return reply  # a start it cannot meet: the scripted backend says so, naming it
+
+
 @dataclass(frozen=True)
 class FrameworkTeacher:
     """The generic teacher of an AutoGen or LangGraph team (module docstring): every agent speaks,
@@ -454,6 +570,10 @@ class FrameworkTeacher:
     prompts: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        system = "\n".join(m["content"] for m in req.messages or [] if m.get("role") == "system")
+        return meet_start(req.prefix, self._reply(req, rng), system)
+
+    def _reply(self, req: GenRequest, rng: random.Random) -> str:
         messages = req.messages or []
         task = self.book.find(messages)
         skip = random.Random(f"framework-teacher/{task.task_id}").random() < self.p_skip  # one choice per episode
