@@ -428,7 +428,7 @@ def test_a_json_reply_fills_the_schema_the_system_message_shows_from_the_teacher
     [system] = with_format([{"role": "system", "content": "You grade."}], json_schema_format("Grade", GRADE))
     said = ("user", "3+2\nsolver: ANSWER: 5")
     reply = json.loads(forced(t, "grader", "{", ("system", system["content"]), said))
-    assert reply == {"grade": "correct", "feedback": "ANSWER: 5\nACCEPT", "score": 5, "ok": True, "notes": None}
+    assert reply == {"grade": "correct", "feedback": "ANSWER: 5 ACCEPT", "score": 5, "ok": True, "notes": None}
     wrong = json.loads(forced(t, "grader", "{", ("system", system["content"]), ("user", "3+2\nsolver: ANSWER: 6")))
     assert (wrong["grade"], wrong["ok"]) == ("incorrect", False)
     [plain] = with_format([{"role": "system", "content": "You solve."}], {"type": "json_object"})

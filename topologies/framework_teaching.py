@@ -78,7 +78,7 @@ form: its own call of the tool where it makes one, else the tool's arguments (or
 schema in the system message describes) filled from its reply (``filled``): a field with allowed
 values takes the one its reply names (a router's choice), else the verdict's (``ACCEPT``: the
 positive one, "correct", "yes"; ``REJECT``: the other), a boolean the verdict, a number the
-answer, a string the reply's text.  Nested objects and lists are left empty.
+answer, a string the reply's text on one line (no escaped newlines for a small model to learn).  Nested objects and lists are left empty.
 
 Two framework teams on arithmetic have teachers of their own, which read the task where the
 framework puts it (``arithmetic_task``): an AutoGen selector of specialists (``SelectorTeacher``)
@@ -520,10 +520,15 @@ def filled(slots: list[Slot], reply: str) -> dict[str, Any]:
             value = float(numbers[0]) if numbers else 0.0
             out[slot.name] = int(value) if slot.kind == "integer" or value.is_integer() else value
         elif slot.kind == "string":
-            out[slot.name] = said
+            out[slot.name] = " ".join(line.strip() for line in said.splitlines() if line.strip())  # one line
         else:
             out[slot.name] = None
     return out
+
+
+def system_text(req: GenRequest) -> str:
+    """The request's system messages, joined."""
+    return "\n".join(m["content"] for m in req.messages or [] if m.get("role") == "system")
 
 
 def meet_start(prefix: str, reply: str, system: str) -> str:
@@ -570,8 +575,7 @@ class FrameworkTeacher:
     prompts: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __call__(self, req: GenRequest, rng: random.Random) -> str:
-        system = "\n".join(m["content"] for m in req.messages or [] if m.get("role") == "system")
-        return meet_start(req.prefix, self._reply(req, rng), system)
+        return meet_start(req.prefix, self._reply(req, rng), system_text(req))
 
     def _reply(self, req: GenRequest, rng: random.Random) -> str:
         messages = req.messages or []
@@ -840,7 +844,7 @@ class FrameworkChainTeacher:
             claim = claimed_answer(messages[-1]["content"], task)
             lines = [f"{self.solver}: ANSWER: {claim if claim is not None else 'none'}"]
         chained = [{"role": "user", "content": "\n".join([f"Task: {task}", *lines])}]
-        return self.chain(dataclasses.replace(req, messages=chained), rng)
+        return meet_start(req.prefix, self.chain(dataclasses.replace(req, messages=chained), rng), system_text(req))
 
 
 @dataclass(frozen=True)
@@ -860,6 +864,9 @@ class SelectorTeacher:
     p_misroute: float = 0.4
 
     def __call__(self, req: GenRequest, rng: random.Random) -> str:
+        return meet_start(req.prefix, self._reply(req, rng), system_text(req))
+
+    def _reply(self, req: GenRequest, rng: random.Random) -> str:
         a, op, b, _ = chain_steps(arithmetic_task(req.messages or []))[0]
         route = dict(self.specialist_for)
         if req.agent == self.selector:
