@@ -10,10 +10,9 @@ are a calculator (its tool: ``examples.calculator.calculate``) and a checker.
 What differs from the tutorial's code:
 * the chat models: ``MasChatModel(agent=...)``, one per YAML agent, where the tutorial has one
   ``ChatOpenAI(...)`` for all;
-* the supervisor's choice is read from its text: the tutorial asks for structured output
-  (``with_structured_output(Router)``); a ``MasChatModel`` serves it (a forced call of the
-  schema), but the warm-up's framework teacher does not write it, so it could not show the
-  supervisor its part: the node takes the first option its reply names;
+* the supervisor's choice is structured output, as in the tutorial (``with_structured_output(Router)``):
+  a ``MasChatModel`` forces the reply to start as a call of ``Router``, and the policy writes its
+  arguments;
 * a worker's report carries its name in the text too (``calculator: ...``): the tutorial sets
   the message's ``name``, which a chat template does not show to the model;
 * the one prompt change: the workers are asked for ``ANSWER: <number>``, the env's format.
@@ -23,8 +22,7 @@ What differs from the tutorial's code:
 
 from __future__ import annotations
 
-import re
-from typing import Literal
+from typing import Literal, TypedDict
 
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
@@ -44,15 +42,15 @@ SUPERVISOR = (f"You are a supervisor. You manage a conversation between these wo
               "reports its result. When the request is done, reply with FINISH.")
 
 
+class Router(TypedDict):
+    """Worker to route to next. If no workers needed, route to FINISH."""
+
+    next: Literal["calculator", "checker", "FINISH"]  # OPTIONS
+
+
 class State(MessagesState):
     next: str  # where the supervisor sent the work last
     answer: str  # the team's answer (topology.answer_key), set when the supervisor finishes
-
-
-def choice(text: str) -> str:
-    """The option the supervisor's reply names first (FINISH when it names none)."""
-    at = {o: m.start() for o in OPTIONS if (m := re.search(rf"\b{o}\b", text, re.IGNORECASE))}
-    return min(at, key=at.get) if at else "FINISH"
 
 
 def latest_answer(messages) -> str:
@@ -64,7 +62,7 @@ def latest_answer(messages) -> str:
 
 
 def build() -> StateGraph:
-    supervisor_model = MasChatModel(agent="supervisor")
+    supervisor_model = MasChatModel(agent="supervisor").with_structured_output(Router)
     calculator = create_react_agent(
         MasChatModel(agent="calculator"), tools=[tool(calculate)],
         prompt="You are the calculator. Work out the arithmetic with the calculate tool. Give the result as ANSWER: <number>.")
@@ -74,8 +72,8 @@ def build() -> StateGraph:
                "Give the result as ANSWER: <number>.")
 
     async def supervisor(state: State) -> Command[Literal["calculator", "checker", "__end__"]]:
-        reply = await supervisor_model.ainvoke([{"role": "system", "content": SUPERVISOR}, *state["messages"]])
-        goto = choice(str(reply.content))
+        response = await supervisor_model.ainvoke([{"role": "system", "content": SUPERVISOR}, *state["messages"]])
+        goto = response["next"]
         if goto == "FINISH":
             return Command(goto=END, update={"next": goto, "answer": latest_answer(state["messages"])})
         return Command(goto=goto, update={"next": goto})
