@@ -55,7 +55,8 @@ if [ "$MAS_TEST_VLLM" = 1 ] && [ "$#" -eq 0 ]; then
   VLLM_PID=$!
   set +m
 fi
-.venv/bin/python -m pytest -q ${XDIST[@]+"${XDIST[@]}"} -m "not vllm" "$@"  # (an empty array under set -u: bash < 4.4)
+# --durations: the slowest tests, for keeping the suite within its CI budget
+.venv/bin/python -m pytest -q --durations=15 ${XDIST[@]+"${XDIST[@]}"} -m "not vllm" "$@"  # (an empty array under set -u: bash < 4.4)
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: treating as a failure" >&2

@@ -536,3 +536,14 @@ def test_env_tools_and_the_graphs_own_tools_each_run_where_they_belong_and_repla
     replay = engine.execute([ReplayRequest("r", ep, freeze_upto=3)], seed=1)["r"][0]
     assert replay.status == "ok" and [t.replayed for t in replay.turns] == [True, True, True]
     assert engine.backend.requests == n and ran == ["search"]  # nothing generated or run again
+
+
+def test_autogens_json_output_becomes_a_response_format():
+    from mas.topologies.autogen_client import _json_format
+
+    assert _json_format("lead", None) is None and _json_format("lead", False) is None
+    assert _json_format("lead", True) == {"type": "json_object"}
+    fmt = _json_format("lead", Verdict)
+    assert fmt["type"] == "json_schema" and fmt["name"] == "Verdict" and fmt["schema"]["required"] == ["ok"]
+    with pytest.raises(ValueError, match="json_output must be True, False, None or a pydantic model class; got 'yes'"):
+        _json_format("lead", "yes")
