@@ -223,17 +223,17 @@ def test_the_warm_up_in_ray_actors_takes_the_local_warm_ups_steps_and_a_stop_bet
 
     extra = ("trainer.warmup.steps=3", "trainer.warmup.episodes=4", "trainer.warmup.batch_size=2", "trainer.eval_size=0")
     records = {}
-    for kind in ("local", "ray"):
-        with build_team(quickstart(kind, *extra)) as team:
-            records[kind] = warm_up(team, lambda _: None)
-    for name, got in records["local"]["policies"].items():
-        assert len(got["losses"]) == 3
-        assert max(abs(a - b) for a, b in zip(got["losses"], records["ray"]["policies"][name]["losses"])) < 1e-6, name
     asked = []
-    with build_team(quickstart("ray", *extra)) as team:
-        try:
+    with build_team(quickstart("local", *extra)) as team:
+        records["local"] = warm_up(team, lambda _: None)
+    with build_team(quickstart("ray", *extra)) as team:  # one team of actors for both (starting them is most of the time)
+        records["ray"] = warm_up(team, lambda _: None)
+        try:  # a second warm-up of the same actors, stopped between its steps
             warm_up(team, lambda _: None, abort=lambda: asked.append(1) or len(asked) > 1)
         except StepAbandoned as e:
             assert "before step 2 of 3" in str(e)
         else:
             raise AssertionError("the stop was not seen between the warm-up's steps")
+    for name, got in records["local"]["policies"].items():
+        assert len(got["losses"]) == 3
+        assert max(abs(a - b) for a, b in zip(got["losses"], records["ray"]["policies"][name]["losses"])) < 1e-6, name
