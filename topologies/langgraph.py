@@ -41,7 +41,7 @@ from mas.types import EpisodeContext, Outcome, Section
 from .langchain_model import BUILDING, EPISODE, MasChatModel, NotInEpisodeError, record_tool_messages
 
 __all__ = ["GraphInterrupted", "LangGraphTopology", "MasChatModel", "NotInEpisodeError", "UserGraph", "build_langgraph",
-           "interrupt_errors", "langgraph_errors"]
+           "interrupt_errors", "langgraph_errors", "node_models", "reply_needs"]
 
 
 class LangGraphTopology(Section):
@@ -224,29 +224,85 @@ def node_agents(graph: Any) -> dict[str, list[str]]:
     MasChatModels (bound or not, alone or in a dict) its function closes over or names as
     globals.  For drawing only (``mas show``); a node that finds its model another way is
     listed without agents."""
-    from langchain_core.runnables import RunnableBinding
+    return {name: list(dict.fromkeys(model.agent for model, _ in bound)) for name, bound in node_models(graph).items()}
 
-    def models(obj: Any) -> list[str]:
-        while isinstance(obj, RunnableBinding):
-            obj = obj.bound
+
+def node_models(graph: Any) -> dict[str, list[tuple[MasChatModel, dict[str, Any]]]]:
+    """Each node's ``MasChatModel``s, as far as its function's code shows (what it closes over or
+    names as globals), each with the arguments it is bound with (``bind_tools``' ``tools`` and
+    ``tool_choice``; ``{}`` for the bare model): alone, in a dict, or inside a chain
+    (``with_structured_output``'s model and parser)."""
+    from langchain_core.runnables import RunnableBinding, RunnableParallel, RunnableSequence
+
+    def models(obj: Any, kwargs: dict[str, Any], depth: int = 0) -> list[tuple[MasChatModel, dict[str, Any]]]:
+        if depth > 8:
+            return []
+        if isinstance(obj, RunnableBinding):
+            return models(obj.bound, {**obj.kwargs, **kwargs}, depth + 1)
         if isinstance(obj, MasChatModel):
-            return [obj.agent]
+            return [(obj, kwargs)]
+        if isinstance(obj, RunnableSequence):
+            return [m for step in obj.steps for m in models(step, kwargs, depth + 1)]
+        if isinstance(obj, RunnableParallel):
+            return [m for step in obj.steps__.values() for m in models(step, kwargs, depth + 1)]
         if isinstance(obj, dict):
-            return [a for v in obj.values() for a in models(v)]
+            return [m for v in obj.values() for m in models(v, kwargs, depth + 1)]
         return []
 
-    out: dict[str, list[str]] = {}
+    out: dict[str, list[tuple[MasChatModel, dict[str, Any]]]] = {}
     for name, spec in graph.builder.nodes.items():
-        found: list[str] = []
+        found: list[tuple[MasChatModel, dict[str, Any]]] = []
         runnable = spec.runnable
         for fn in (getattr(runnable, "func", None), getattr(runnable, "afunc", None)):
             fn = inspect.unwrap(fn) if callable(fn) else None
             code = getattr(fn, "__code__", None)
             if code is None:
                 continue
-            cells = [c.cell_contents for c in fn.__closure__ or () if c.cell_contents is not None] if fn.__closure__ else []
-            found += [a for obj in cells + [fn.__globals__.get(n) for n in code.co_names] for a in models(obj)]
-        out[name] = list(dict.fromkeys(found))
+            cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c) and c.cell_contents is not None]
+            found += [m for obj in cells + [fn.__globals__.get(n) for n in code.co_names] for m in models(obj, {})]
+        out[name] = found
+    return out
+
+
+CALL_EFFECT = ("its call is cut before </tool_call>, so LangChain reads no call: with_structured_output gives None or "
+               "fails, and a ToolNode gets nothing to run")
+
+
+def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
+    """``(agent, what, text, effect)``: each text one of an agent's replies must hold whole for the
+    graph to work, as far as the graph's code shows it: a call of each tool a node's
+    ``MasChatModel`` is bound with (``bind_tools``, ``with_structured_output``'s schema), with the
+    shortest arguments the schema allows (its required fields; a field with allowed values at its
+    longest), less the start a ``tool_choice`` forces (that is in the prompt, not the reply)."""
+    from mas.tools import forced_call_start, tool_call_text
+
+    try:
+        graph = load_graph(cfg.topology.builder)[0]
+    except Exception:  # noqa: BLE001 - a builder that fails: the `errors` hook says why
+        return []
+    needs = []
+    for bound in node_models(graph).values():
+        for model, kwargs in bound:
+            tools = [t.get("function", t) for t in kwargs.get("tools") or [] if isinstance(t, dict)]
+            names = [t.get("name") for t in tools]
+            start = forced_call_start(kwargs.get("tool_choice"), names) if kwargs.get("tool_choice") != "none" else None
+            for tool in tools if start is not None else []:
+                text = tool_call_text(tool["name"], shortest_arguments(tool.get("parameters") or {}))
+                forced = start if text.startswith(start) else ""
+                needs.append((model.agent, f"a call of its tool {tool['name']!r}", text[len(forced):], CALL_EFFECT))
+    return needs
+
+
+def shortest_arguments(schema: dict[str, Any]) -> dict[str, Any]:
+    """The shortest arguments a JSON schema's object allows: its required fields, each at its shortest
+    value (a field with allowed values at its longest one: any of them may be the one to write)."""
+    empty = {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
+    out = {}
+    for name in schema.get("required") or []:
+        prop = (schema.get("properties") or {}).get(name) or {}
+        values = prop.get("enum")
+        out[name] = max(values, key=lambda v: len(str(v))) if isinstance(values, list) and values else \
+            empty.get(prop.get("type"), "")
     return out
 
 
@@ -372,6 +428,11 @@ class LangGraph:
         t = cfg.topology
         bound = _bound_of(t) if t.max_model_calls is not None else None
         return [(("topology", "max_model_calls"), t.max_model_calls, m) for m in cap_warnings(t.max_model_calls, bound)]
+
+    def reply_needs(self, cfg: Any) -> list[tuple[str, str, str, str]]:
+        """Texts an agent's reply must hold whole (``reply_needs``); ``mas validate`` measures them
+        against the agent's ``max_new_tokens`` in its own tokens (``mas.training.context_plan``)."""
+        return reply_needs(cfg)
 
     def drawing(self, cfg: Any) -> Drawing:
         """The user's compiled graph as LangGraph sees it: its nodes and (labelled) edges, each node

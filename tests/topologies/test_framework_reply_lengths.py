@@ -8,6 +8,7 @@ tokens needed and the setting that fixes it."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Literal, TypedDict
 
 from mas.config.schema import validate_config
 from mas.tools import tool_call_text
@@ -82,3 +83,60 @@ def test_kinds_without_a_framework_protocol_need_nothing():
     assert reply_issues(chain, lambda policy: CharTokenizer()) == []
     cfg = SimpleNamespace(topology=chain.topology)
     assert reply_issues(cfg, lambda policy: None) == []
+
+
+# --- a LangGraph graph's bound tools: with_structured_output's schema, bind_tools ----------------------------
+
+
+class Route(TypedDict):
+    """Who goes next."""
+
+    next: Literal["calculator", "FINISH"]
+
+
+class Question(TypedDict, total=False):
+    question: str
+    answer: str
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
+    return a * b
+
+
+def routed_graph():
+    """A router whose choice is structured output and a checker bound to a tool, both built with the graph."""
+    from langgraph.graph import END, START, StateGraph
+
+    from mas.topologies.langgraph import MasChatModel
+
+    router = MasChatModel(agent="lead").with_structured_output(Route)
+    checker = MasChatModel(agent="checker").bind_tools([multiply])
+
+    async def route(state: Question) -> dict:
+        return {"answer": (await router.ainvoke(state["question"]))["next"]}
+
+    async def check(state: Question) -> dict:
+        return {"answer": (await checker.ainvoke(state["question"])).content}
+
+    g = StateGraph(Question)
+    g.add_node("route", route)
+    g.add_node("check", check)
+    g.add_edge(START, "route")
+    g.add_edge("route", "check")
+    g.add_edge("check", END)
+    return g
+
+
+def test_a_graphs_structured_output_and_bound_tools_need_room_for_their_calls():
+    from mas.topologies.langgraph import load_graph, node_agents
+
+    graph = {"kind": "langgraph", "builder": "test_framework_reply_lengths:routed_graph"}
+    rest = '{"next": "calculator"}}</tool_call>'  # after the forced start, with the longest allowed value
+    call = tool_call_text("multiply", {"a": 0, "b": 0})  # not forced: the whole call, the shortest arguments
+    (line,) = reply_issues(validate_config(team({"lead": 16, "checker": len(call)}, graph)), lambda p: CharTokenizer())
+    assert line.startswith(f"agents.lead.sampling.max_new_tokens=16 cannot hold a call of its tool 'Route', which takes "
+                           f"{len(rest)} tokens of policy 'p'") and "with_structured_output gives None or fails" in line
+    (line,) = reply_issues(validate_config(team({"lead": len(rest), "checker": len(call) - 1}, graph)), lambda p: CharTokenizer())
+    assert line.startswith(f"agents.checker.sampling.max_new_tokens={len(call) - 1} cannot hold a call of its tool 'multiply'")
+    assert node_agents(load_graph(graph["builder"])[0]) == {"route": ["lead"], "check": ["checker"]}  # inside the chain too
