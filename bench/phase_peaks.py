@@ -17,6 +17,9 @@ replies then miss its protocol runs each episode to its turn cap, with the longe
 history can build.  That is a step's worst case in tokens, for a bound on a step's peak that the
 run's own steps, which may grow longer as training goes, cannot exceed.  The completions are
 what the model samples under that mask, and the learner trains on them as usual.
+``--suppress WORD`` (repeatable) keeps the word's tokens from being sampled (transformers'
+``bad_words_ids``, with and without a leading space): ``--suppress ANSWER`` keeps an orchestrator
+from ever answering, so with ``--longest`` every episode runs to its turn cap at full length.
 
     python bench/phase_peaks.py --config configs/smol_debate.yaml [--set trainer.steps=2 ...] [--json out.json]
 
@@ -96,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", type=Path, default=None, help="run directory (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     ap.add_argument("--longest", action="store_true", help="every completion runs to its max_new_tokens (worst case)")
+    ap.add_argument("--suppress", action="append", default=[], metavar="WORD", help="never sample WORD (repeatable)")
     ap.add_argument("--calls", type=int, default=0, metavar="ROWS", help="print each generate call of at least ROWS rows as it ends")
     args = ap.parse_args(argv)
 
@@ -163,9 +167,19 @@ def main(argv: list[str] | None = None) -> int:
 
     def generate_group(self, handle, reqs):
         before, mark = status_mb("VmRSS"), status_mb("VmHWM")
-        if args.longest:
+        if args.longest or args.suppress:
             model, generate = handle.model, handle.model.generate
-            model.generate = lambda **kw: generate(**kw, min_new_tokens=kw["max_new_tokens"])
+            extra: dict = {"min_new_tokens": None} if args.longest else {}
+            if args.suppress:
+                extra["bad_words_ids"] = [handle.tokenizer(w, add_special_tokens=False)["input_ids"]
+                                          for word in args.suppress for w in (word, " " + word)]
+
+            def forced(**kw):
+                if args.longest:
+                    extra["min_new_tokens"] = kw["max_new_tokens"]
+                return generate(**kw, **extra)
+
+            model.generate = forced
             try:
                 got = group(self, handle, reqs)
             finally:
