@@ -78,7 +78,8 @@ form: its own call of the tool where it makes one, else the tool's arguments (or
 schema in the system message describes) filled from its reply (``filled``): a field with allowed
 values takes the one its reply names (a router's choice), else the verdict's (``ACCEPT``: the
 positive one, "correct", "yes"; ``REJECT``: the other), a boolean the verdict, a number the
-answer, a string the reply's text on one line (no escaped newlines for a small model to learn).  Nested objects and lists are left empty.
+answer, a string the reply's text on one line (no escaped newlines for a small model to learn);
+a nested object or a list is null.
 
 Two framework teams on arithmetic have teachers of their own, which read the task where the
 framework puts it (``arithmetic_task``): an AutoGen selector of specialists (``SelectorTeacher``)
