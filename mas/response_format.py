@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["JSON_START", "format_instruction", "json_schema_format", "unmet_response_format", "with_format"]
+__all__ = ["JSON_START", "format_instruction", "json_schema_format", "shortest_object", "unmet_response_format",
+           "with_format"]
 
 JSON_START = "{"  # a JSON object's first character: the start a formatted reply is forced to
 
@@ -67,3 +68,17 @@ def unmet_response_format(fmt: dict[str, Any] | None, text: str) -> str | None:
     if missing:
         return f"the reply's JSON object lacks {missing}, which the response_format schema {fmt['name']!r} requires"
     return None
+
+
+def shortest_object(schema: dict[str, Any]) -> dict[str, Any]:
+    """The shortest object a JSON schema allows, for measuring whether a reply budget can hold one:
+    its required fields, each at its shortest value (a field with allowed values at its longest
+    one: any of them may be the one to write)."""
+    empty = {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
+    out = {}
+    for name in schema.get("required") or []:
+        prop = (schema.get("properties") or {}).get(name) or {}
+        values = prop.get("enum")
+        out[name] = max(values, key=lambda v: len(str(v))) if isinstance(values, list) and values else \
+            empty.get(prop.get("type"), "")
+    return out

@@ -255,6 +255,7 @@ def make_team(factory: Any, clients: Mapping[str, Any]) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 HANDOFF_EFFECT = "its call is cut before </tool_call>, so the handoff fails and the swarm never moves on"
+JSON_EFFECT = "its JSON object is cut before it closes, so AutoGen's parse of it fails the episode"
 SELECTOR_EFFECT = "AutoGen finds no whole name in it and, after its tries, keeps the previous speaker"
 
 
@@ -288,9 +289,14 @@ def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
 
 
 def _team_needs(team: Any) -> list[tuple[str, str, str, str]]:
-    """``reply_needs`` of a built team: its agents' handoffs and its selector's names (nested teams too)."""
+    """``reply_needs`` of a built team: its agents' handoffs, their structured output (the shortest
+    object the model's schema allows, less the ``{`` a reply without tools is forced to start with)
+    and its selector's names (nested teams too)."""
+    import json
+
     from autogen_agentchat.teams import SelectorGroupChat
 
+    from mas.response_format import JSON_START, shortest_object
     from mas.tools import tool_call_text
     from mas.topologies.autogen_client import MasModelClient
 
@@ -308,6 +314,12 @@ def _team_needs(team: Any) -> list[tuple[str, str, str, str]]:
                              for n in getattr(obj, "_participant_names", None) or ())
             for name in getattr(obj, "_handoffs", None) or {}:
                 needs.append((client.agent, f"its handoff call {name!r}", tool_call_text(name, {}), HANDOFF_EFFECT))
+            model = getattr(obj, "_output_content_type", None)
+            schema = getattr(model, "model_json_schema", None)
+            if callable(schema):
+                text = json.dumps(shortest_object(schema()), ensure_ascii=False)
+                forced = JSON_START if not (getattr(obj, "_tools", None) or getattr(obj, "_handoffs", None)) else ""
+                needs.append((client.agent, f"its structured output {model.__name__}", text[len(forced):], JSON_EFFECT))
         for child in getattr(obj, "_participants", None) or ():
             walk(child)
         walk(getattr(obj, "_team", None))  # a SocietyOfMindAgent's inner team

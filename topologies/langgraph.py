@@ -274,6 +274,7 @@ def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
     ``MasChatModel`` is bound with (``bind_tools``, ``with_structured_output``'s schema), with the
     shortest arguments the schema allows (its required fields; a field with allowed values at its
     longest), less the start a ``tool_choice`` forces (that is in the prompt, not the reply)."""
+    from mas.response_format import shortest_object
     from mas.tools import forced_call_start, tool_call_text
 
     try:
@@ -287,23 +288,13 @@ def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
             names = [t.get("name") for t in tools]
             start = forced_call_start(kwargs.get("tool_choice"), names) if kwargs.get("tool_choice") != "none" else None
             for tool in tools if start is not None else []:
-                text = tool_call_text(tool["name"], shortest_arguments(tool.get("parameters") or {}))
+                text = tool_call_text(tool["name"], shortest_object(tool.get("parameters") or {}))
                 forced = start if text.startswith(start) else ""
                 needs.append((model.agent, f"a call of its tool {tool['name']!r}", text[len(forced):], CALL_EFFECT))
     return needs
 
 
-def shortest_arguments(schema: dict[str, Any]) -> dict[str, Any]:
-    """The shortest arguments a JSON schema's object allows: its required fields, each at its shortest
-    value (a field with allowed values at its longest one: any of them may be the one to write)."""
-    empty = {"string": "", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
-    out = {}
-    for name in schema.get("required") or []:
-        prop = (schema.get("properties") or {}).get(name) or {}
-        values = prop.get("enum")
-        out[name] = max(values, key=lambda v: len(str(v))) if isinstance(values, list) and values else \
-            empty.get(prop.get("type"), "")
-    return out
+
 
 
 def graph_bound(recursion_limit: int, graph: Any) -> TeamBound:

@@ -140,3 +140,22 @@ def test_a_graphs_structured_output_and_bound_tools_need_room_for_their_calls():
     (line,) = reply_issues(validate_config(team({"lead": len(rest), "checker": len(call) - 1}, graph)), lambda p: CharTokenizer())
     assert line.startswith(f"agents.checker.sampling.max_new_tokens={len(call) - 1} cannot hold a call of its tool 'multiply'")
     assert node_agents(load_graph(graph["builder"])[0]) == {"route": ["lead"], "check": ["checker"]}  # inside the chain too
+
+
+def test_an_autogen_agents_structured_output_needs_room_for_its_shortest_object():
+    rest = '"ok": false}'  # Verdict's shortest object, less the '{' a reply without tools is forced to start with
+    cfg = team({"lead": len(rest) - 1}, {"kind": "autogen", "factory": "test_framework_limits:with_structured_output"})
+    (line,) = reply_issues(validate_config(cfg), lambda policy: CharTokenizer())
+    assert line.startswith(f"agents.lead.sampling.max_new_tokens={len(rest) - 1} cannot hold its structured output "
+                           f"Verdict, which takes {len(rest)} tokens") and "AutoGen's parse of it fails" in line
+    cfg = team({"lead": len(rest)}, {"kind": "autogen", "factory": "test_framework_limits:with_structured_output"})
+    assert reply_issues(validate_config(cfg), lambda policy: CharTokenizer()) == []
+
+
+def test_the_shortest_object_a_schema_allows():
+    from mas.response_format import shortest_object
+
+    schema = {"properties": {"grade": {"enum": ["correct", "incorrect"]}, "n": {"type": "integer"},
+                             "note": {"type": "string"}, "extra": {"type": "string"}},
+              "required": ["grade", "n", "note"]}
+    assert shortest_object(schema) == {"grade": "incorrect", "n": 0, "note": ""}  # the longest allowed value
