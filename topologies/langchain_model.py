@@ -21,10 +21,14 @@ policy never reads another agent's words as its own.  ``stop`` words are
 ignored (a completion ends at the policy's stop tokens or ``max_new_tokens``); sampling is the
 agent's YAML ``sampling`` section.
 
-``with_structured_output(Schema)`` is LangChain's own: the schema bound as the one tool with
-``tool_choice="any"``, so every reply starts as a call of it and its arguments are the object
-(a reply whose arguments do not parse gives LangChain's parser error, or None, as with any chat
-model); the ``method`` argument is ignored, as LangChain's base class does.  Once its episode is
+``with_structured_output(Schema)`` is LangChain's own (``method="function_calling"``, the
+default): the schema bound as the one tool with ``tool_choice="any"``, so every reply starts as a
+call of it and its arguments are the object (a reply whose arguments do not parse gives
+LangChain's parser error, or None, as with any chat model).  ``method="json_schema"`` (what
+``ChatOpenAI`` does by default) and ``"json_mode"`` are served as the endpoint serves
+``response_format`` (``mas.response_format``): the system message asks for one JSON object with
+the schema, the reply starts with ``{`` where no tool is offered, and LangChain's JSON parser
+reads it; a miss counts the fault ``response_format_unmet``.  Once its episode is
 stopped (past ``runtime.episode_timeout_s`` or ``topology.max_model_calls``) every call raises
 ``EpisodeStopped``, so a graph that loops forever unwinds.
 """
@@ -42,6 +46,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
 
+from mas.response_format import JSON_START, json_schema_format, unmet_response_format, with_format
 from mas.tools import forced_call_start, tool_call_text
 from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
@@ -80,6 +85,35 @@ class MasChatModel(BaseChatModel):
         return self.bind(tools=specs, tool_choice=openai_tool_choice(tool_choice, [t["function"]["name"] for t in specs]),
                          **kwargs)
 
+    def with_structured_output(self, schema: Any, *, include_raw: bool = False, method: str = "function_calling",
+                               strict: bool | None = None, **kwargs: Any) -> Any:
+        """LangChain's structured output: ``function_calling`` (the default) as LangChain's base class
+        does it, ``json_schema`` and ``json_mode`` as a JSON ``response_format`` (module docstring)."""
+        if method == "function_calling":
+            return super().with_structured_output(schema, include_raw=include_raw, **kwargs)
+        if method not in ("json_schema", "json_mode"):
+            raise ValueError(f"method must be 'function_calling', 'json_schema' or 'json_mode'; got {method!r}")
+        if kwargs:
+            raise ValueError(f"Received unsupported arguments {kwargs}")
+        from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+        from langchain_core.runnables import RunnableMap, RunnablePassthrough
+        from langchain_core.utils.function_calling import convert_to_json_schema
+        from langchain_core.utils.pydantic import is_basemodel_subclass
+
+        pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        if method == "json_mode":
+            fmt: dict[str, Any] = {"type": "json_object"}
+        else:
+            spec = convert_to_json_schema(schema)
+            fmt = json_schema_format(spec.get("title") or getattr(schema, "__name__", "response"), spec)
+        llm = self.bind(response_format=fmt, ls_structured_output_format={"kwargs": {"method": method}, "schema": schema})
+        parser = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=lambda x: parser.invoke(x["raw"]), parsing_error=lambda _: None)
+        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+
     def _episode(self) -> EpisodeCalls:
         calls = EPISODE.get()
         if calls is None:
@@ -110,10 +144,15 @@ class MasChatModel(BaseChatModel):
             if not isinstance(m, ToolMessage):
                 break
             results.append(m.tool_call_id)
-        chat = _chat(messages, calls, self.agent)
+        fmt = kwargs.get("response_format")  # with_structured_output's json_schema / json_mode
+        chat = with_format(_chat(messages, calls, self.agent), fmt)
         start = forced_call_start(kwargs.get("tool_choice"), [t["name"] for t in tools])
+        start = start or (JSON_START if fmt is not None and not tools else "")
         gen = await calls.generate(self.agent, chat, tools, calls.parent_of(results), prefix=start)
         turn = gen.turn
+        unmet = None if gen.calls else unmet_response_format(fmt, gen.content)
+        if unmet is not None:  # it stands (what the model wrote); the metrics count it
+            calls.ctx.faults.add("response_format_unmet", f"agent {self.agent!r}, turn {turn.index}: {unmet}")
         good = {cid for cid, _, _ in gen.calls}
         message = AIMessage(
             content=gen.content.strip(),

@@ -266,6 +266,7 @@ def node_models(graph: Any) -> dict[str, list[tuple[MasChatModel, dict[str, Any]
 
 CALL_EFFECT = ("its call is cut before </tool_call>, so LangChain reads no call: with_structured_output gives None or "
                "fails, and a ToolNode gets nothing to run")
+JSON_EFFECT = "its JSON object is cut before it closes, so LangChain's parser of with_structured_output fails the episode"
 
 
 def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
@@ -273,8 +274,12 @@ def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
     graph to work, as far as the graph's code shows it: a call of each tool a node's
     ``MasChatModel`` is bound with (``bind_tools``, ``with_structured_output``'s schema), with the
     shortest arguments the schema allows (its required fields; a field with allowed values at its
-    longest), less the start a ``tool_choice`` forces (that is in the prompt, not the reply)."""
-    from mas.response_format import shortest_object
+    longest), less the start a ``tool_choice`` forces (that is in the prompt, not the reply); and
+    the shortest JSON object of a ``response_format`` it is bound with (``with_structured_output``
+    in ``json_schema`` or ``json_mode``), less the forced ``{``."""
+    import json
+
+    from mas.response_format import JSON_START, shortest_object
     from mas.tools import forced_call_start, tool_call_text
 
     try:
@@ -291,6 +296,12 @@ def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
                 text = tool_call_text(tool["name"], shortest_object(tool.get("parameters") or {}))
                 forced = start if text.startswith(start) else ""
                 needs.append((model.agent, f"a call of its tool {tool['name']!r}", text[len(forced):], CALL_EFFECT))
+            fmt = kwargs.get("response_format")
+            if isinstance(fmt, dict):
+                text = json.dumps(shortest_object(fmt.get("schema") or {}), ensure_ascii=False)
+                forced = JSON_START if not tools or kwargs.get("tool_choice") == "none" else ""
+                what = f"its structured output {fmt['name']!r}" if fmt.get("name") else "a JSON object"
+                needs.append((model.agent, what, text[len(forced):], JSON_EFFECT))
     return needs
 
 

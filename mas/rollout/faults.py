@@ -18,7 +18,8 @@ FAULT_KINDS: dict[str, str] = {
                          "asked for ('required' or a named function): the reply starts as that call, but what the model "
                          "wrote after the start made no valid one (an unknown name, JSON that does not close)",
     "response_format_unmet": "text replies to a request for JSON (the OpenAI-compatible endpoint's response_format, an "
-                             "AutoGen agent's json_output or output_content_type): the reply starts with '{' (where no tool is offered), but is not one JSON object, or "
+                             "AutoGen agent's json_output or output_content_type, LangChain's with_structured_output "
+                             "in json_schema or json_mode): the reply starts with '{' (where no tool is offered), but is not one JSON object, or "
                              "lacks a property its schema requires",
     "score_error": "episodes whose reward function raised or returned NaN/inf (scored 0)",
     "tool_error": "tool calls that raised (a ToolError, the tool's answer to a bad argument, is not a fault)",

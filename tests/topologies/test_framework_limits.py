@@ -547,3 +547,39 @@ def test_autogens_json_output_becomes_a_response_format():
     assert fmt["type"] == "json_schema" and fmt["name"] == "Verdict" and fmt["schema"]["required"] == ["ok"]
     with pytest.raises(ValueError, match="json_output must be True, False, None or a pydantic model class; got 'yes'"):
         _json_format("lead", "yes")
+
+
+def json_structured_graph() -> StateGraph:
+    """with_structured_output(method="json_schema"), ChatOpenAI's default, on a MasChatModel (and
+    json_mode with include_raw, which gives the raw message beside the parsed dict)."""
+    as_json = MasChatModel(agent="lead").with_structured_output(Verdict, method="json_schema")
+    raw = MasChatModel(agent="checker").with_structured_output(None, method="json_mode", include_raw=True)
+
+    async def grade(state: Loop) -> dict:
+        verdict = await as_json.ainvoke(state["question"])
+        both = await raw.ainvoke(state["question"])
+        return {"answer": f"{verdict.ok} {both['parsed']['ok']} {both['raw'].content}"}
+
+    g = StateGraph(Loop)
+    g.add_node("grade", grade)
+    g.add_edge(START, "grade")
+    g.add_edge("grade", END)
+    return g
+
+
+def test_with_structured_output_in_json_schema_or_json_mode_forces_a_json_start_and_parses_it(tiny_tokenizer):
+    engine, _ = scripted_engine(graph_config("json_structured_graph"), verdict(), tiny_tokenizer)
+    (ep,) = guarded_rollout(engine, TASKS[:1])
+    assert ep.status == "ok", ep.error
+    assert ep.answer == 'True True {"ok": true}'
+    schema_turn, mode_turn = ep.turns
+    assert 'following this JSON schema (Verdict):\n{"title": "Verdict"' in schema_turn.messages[0]["content"]
+    assert '"required": ["ok"]' in schema_turn.messages[0]["content"]
+    assert mode_turn.messages[0]["content"].endswith("Reply with one JSON object and nothing else.")
+    assert all(t.prompt_ids[-1:] == tiny_tokenizer("{", add_special_tokens=False)["input_ids"] for t in ep.turns)
+    engine, _ = scripted_engine(graph_config("json_structured_graph"), verdict('"maybe"}, {'), tiny_tokenizer)
+    (ep,) = guarded_rollout(engine, TASKS[:1])
+    assert ep.status == "error" and "OutputParserException" in ep.error  # LangChain's parse of the reply
+    assert engine.take_faults()[0]["response_format_unmet"] == 1
+    with pytest.raises(ValueError, match="method must be 'function_calling', 'json_schema' or 'json_mode'"):
+        MasChatModel(agent="lead").with_structured_output(Verdict, method="xml")

@@ -159,3 +159,30 @@ def test_the_shortest_object_a_schema_allows():
                              "note": {"type": "string"}, "extra": {"type": "string"}},
               "required": ["grade", "n", "note"]}
     assert shortest_object(schema) == {"grade": "incorrect", "n": 0, "note": ""}  # the longest allowed value
+
+
+def json_routed_graph():
+    """The router of routed_graph in with_structured_output's json_schema method (ChatOpenAI's default)."""
+    from langgraph.graph import END, START, StateGraph
+
+    from mas.topologies.langgraph import MasChatModel
+
+    router = MasChatModel(agent="lead").with_structured_output(Route, method="json_schema")
+
+    async def route(state: Question) -> dict:
+        return {"answer": (await router.ainvoke(state["question"]))["next"]}
+
+    g = StateGraph(Question)
+    g.add_node("route", route)
+    g.add_edge(START, "route")
+    g.add_edge("route", END)
+    return g
+
+
+def test_a_graphs_json_structured_output_needs_room_for_its_shortest_object():
+    graph = {"kind": "langgraph", "builder": "test_framework_reply_lengths:json_routed_graph"}
+    rest = '"next": "calculator"}'  # the shortest object, less the forced '{'
+    (line,) = reply_issues(validate_config(team({"lead": len(rest) - 1}, graph)), lambda p: CharTokenizer())
+    assert line.startswith(f"agents.lead.sampling.max_new_tokens={len(rest) - 1} cannot hold its structured output "
+                           f"'Route', which takes {len(rest)} tokens") and "LangChain's parser" in line
+    assert reply_issues(validate_config(team({"lead": len(rest)}, graph)), lambda p: CharTokenizer()) == []
