@@ -42,8 +42,11 @@ from typing import Any
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.messages.tool import invalid_tool_call, tool_call
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.runnables import RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import Field
 
 from mas.response_format import JSON_START, json_schema_format, unmet_response_format, with_format
@@ -88,18 +91,14 @@ class MasChatModel(BaseChatModel):
     def with_structured_output(self, schema: Any, *, include_raw: bool = False, method: str = "function_calling",
                                strict: bool | None = None, **kwargs: Any) -> Any:
         """LangChain's structured output: ``function_calling`` (the default) as LangChain's base class
-        does it, ``json_schema`` and ``json_mode`` as a JSON ``response_format`` (module docstring)."""
+        does it, ``json_schema`` and ``json_mode`` as a JSON ``response_format`` (module docstring).
+        ``strict`` is accepted and has no effect: the reply is sampled, not constrained to the schema."""
         if method == "function_calling":
             return super().with_structured_output(schema, include_raw=include_raw, **kwargs)
         if method not in ("json_schema", "json_mode"):
             raise ValueError(f"method must be 'function_calling', 'json_schema' or 'json_mode'; got {method!r}")
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
-        from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
-        from langchain_core.runnables import RunnableMap, RunnablePassthrough
-        from langchain_core.utils.function_calling import convert_to_json_schema
-        from langchain_core.utils.pydantic import is_basemodel_subclass
-
         pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         if method == "json_mode":
             fmt: dict[str, Any] = {"type": "json_object"}
