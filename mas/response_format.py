@@ -18,12 +18,24 @@ the AutoGen model client):
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-__all__ = ["JSON_START", "format_instruction", "json_schema_format", "shortest_object", "unmet_response_format",
-           "with_format"]
+from mas.tools import forced_call_start
+
+__all__ = ["JSON_START", "asked_format", "format_instruction", "json_schema_format", "reply_start", "shortest_object",
+           "shortest_reply", "unmet_response_format", "with_format"]
 
 JSON_START = "{"  # a JSON object's first character: the start a formatted reply is forced to
+_PLAIN = "Reply with one JSON object and nothing else."
+_SCHEMA = re.compile(re.escape(_PLAIN[:-1]) + r", following this JSON schema \((?P<name>[^)\n]*)\):\n(?P<schema>\{.*)")
+
+
+def reply_start(tool_choice: Any, tool_names: list[str], fmt: dict[str, Any] | None) -> str:
+    """The start a reply is forced to: the tool call a ``tool_choice`` asks for
+    (``mas.tools.forced_call_start``), else ``JSON_START`` where a format is asked and no tool is
+    offered (a tool call is then a reply too), else none."""
+    return forced_call_start(tool_choice, tool_names) or (JSON_START if fmt is not None and not tool_names else "")
 
 
 def json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -34,9 +46,22 @@ def json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 def format_instruction(fmt: dict[str, Any]) -> str:
     """What the system message asks of a reply in ``fmt``'s format (the model sees the schema)."""
     if fmt["type"] == "json_object":
-        return "Reply with one JSON object and nothing else."
+        return _PLAIN
     schema = json.dumps(fmt["schema"], ensure_ascii=False, separators=(", ", ": "))
-    return f"Reply with one JSON object and nothing else, following this JSON schema ({fmt['name']}):\n{schema}"
+    return f"{_PLAIN[:-1]}, following this JSON schema ({fmt['name']}):\n{schema}"
+
+
+def asked_format(system: str) -> dict[str, Any] | None:
+    """The format a system message asks for, read back from its ``format_instruction`` (None: none,
+    or a schema that does not parse)."""
+    m = _SCHEMA.search(system)
+    if m is not None:
+        try:
+            schema = json.loads(m.group("schema"))
+        except ValueError:
+            return None
+        return json_schema_format(m.group("name"), schema) if isinstance(schema, dict) else None
+    return {"type": "json_object"} if _PLAIN in system else None
 
 
 def with_format(messages: list[dict[str, str]], fmt: dict[str, Any] | None) -> list[dict[str, str]]:
@@ -82,3 +107,10 @@ def shortest_object(schema: dict[str, Any]) -> dict[str, Any]:
         out[name] = max(values, key=lambda v: len(str(v))) if isinstance(values, list) and values else \
             empty.get(prop.get("type"), "")
     return out
+
+
+def shortest_reply(fmt: dict[str, Any], tools_offered: bool) -> str:
+    """The shortest reply in the format ``fmt`` (its ``shortest_object``), less the ``JSON_START`` it is
+    forced to begin with where no tool is offered: what a reply budget must hold."""
+    text = json.dumps(shortest_object(fmt.get("schema") or {}), ensure_ascii=False)
+    return text if tools_offered else text[len(JSON_START):]

@@ -48,6 +48,7 @@ __all__ = [
     "ToolError",
     "ToolParam",
     "ToolSpec",
+    "forced_call_name",
     "forced_call_start",
     "has_tool_call",
     "parse_tool_calls",
@@ -57,6 +58,7 @@ __all__ = [
     "tool_call_text",
     "tool_results_message",
     "tools_prompt",
+    "unmet_tool_choice",
 ]
 
 TOOL_VALID_KEY = "tool_valid"  # Turn.extra_rewards key of the per-turn tool-validity signal
@@ -134,6 +136,29 @@ def forced_call_start(choice: Any, names: list[str]) -> str:
     if isinstance(choice, dict):
         return tool_call_start(choice["function"]["name"])
     return ""
+
+
+def forced_call_name(start: str) -> str | None:
+    """The tool a forced start names (``tool_call_start(name)``), None where it names none."""
+    head = tool_call_start()
+    if not start.startswith(head) or not start.endswith(', "arguments": '):
+        return None
+    try:
+        return json.loads(start[len(OPEN):] + "null}")["name"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def unmet_tool_choice(choice: Any, called: list[str]) -> str | None:
+    """How a reply that called the tools ``called`` failed a ``tool_choice`` (None: it did not).  The
+    reply starts as a call (``forced_call_start``), but what the model wrote after that start may
+    still make no valid call: a name not offered, JSON that does not close."""
+    if choice == "required" and not called:
+        return "tool_choice 'required' asked for a tool call, and the reply called none"
+    if isinstance(choice, dict) and choice["function"]["name"] not in called:
+        return (f"tool_choice asked for a call of {choice['function']['name']!r}, and the reply called "
+                f"{', '.join(repr(c) for c in called) if called else 'none'}")
+    return None
 
 
 def has_tool_call(text: str) -> bool:

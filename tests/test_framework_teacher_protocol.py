@@ -358,13 +358,15 @@ def two_argument_team(clients):
                                termination_condition=TextMentionTermination("TERMINATE") | MaxMessageTermination(6))
 
 
-def test_a_two_argument_tool_is_called_with_the_tasks_numbers(tmp_path):
+def played_team(tmp_path, roles: dict[str, str], topology: dict, episodes: int) -> tuple[list[tuple[str, str, str]], float]:
+    """The framework teacher played through a team of one embedded policy (agents: name -> role) on
+    one-operation arithmetic: (agent, prompt, completion) of each demonstration turn, and its reward."""
     agent = {"policy": "p", "parser": "answer", "sampling": {"max_new_tokens": 64}}
     cfg = {
-        "team": {"name": "two-argument-tools", "description": "A calculator with add(a, b) and subtract(a, b)."},
+        "team": {"name": "played", "description": "A team the framework teacher plays."},
         "policies": {"p": {"kind": "full", "model": "embedded"}},
-        "agents": [{"name": "calculator", "role": "You calculate.", **agent}, {"name": "checker", "role": "You check.", **agent}],
-        "topology": {"kind": "autogen", "factory": "test_framework_teacher_protocol:two_argument_team", "max_model_calls": 16},
+        "agents": [{"name": name, "role": role, **agent} for name, role in roles.items()],
+        "topology": topology,
         "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
         "credit": {"method": "dr_mas"},
         "trainer": {"steps": 1, "batch_size": 1, "group_size": 2, "eval_size": 0, "warmup": {"steps": 0}},
@@ -372,9 +374,15 @@ def test_a_two_argument_tool_is_called_with_the_tasks_numbers(tmp_path):
     path = tmp_path / "team.yaml"
     path.write_text(yaml.safe_dump(cfg))
     with mas.load_team(str(path), ["logging.progress=false"]) as team:
-        demos, reward = teacher_demonstrations(team, 6, scripted_teacher(team.cfg, {"p_skip": 0.0}), seed=0)
+        demos, reward = teacher_demonstrations(team, episodes, scripted_teacher(team.cfg, {"p_skip": 0.0}), seed=0)
         tok = team.runtime.tokenizers["p"]
-        turns = [(agent, tok.decode(prompt), tok.decode(completion[:-1])) for agent, (prompt, completion) in demos]
+        return [(agent, tok.decode(prompt), tok.decode(completion[:-1])) for agent, (prompt, completion) in demos], reward
+
+
+def test_a_two_argument_tool_is_called_with_the_tasks_numbers(tmp_path):
+    turns, reward = played_team(tmp_path, {"calculator": "You calculate.", "checker": "You check."},
+                                {"kind": "autogen", "factory": "test_framework_teacher_protocol:two_argument_team",
+                                 "max_model_calls": 16}, 6)
     assert reward == 1.0
     made = [(arithmetic_task([{"role": "user", "content": prompt}]), calls(text)) for agent, prompt, text in turns
             if agent == "calculator"]
@@ -487,24 +495,21 @@ def graded_graph():
 
 
 def test_the_warm_up_plays_a_structured_output_agent_as_a_call_of_its_schema(tmp_path):
-    agent = {"policy": "p", "parser": "answer", "sampling": {"max_new_tokens": 64}}
-    cfg = {
-        "team": {"name": "graded", "description": "A solver and a grader with structured output."},
-        "policies": {"p": {"kind": "full", "model": "embedded"}},
-        "agents": [{"name": "solver", "role": "You solve.", **agent}, {"name": "grader", "role": "You grade.", **agent}],
-        "topology": {"kind": "langgraph", "builder": "test_framework_teacher_protocol:graded_graph"},
-        "env": {"name": "synthetic_math", "num_ops": 1, "seed": 0},
-        "credit": {"method": "dr_mas"},
-        "trainer": {"steps": 1, "batch_size": 1, "group_size": 2, "eval_size": 0, "warmup": {"steps": 0}},
-    }
-    path = tmp_path / "team.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    with mas.load_team(str(path), ["logging.progress=false"]) as team:
-        demos, reward = teacher_demonstrations(team, 4, scripted_teacher(team.cfg, {"p_skip": 0.0}), seed=0)
-        tok = team.runtime.tokenizers["p"]
-        turns = [(agent, tok.decode(prompt), tok.decode(completion[:-1])) for agent, (prompt, completion) in demos]
+    turns, reward = played_team(tmp_path, {"solver": "You solve.", "grader": "You grade."},
+                                {"kind": "langgraph", "builder": "test_framework_teacher_protocol:graded_graph"}, 4)
     assert reward == 1.0 and [a for a, _, _ in turns] == ["solver", "grader"] * 4
     for agent, prompt, text in turns:
         if agent == "grader":  # the forced start ends the prompt; the demonstration is the arguments after it
             assert prompt.endswith('<tool_call>{"name": "Grade", "arguments": ')
             assert text.startswith('{"grade": "correct", "feedback": "ANSWER: ') and text.endswith("}}</tool_call>")
+
+
+def test_a_forced_start_and_a_format_instruction_are_read_back_as_written():
+    from mas.response_format import asked_format, format_instruction, json_schema_format
+    from mas.tools import forced_call_name, tool_call_start
+
+    fmt = json_schema_format("Grade", GRADE)
+    assert asked_format("You grade.\n\n" + format_instruction(fmt)) == fmt
+    assert asked_format("You grade.\n\n" + format_instruction({"type": "json_object"})) == {"type": "json_object"}
+    assert asked_format("You grade.") is None
+    assert forced_call_name(tool_call_start("Grade")) == "Grade" and forced_call_name(tool_call_start()) is None

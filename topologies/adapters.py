@@ -47,7 +47,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mas.tools import CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls, tool_call_text, tools_prompt
+from mas.response_format import reply_start, unmet_response_format, with_format
+from mas.tools import (CLOSE, OPEN, TOOL_VALID_KEY, ToolCall, has_tool_call, parse_tool_calls, tool_call_text, tools_prompt,
+                       unmet_tool_choice)
 from mas.types import TOOL_LABEL, EpisodeContext
 from mas.types import Turn
 
@@ -208,11 +210,16 @@ class EpisodeCalls:
         return max((t.index for t in self.ctx.episode.turns), default=None)
 
     async def generate(self, agent: str, messages: list[dict[str, str]], tools: list[dict[str, Any]],
-                       parent: int | None, template_tools: list[dict[str, Any]] | None = None, **options: Any) -> Generation:
+                       parent: int | None, template_tools: list[dict[str, Any]] | None = None,
+                       tool_choice: Any = None, response_format: dict[str, Any] | None = None,
+                       **options: Any) -> Generation:
         """One generation of ``agent`` through ``ctx.call``: the framework runs the calls of its own
         ``tools``; env tools it does not have are run here, each round one more turn.
         ``template_tools``: the framework's tools as OpenAI function specs, rendered by the agent's
         chat template (``ctx.call(tools=...)``) instead of described in the system message;
+        ``tool_choice`` (OpenAI's form) and ``response_format`` (``mas.response_format``): what the
+        reply must be, met by forcing its start (``reply_start``); a reply that still misses it stands
+        and counts the fault ``tool_choice_unmet`` or ``response_format_unmet``;
         ``options``: the other per-call settings of ``ctx.call`` (sampling, stop)."""
         a = self.ctx.agents.get(agent)
         if a is None:
@@ -224,7 +231,8 @@ class EpisodeCalls:
         framework = frozenset(t["name"] for t in tools)
         ours = [n for n in a.tools if n not in framework]  # env tools the framework does not run: run here
         undescribed = [t for t in tools if t["name"] not in a.tools] if template_tools is None else []  # env tools: in the role
-        messages = finish_messages(messages, a.role)
+        messages = with_format(finish_messages(messages, a.role), response_format)  # its instruction ends the role
+        options["prefix"] = reply_start(tool_choice, [t["name"] for t in tools], response_format)
         sys_at = next(i for i, m in enumerate(messages) if m["role"] == "system")
         extra = [describe_tools(undescribed)] if undescribed else []
         if a.tools:  # a system message of the team's own replaces the role: keep the role's tool description
@@ -243,10 +251,18 @@ class EpisodeCalls:
                 self.error = exc
             raise
         if not tools or turn.finish_reason in ("masked", "removed") or not has_tool_call(turn.text):
-            return Generation(turn, [], turn.text)
-        if ours and not any(c.name in framework for c in parse_tool_calls(turn.text)):
-            return Generation(turn, [], turn.text)  # env calls only, past the agent's budget: the reply stands
-        return Generation(turn, self._record_calls(turn, parse_tool_calls(turn.text)), outside_calls(turn.text))
+            gen = Generation(turn, [], turn.text)
+        elif ours and not any(c.name in framework for c in parse_tool_calls(turn.text)):
+            gen = Generation(turn, [], turn.text)  # env calls only, past the agent's budget: the reply stands
+        else:
+            gen = Generation(turn, self._record_calls(turn, parse_tool_calls(turn.text)), outside_calls(turn.text))
+        if turn.finish_reason not in ("masked", "removed"):  # a reply that misses what was asked stands; counted
+            for kind, unmet in (("tool_choice_unmet", unmet_tool_choice(tool_choice, [name for _, name, _ in gen.calls])),
+                                ("response_format_unmet", None if gen.calls else unmet_response_format(response_format,
+                                                                                                       gen.content))):
+                if unmet is not None:
+                    self.ctx.faults.add(kind, f"agent {agent!r}, turn {turn.index}: {unmet}")
+        return gen
 
     def cap_message(self, agent: str) -> str:
         """Why the episode stopped at the cap, worded by what was seen: the calls per agent, the

@@ -292,11 +292,9 @@ def _team_needs(team: Any) -> list[tuple[str, str, str, str]]:
     """``reply_needs`` of a built team: its agents' handoffs, their structured output (the shortest
     object the model's schema allows, less the ``{`` a reply without tools is forced to start with)
     and its selector's names (nested teams too)."""
-    import json
-
     from autogen_agentchat.teams import SelectorGroupChat
 
-    from mas.response_format import JSON_START, shortest_object
+    from mas.response_format import json_schema_format, shortest_reply
     from mas.tools import tool_call_text
     from mas.topologies.autogen_client import MasModelClient
 
@@ -316,10 +314,10 @@ def _team_needs(team: Any) -> list[tuple[str, str, str, str]]:
                 needs.append((client.agent, f"its handoff call {name!r}", tool_call_text(name, {}), HANDOFF_EFFECT))
             model = getattr(obj, "_output_content_type", None)
             schema = getattr(model, "model_json_schema", None)
-            if callable(schema):
-                text = json.dumps(shortest_object(schema()), ensure_ascii=False)
-                forced = JSON_START if not (getattr(obj, "_tools", None) or getattr(obj, "_handoffs", None)) else ""
-                needs.append((client.agent, f"its structured output {model.__name__}", text[len(forced):], JSON_EFFECT))
+            if callable(schema):  # the format its client serves (autogen_client._json_format), with or without tools
+                tools_offered = bool(getattr(obj, "_tools", None) or getattr(obj, "_handoffs", None))
+                text = shortest_reply(json_schema_format(model.__name__, schema()), tools_offered)
+                needs.append((client.agent, f"its structured output {model.__name__}", text, JSON_EFFECT))
         for child in getattr(obj, "_participants", None) or ():
             walk(child)
         walk(getattr(obj, "_team", None))  # a SocietyOfMindAgent's inner team

@@ -45,8 +45,8 @@ from autogen_core.models import (
 )
 from autogen_core.tools import Tool, ToolSchema
 
-from mas.response_format import JSON_START, json_schema_format, unmet_response_format, with_format
-from mas.tools import forced_call_start, tool_call_text
+from mas.response_format import json_schema_format
+from mas.tools import tool_call_text
 from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
 MODEL_INFO: ModelInfo = {
@@ -91,14 +91,10 @@ class MasModelClient(ChatCompletionClient):
         schemas = [] if tool_choice == "none" else [_schema(t) for t in tools]
         last = messages[-1] if messages else None  # tool results last: this call continues that tool turn
         results = [r.call_id for r in last.content] if isinstance(last, FunctionExecutionResultMessage) else []
-        start = forced_call_start(_openai_choice(tool_choice, [s["name"] for s in schemas]), [s["name"] for s in schemas])
-        start = start or (JSON_START if fmt is not None and not schemas else "")
-        gen = await self._calls.generate(self.agent, with_format(self._chat(messages), fmt), schemas,
-                                         self._calls.parent_of(results), prefix=start)  # the reply starts as asked
+        gen = await self._calls.generate(self.agent, self._chat(messages), schemas, self._calls.parent_of(results),
+                                         tool_choice=_openai_choice(tool_choice, [s["name"] for s in schemas]),
+                                         response_format=fmt)  # the reply starts as asked
         turn = gen.turn
-        unmet = None if gen.calls else unmet_response_format(fmt, gen.content)
-        if unmet is not None:  # it stands (what the model wrote); the metrics count it
-            self._calls.ctx.faults.add("response_format_unmet", f"agent {self.agent!r}, turn {turn.index}: {unmet}")
         usage = RequestUsage(prompt_tokens=len(turn.prompt_ids), completion_tokens=len(turn.completion_ids))
         self._usage = RequestUsage(self._usage.prompt_tokens + usage.prompt_tokens,
                                    self._usage.completion_tokens + usage.completion_tokens)

@@ -98,8 +98,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mas.agents.parsers import parse_answer
-from mas.response_format import JSON_START
-from mas.tools import parse_tool_calls, tool_call_start, tool_call_text
+from mas.response_format import JSON_START, asked_format
+from mas.tools import forced_call_name, parse_tool_calls, tool_call_start, tool_call_text
 from mas.envs import build_env
 from mas.rollout.backends.base import GenRequest
 from mas.topologies.adapters import describe_tools, tool_schema
@@ -447,8 +447,6 @@ def delegation(system: str, names: list[str], subtask: str) -> str:
 
 # -- a reply whose start is forced: the call or the JSON object the request asks for ----------------
 
-_FORCED_CALL = re.compile(r'^<tool_call>\{"name": "(?P<name>[^"]+)", "arguments": $')  # mas.tools.forced_call_start
-_SCHEMA = re.compile(r"following this JSON schema \((?P<name>[^)\n]*)\):\n(?P<schema>\{.*)")  # mas.response_format
 _POSITIVE = {"accept", "accepted", "approve", "approved", "correct", "right", "yes", "true", "pass", "passed", "good",
              "valid", "ok", "done", "success"}  # a verdict's positive value, as a schema's allowed values write it
 _NEGATION = re.compile(r"^(?:not[ _-]?|in|un|non[ _-]?)", re.I)  # "not correct", "incorrect", "unsure": a negated value
@@ -540,20 +538,15 @@ def meet_start(prefix: str, reply: str, system: str) -> str:
     if not prefix or reply.startswith(prefix):
         return reply
     if prefix == JSON_START:
-        m = _SCHEMA.search(system)
-        try:
-            schema = json.loads(m.group("schema")) if m else None
-        except ValueError:
-            schema = None
-        value = filled(schema_slots(schema), reply) if isinstance(schema, dict) else {"reply": reply.strip()}
+        fmt = asked_format(system)
+        value = filled(schema_slots(fmt["schema"]), reply) if fmt and "schema" in fmt else {"reply": reply.strip()}
         return json.dumps(value, ensure_ascii=False)
     if prefix.startswith(tool_call_start()):
         at = reply.find(prefix)
         if at >= 0:  # the reply calls it (after its text: a report, then a handoff)
             return reply[at:]
-        tools = offered_tools(system)
-        m = _FORCED_CALL.match(prefix)
-        tool = next((t for t in tools if m is not None and t.name == m.group("name")), tools[0] if tools and m is None else None)
+        tools, name = offered_tools(system), forced_call_name(prefix)
+        tool = next((t for t in tools if t.name == name), None) if name is not None else tools[0] if tools else None
         if tool is not None:
             return tool_call_text(tool.name, filled(tool_slots(tool), reply))
     return reply  # a start it cannot meet: the scripted backend says so, naming it

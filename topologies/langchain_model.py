@@ -49,8 +49,8 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import Field
 
-from mas.response_format import JSON_START, json_schema_format, unmet_response_format, with_format
-from mas.tools import forced_call_start, tool_call_text
+from mas.response_format import json_schema_format
+from mas.tools import tool_call_text
 from mas.topologies.adapters import EpisodeCalls, tool_results_text, tool_schema
 
 EPISODE: ContextVar[EpisodeCalls | None] = ContextVar("mas_episode", default=None)  # set per run by kind: langgraph
@@ -143,15 +143,10 @@ class MasChatModel(BaseChatModel):
             if not isinstance(m, ToolMessage):
                 break
             results.append(m.tool_call_id)
-        fmt = kwargs.get("response_format")  # with_structured_output's json_schema / json_mode
-        chat = with_format(_chat(messages, calls, self.agent), fmt)
-        start = forced_call_start(kwargs.get("tool_choice"), [t["name"] for t in tools])
-        start = start or (JSON_START if fmt is not None and not tools else "")
-        gen = await calls.generate(self.agent, chat, tools, calls.parent_of(results), prefix=start)
+        gen = await calls.generate(self.agent, _chat(messages, calls, self.agent), tools, calls.parent_of(results),
+                                   tool_choice=kwargs.get("tool_choice"),  # bind_tools' (a forced start meets it)
+                                   response_format=kwargs.get("response_format"))  # with_structured_output's JSON methods
         turn = gen.turn
-        unmet = None if gen.calls else unmet_response_format(fmt, gen.content)
-        if unmet is not None:  # it stands (what the model wrote); the metrics count it
-            calls.ctx.faults.add("response_format_unmet", f"agent {self.agent!r}, turn {turn.index}: {unmet}")
         good = {cid for cid, _, _ in gen.calls}
         message = AIMessage(
             content=gen.content.strip(),

@@ -277,9 +277,7 @@ def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
     longest), less the start a ``tool_choice`` forces (that is in the prompt, not the reply); and
     the shortest JSON object of a ``response_format`` it is bound with (``with_structured_output``
     in ``json_schema`` or ``json_mode``), less the forced ``{``."""
-    import json
-
-    from mas.response_format import JSON_START, shortest_object
+    from mas.response_format import shortest_object, shortest_reply
     from mas.tools import forced_call_start, tool_call_text
 
     try:
@@ -298,10 +296,9 @@ def reply_needs(cfg: Any) -> list[tuple[str, str, str, str]]:
                 needs.append((model.agent, f"a call of its tool {tool['name']!r}", text[len(forced):], CALL_EFFECT))
             fmt = kwargs.get("response_format")
             if isinstance(fmt, dict):
-                text = json.dumps(shortest_object(fmt.get("schema") or {}), ensure_ascii=False)
-                forced = JSON_START if not tools or kwargs.get("tool_choice") == "none" else ""
+                text = shortest_reply(fmt, bool(tools) and kwargs.get("tool_choice") != "none")
                 what = f"its structured output {fmt['name']!r}" if fmt.get("name") else "a JSON object"
-                needs.append((model.agent, what, text[len(forced):], JSON_EFFECT))
+                needs.append((model.agent, what, text, JSON_EFFECT))
     return needs
 
 

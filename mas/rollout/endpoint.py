@@ -55,7 +55,8 @@ LangChain's ``with_structured_output``) end the system message with an instructi
 one JSON object (``mas.response_format``: the schema with it), and, where the request offers no
 tool, force the reply to start with ``{`` (``reply_start``).  What follows is sampled, not
 constrained to the schema: a text reply that is not one JSON object, or lacks a property the
-schema requires, stands and counts the fault ``response_format_unmet``.
+schema requires, stands and counts the fault ``response_format_unmet``.  An episode's requests
+get both, and both faults, from ``EpisodeCalls.generate``, as the in-process adapters do.
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ from typing import Any, Protocol
 from mas.agents.prompts import render_prompt, template_takes_tools, text_ids
 from mas.rollout.backends.base import BackendUnavailable, GenRequest, GenResult, generate_apart
 from mas.rollout.batcher import settle
-from mas.response_format import JSON_START, unmet_response_format, with_format
+from mas.response_format import reply_start, with_format
 from mas.rollout.responses import BadRequest, chat_body, response_body, response_events
-from mas.tools import forced_call_start, has_tool_call, parse_tool_calls, tool_call_text
+from mas.tools import has_tool_call, parse_tool_calls, tool_call_text
 from mas.topologies.adapters import (EpisodeCalls, Generation, describe_tools, finish_messages, outside_calls,
                                      tool_results_text, tool_schema)
 from mas.types import EpisodeContext, Turn
@@ -173,25 +174,6 @@ def _response_format(fmt: Any) -> dict[str, Any] | None:
         return {"type": "json_schema", "name": spec["name"], "schema": spec.get("schema") or {}}
     raise _bad("response_format must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
                f"'json_schema': {{'name': ..., 'schema': {{...}}}}}}; got {str(fmt)[:120]!r}", "response_format")
-
-
-def reply_start(req: ChatRequest, tools: list[dict[str, Any]]) -> str:
-    """The start a reply to ``req`` is forced to: a tool call its ``tool_choice`` asks for, else, where
-    a JSON ``response_format`` is asked and no tool is offered (a tool call is then a reply too), ``{``."""
-    start = forced_call_start(req.tool_choice, [t["name"] for t in tools])
-    return start or (JSON_START if req.response_format is not None and not tools else "")
-
-
-def unmet_tool_choice(choice: Any, called: list[str]) -> str | None:
-    """How a reply that called the tools ``called`` failed the request's ``tool_choice`` (None: it
-    did not).  The reply starts as a call (``forced_call_start``), but what the model wrote after that start
-    may still make no valid call: a name not offered, JSON that does not close."""
-    if choice == "required" and not called:
-        return "tool_choice 'required' asked for a tool call, and the reply called none"
-    if isinstance(choice, dict) and choice["function"]["name"] not in called:
-        return (f"tool_choice asked for a call of {choice['function']['name']!r}, and the reply called "
-                f"{', '.join(repr(c) for c in called) if called else 'none'}")
-    return None
 
 
 def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
@@ -471,10 +453,9 @@ class EpisodeSession:
             self.calls.record_result(cid, content, False)
         parent = self.calls.parent_of([cid for cid, _ in results])
         tools = [] if req.tool_choice == "none" else req.tools
-        if req.response_format is not None:  # its instruction ends the system message (the role, where none came)
-            messages = with_format(finish_messages(messages, agent.role), req.response_format)
         template = bool(tools) and template_takes_tools(tokenizer)
-        options: dict[str, Any] = {"max_new_tokens": req.max_tokens, "stop": req.stop, "prefix": reply_start(req, tools)}
+        options: dict[str, Any] = {"max_new_tokens": req.max_tokens, "stop": req.stop, "tool_choice": req.tool_choice,
+                                   "response_format": req.response_format}  # met by a forced start (EpisodeCalls)
         if self.request_sampling:
             options.update(temperature=req.temperature, top_p=req.top_p)
         specs = [{"type": "function", "function": t} for t in tools] if template else None
@@ -483,13 +464,6 @@ class EpisodeSession:
                                                                **options) for _ in range(req.n)))
         except Exception as exc:  # noqa: BLE001 - the episode's error (kept by EpisodeCalls); the client is told
             raise EndpointError(410, f"this episode has ended: {type(exc).__name__}: {exc}", code="episode_ended") from exc
-        for g in gens:  # a reply that misses what was asked stands (it is what the model wrote); the metrics count it
-            unmet = unmet_tool_choice(req.tool_choice, [name for _, name, _ in g.calls])
-            if unmet is not None:
-                self.ctx.faults.add("tool_choice_unmet", f"agent {req.agent!r}, turn {g.turn.index}: {unmet}")
-            unmet = None if g.calls else unmet_response_format(req.response_format, g.content)
-            if unmet is not None:
-                self.ctx.faults.add("response_format_unmet", f"agent {req.agent!r}, turn {g.turn.index}: {unmet}")
         return [choice_of(g, tokenizer, tokens=req.logprobs) for g in gens]
 
 
@@ -583,7 +557,7 @@ class PolicySession:
             at = next(i for i, m in enumerate(messages) if m["role"] == "system")
             messages[at] = {"role": "system", "content": messages[at]["content"] + "\n\n" + describe_tools(tools)}
         rendered = render_prompt(tokenizer, messages, [{"type": "function", "function": t} for t in tools] if template else None)
-        prefix = reply_start(req, tools)
+        prefix = reply_start(req.tool_choice, [t["name"] for t in tools], req.response_format)
         if prefix:
             rendered = rendered + text_ids(tokenizer, prefix)
         budget = agent.sampling.max_new_tokens

@@ -14,8 +14,9 @@ FAULT_KINDS: dict[str, str] = {
     "context_overflow": "generations of a framework team (kind: autogen, langgraph or openai) whose prompt plus max_new_tokens "
                         "passed the positions of the policy's model: the reply cut to fit, or, where the prompt alone filled "
                         "them, read past them (mas.rollout.positions)",
-    "tool_choice_unmet": "replies of the OpenAI-compatible endpoint that did not make the tool call the request's tool_choice "
-                         "asked for ('required' or a named function): the reply starts as that call, but what the model "
+    "tool_choice_unmet": "replies that did not make the tool call a tool_choice asked for ('required' or a named "
+                         "function; the endpoint's, LangChain's bind_tools, AutoGen's create): the reply starts as that "
+                         "call, but what the model "
                          "wrote after the start made no valid one (an unknown name, JSON that does not close)",
     "response_format_unmet": "text replies to a request for JSON (the OpenAI-compatible endpoint's response_format, an "
                              "AutoGen agent's json_output or output_content_type, LangChain's with_structured_output "

@@ -208,7 +208,8 @@ def test_a_script_that_ignores_the_forced_start_fails_with_the_reason(tiny_token
 
 
 def test_tool_choice_is_read_against_the_requests_tools():
-    from mas.rollout.endpoint import EndpointError, check_request, unmet_tool_choice
+    from mas.rollout.endpoint import EndpointError, check_request
+    from mas.tools import unmet_tool_choice
 
     add, mul = ({"type": "function", "function": {"name": n}} for n in ("add", "mul"))
     body = {"model": "lead", "messages": [{"role": "user", "content": "x"}], "tools": [add, mul]}
