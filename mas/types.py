@@ -27,6 +27,14 @@ class StepAbandoned(Exception):
 
 TurnStatus = Literal["stop", "length", "replayed", "masked", "removed", "error"]
 EpisodeStatus = Literal["ok", "truncated", "error"]
+# Episode.info[FAILURE]: what ended a failed episode (status "error"), as the engine saw it
+FAILURE = "failure"
+# ... the failures of the team's own making: its code raised (agent_error: e.g. on unparsable structured
+# output), it ran past its cap on model calls or past the episode timeout; trainer.train_failed may train these
+TEAM_FAILURES = ("agent_error", "model_call_limit", "episode_timeout")
+# ... and the rest, which no policy's output decides: a backend that failed, a reward function that raised,
+# a credit replay whose team took another path
+OTHER_FAILURES = ("backend_error", "score_error", "replay_divergence")
 
 
 @dataclass
@@ -91,7 +99,7 @@ class Episode:
     reward: float = 0.0
     status: EpisodeStatus = "ok"
     error: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)  # a failed episode's FAILURE and traceback, a topology's notes
 
     @property
     def task_id(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import json
 
 import pytest
 from team_helpers import team_config
@@ -222,6 +223,22 @@ def test_failed_episode_is_marked_scored_zero_and_the_rest_go_on(tiny_tokenizer)
     assert status[("t1", 0)] == ("error", 0.0) and status[("t1", 1)] == ("error", 0.0)
     assert status[("t0", 0)] == ("ok", 1.0) and status[("t2", 1)] == ("ok", 1.0)
     assert "backend exploded" in groups[1].episodes[0].error
+    assert groups[1].episodes[0].info["failure"] == "backend_error"  # not the team's doing: trainer.train_failed never trains it
+    assert "failure" not in groups[0].episodes[0].info
+
+
+def test_an_episode_whose_team_code_raises_fails_as_agent_error_with_its_turns_kept(tiny_tokenizer):
+    class RaisesAfterOneCall:
+        async def run(self, ctx):
+            await ctx.call("lead", [{"role": "user", "content": "Task: " + ctx.task.prompt}])
+            raise json.JSONDecodeError("Expecting value", "not json", 0)
+
+    engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer, score=lambda ep: 1.0)
+    engine.topology = RaisesAfterOneCall()
+    (ep,) = [g.episodes[0] for g in engine.rollout(TASKS[:1], 1, seed=0)]
+    assert ep.status == "error" and ep.reward == 0.0 and ep.error.startswith("JSONDecodeError: Expecting value")
+    assert ep.info["failure"] == "agent_error" and len(ep.turns) == 1 and ep.turns[0].completion_ids
+    assert engine.take_faults()[0]["agent_error"] == 1
 
 
 def test_scorer_crash_marks_the_episode(tiny_tokenizer):
@@ -231,6 +248,7 @@ def test_scorer_crash_marks_the_episode(tiny_tokenizer):
     engine, _ = scripted_engine(team_config("m", "chain"), chain_respond, tiny_tokenizer, score=score)
     ep = engine.rollout(TASKS[:1], 1, seed=0)[0].episodes[0]
     assert ep.status == "error" and "bad answer format" in ep.error and ep.reward == 0.0
+    assert ep.info["failure"] == "score_error"
 
 
 @pytest.mark.parametrize("topology", ["orchestrator", "debate", "chain", "graph"])
@@ -407,6 +425,7 @@ def test_after_the_deadline_every_model_call_raises_and_the_episode_fails_even_i
     (ep,) = rollout_in_thread(engine, TASKS[:1])
     assert ep.info["cancelled"] and ep.info["refused"].startswith("timeout: episode exceeded 1.0s")  # ctx.call refused
     assert ep.status == "error" and ep.reward == 0.0 and backend.requests == 3 and len(ep.turns) == 3
+    assert ep.info["failure"] == "episode_timeout"
     faults, _ = engine.take_faults()
     assert faults["episode_timeout"] == 1 and faults["agent_error"] == faults["backend_error"] == 0
 

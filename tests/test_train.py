@@ -45,6 +45,56 @@ def test_three_steps_change_trainable_policies_only(tiny_model_dir, tmp_path, to
     assert (tmp_path / "run" / "checkpoints" / "step_000002" / "policies" / "main" / "config.json").exists()
 
 
+class FailsAfterSpeaking:
+    """The team's own topology, whose code then raises in the first episode of every group (say, on
+    structured output that does not parse): the episode fails with agent_error, its turns recorded."""
+
+    def __init__(self, topology):
+        self.topology = topology
+
+    async def run(self, ctx):
+        outcome = await self.topology.run(ctx)
+        if ctx.episode.sample_id == 0:
+            raise ValueError("the reply is not the JSON the team expected")
+        return outcome
+
+    def __getattr__(self, name):
+        return getattr(self.topology, name)
+
+
+@pytest.mark.parametrize("train_failed", [(), ("agent_error",), ("model_call_limit",)])
+def test_train_failed_trains_the_turns_of_failed_episodes_it_lists_at_reward_zero(tiny_model_dir, train_failed):
+    """trainer.train_failed: a failed episode's turns go into the update (with the credit's advantage for
+    its reward of 0) only where the list names its failure; every failed episode counts at 0 in the
+    credit's statistics either way, and the step counts the ones trained."""
+    from mas.training.metrics import episode_record
+    from mas.training.trainer import training_batches
+
+    cfg = team_config(tiny_model_dir, "chain")
+    cfg["trainer"].update(train_failed=list(train_failed), batch_size=2, group_size=3)
+    team = build(cfg)
+    team.engine.score = lambda ep: 1.0  # every episode that ends answers right: the failed ones alone score 0
+    team.engine.topology = FailsAfterSpeaking(team.engine.topology)
+    step = train_step(team, 0)
+    failed = [ep for g in step.groups for ep in g.episodes if ep.status == "error"]
+    assert [ep.sample_id for ep in failed] == [0, 0] and {ep.info["failure"] for ep in failed} == {"agent_error"}
+    assert all(ep.reward == 0.0 and ep.turns for ep in failed)
+    trained = "agent_error" in train_failed
+    main_turns = lambda eps: sum(t.policy == "main" and bool(t.completion_ids) for ep in eps for t in ep.turns)
+    ok = [ep for g in step.groups for ep in g.episodes if ep.status != "error"]
+    assert step.metrics["policies"]["main"]["samples"] == main_turns(ok) + (main_turns(failed) if trained else 0)
+    if train_failed:
+        assert step.metrics["failed_episodes_trained"] == (2 if trained else 0)
+    else:
+        assert "failed_episodes_trained" not in step.metrics  # off by default: nothing counted
+    record = episode_record(0, failed[0], [0.0] * len(failed[0].turns))
+    assert record["failure"] == "agent_error" and record["status"] == "error"  # what episodes.jsonl shows
+    samples, _ = training_batches(team, step.groups, step.credit, team.learners)
+    advantages = sorted({round(s.advantage, 6) for s in samples["main"]})
+    # the group's mean reward is 2/3: an answering episode's turns are pushed up, a failed one's down
+    assert (advantages[0] < 0) == trained and advantages[-1] > 0
+
+
 def lora_config(model_dir) -> dict:
     cfg = team_config(model_dir, "chain", frozen_checker=False)
     lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}

@@ -33,7 +33,7 @@ from mas.config.crossrefs import _credit_refs, _lora_family_refs, _sharding_refs
 from mas.config.messages import CrossFieldErrors
 from mas.config.plugins import load_plugins
 from mas.topologies import kind_of, topology_config_union
-from mas.types import Section
+from mas.types import TEAM_FAILURES, Section
 
 load_plugins()  # other packages' envs, credit methods and parsers join the registries the schema is built from
 
@@ -354,6 +354,14 @@ class TrainerConfig(Section):
         False, description="Leave task groups whose G episodes all scored the same out of the update (DAPO's dynamic "
         "sampling, filtering only: nothing is re-sampled); their tokens then no longer dilute the loss's divisor. Counted "
         "per step as constant_groups_dropped (credit/filters.py).")
+    train_failed: tuple[Literal[TEAM_FAILURES], ...] = Field(
+        (), description="Train the turns of failed episodes whose failure is listed, at the episode's reward 0 with the "
+        "advantage the credit method gave them (a failed episode always counts at 0 in the credit's statistics), so a "
+        "policy learns away from what broke its team: agent_error (the team's code raised on what a model wrote, e.g. "
+        "structured output that does not parse), model_call_limit (a framework team past topology.max_model_calls), "
+        "episode_timeout (past runtime.episode_timeout_s, which a slow machine reaches too). (): no failed episode is "
+        "trained. Failures no policy decides (a backend error, a reward function that raised, a replay that diverged) "
+        "never are. Counted per step as failed_episodes_trained.")
     loss_agg: Literal["token_mean", "seq_mean", "seq_mean_token_sum", "dr_grpo"] = Field(
         "token_mean",
         description="token_mean: mean over all completion tokens of the policy's batch (verl token-mean); seq_mean: mean of "

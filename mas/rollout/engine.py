@@ -68,6 +68,7 @@ from mas.process.sandbox import Sandbox
 from mas.types import (
     CritiqueRequest,
     Episode,
+    FAILURE,
     EpisodeGroup,
     InterventionRequest,
     ReplayRequest,
@@ -614,13 +615,19 @@ class Engine:
             ep.status = "error"
             if ctx.stopped is not None:  # whatever the team raised on the way out, the stop is the cause
                 ep.error = str(ctx.stopped)
+                ep.info[FAILURE] = ctx.stopped.fault
                 self.faults.add(ctx.stopped.fault, f"task {ep.task.task_id!r}: {ep.error}")
             else:
                 ep.error = f"{type(exc).__name__}: {exc}"
                 ep.info["traceback"] = traceback.format_exc(limit=5)
                 # a backend failure was counted where it happened; a replay that diverged is counted by the
                 # credit method (credit_cost.replay_divergences) and warned about once per step
-                if not ctx.backend_failed and not isinstance(exc, ReplayDivergence):
+                if ctx.backend_failed:
+                    ep.info[FAILURE] = "backend_error"
+                elif isinstance(exc, ReplayDivergence):
+                    ep.info[FAILURE] = "replay_divergence"
+                else:
+                    ep.info[FAILURE] = "agent_error"
                     self.faults.add("agent_error", f"task {ep.task.task_id!r}: {ep.error}")
         finally:
             batcher.finished(key)
@@ -634,6 +641,7 @@ class Engine:
                     raise FloatingPointError(f"the env scored this episode {ep.reward}")
             except Exception as exc:  # noqa: BLE001 - a scorer crash marks the episode, never the step
                 ep.status, ep.error, ep.reward = "error", f"score: {type(exc).__name__}: {exc}", 0.0
+                ep.info[FAILURE] = "score_error"
                 self.faults.add("score_error", f"task {ep.task.task_id!r}: {ep.error}")
         if self.verify is not None and ep.status != "error":
             for turn in ep.turns:

@@ -34,7 +34,7 @@ from mas.training.rundir import write_keeping_earlier
 from mas.errors import MissingDependencyError  # still importable from here
 from mas.envs.base import DESIGNED
 from mas.envs.verifiers import VERIFIED
-from mas.types import Credit, CreditBatch, Episode, EpisodeGroup, flatten_turns
+from mas.types import FAILURE, Credit, CreditBatch, Episode, EpisodeGroup, flatten_turns
 
 
 def _stats(x: torch.Tensor) -> dict[str, float]:
@@ -388,6 +388,8 @@ def episode_record(step: int, ep: Episode, advantages: list[float], turn_details
     info = d.pop("info", None) or {}
     if "scores" in info:  # the env's named scores (research: em, f1)
         d["scores"] = info["scores"]
+    if FAILURE in info:  # what ended a failed episode (trainer.train_failed)
+        d["failure"] = info[FAILURE]
     d["step"] = step
     d["details"] = details or {}
     for i, (t, a) in enumerate(zip(d["turns"], advantages)):

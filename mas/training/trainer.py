@@ -47,7 +47,8 @@ from mas.training.rundir import check_fresh
 from mas.runtime import PolicyActorDied
 from mas.training.team import Team, describe_team
 from mas.training.warmup import WarmupStopped, warm_up
-from mas.types import Credit, CritiqueRequest, EpisodeGroup, InterventionRequest, ReplayRequest, StepAbandoned, flatten_turns
+from mas.types import (FAILURE, Credit, CritiqueRequest, Episode, EpisodeGroup, InterventionRequest, ReplayRequest,
+                       StepAbandoned, flatten_turns)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -187,6 +188,9 @@ def train_step(team: Team, step: int, ready: Rollout | None = None, prefetch: bo
     metrics["idle_policies"] = [name for name in active if not samples[name]]
     if cfg.trainer.drop_constant_groups:
         metrics["constant_groups_dropped"] = constant
+    if cfg.trainer.train_failed:
+        metrics["failed_episodes_trained"] = sum(ep.status == "error" and trained_episode(ep, cfg.trainer.train_failed)
+                                                 for g in groups for ep in g.episodes)
     engines = take_backend_metrics(team.backend)  # vLLM: engine start-up (first step), per-call cost, sync time
     if engines:
         metrics["backend"] = engines
@@ -248,16 +252,24 @@ def execute_timed(engine, requests: list, seed: int, timings: dict[str, float], 
     return results
 
 
+def trained_episode(ep: Episode, train_failed: tuple[str, ...]) -> bool:
+    """Whether an episode's turns go into the update: every one that did not fail, and a failed one
+    whose failure ``trainer.train_failed`` lists (the others count, at reward 0, in the credit's
+    statistics only)."""
+    return ep.status != "error" or ep.info.get(FAILURE) in train_failed
+
+
 def training_batches(team: Team, groups: list[EpisodeGroup], credit: Credit, active: dict) -> tuple[dict, dict]:
-    """Each active policy's turns as ``TrainSample``s (turns of episodes that failed for
-    infrastructure reasons count in the credit statistics but are not trained on), and how
-    many updates old each one's weights were (learner version minus the turn's weight version)."""
+    """Each active policy's turns as ``TrainSample``s (of the episodes ``trained_episode`` keeps),
+    and how many updates old each one's weights were (learner version minus the turn's weight
+    version)."""
     samples: dict[str, list[TrainSample]] = {name: [] for name in active}
     staleness: dict[str, list[int]] = {name: [] for name in active}
     n = sum(len(ep.turns) for g in groups for ep in g.episodes)
     keep = credit.train_mask.tolist() if credit.train_mask is not None else [True] * n
+    train_failed = team.cfg.trainer.train_failed
     for (ep, turn), adv, kept in zip(flatten_turns(groups), credit.advantages.tolist(), keep):
-        if kept and turn.trainable and turn.completion_ids and turn.policy in samples and ep.status != "error":
+        if kept and turn.trainable and turn.completion_ids and turn.policy in samples and trained_episode(ep, train_failed):
             # the temperature the turn was drawn at (the engine records it); a turn recorded before turns
             # kept their sampling falls back to its agent's configured one
             temperature = turn.temperature if turn.temperature is not None else team.agents[turn.agent].sampling.temperature

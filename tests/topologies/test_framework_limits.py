@@ -186,7 +186,7 @@ def test_max_model_calls_ends_a_team_that_never_stops_without_a_timeout(team, ti
     episodes = guarded_rollout(engine, TASKS)
     looped = episodes[0]
     assert looped.status == "error" and looped.error.startswith("model call limit: the team made 5 model calls")
-    assert "topology.max_model_calls" in looped.error
+    assert "topology.max_model_calls" in looped.error and looped.info["failure"] == "model_call_limit"
     assert len(looped.turns) == 5  # five calls answered, the sixth refused before it reached the backend
     faults, _ = engine.take_faults()
     if team == "swarm":  # task t1's lead says TERMINATE at once: that episode is not touched by the cap
