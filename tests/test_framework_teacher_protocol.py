@@ -19,7 +19,7 @@ from pydantic import BaseModel
 import mas
 from mas.agents.parsers import parse_answer
 from mas.rollout.backends.base import GenRequest
-from mas.tools import parse_tool_calls
+from mas.tools import parse_tool_calls, tool_call_text
 from mas.topologies.adapters import describe_tools, tool_results_text, tool_schema
 from mas.topologies.framework_teaching import (FrameworkTeacher, TaskBook, arithmetic_task, delegates, offered_tools,
                                                task_numbers, tool_arguments)
@@ -358,6 +358,37 @@ def two_argument_team(clients):
                                termination_condition=TextMentionTermination("TERMINATE") | MaxMessageTermination(6))
 
 
+def join(a: str, b: str) -> str:
+    """Join two words."""
+    return a + b
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+def tools_and_output_type_team(clients):
+    """AutoGen's structured output on an agent that also has a tool: its first call offers the tool, so its
+    start is not forced to '{' (the reply may call the tool); a reply that does not is parsed as an Answer."""
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.conditions import MaxMessageTermination
+    from autogen_agentchat.messages import StructuredMessage
+    from autogen_agentchat.teams import RoundRobinGroupChat
+
+    solver = AssistantAgent("solver", clients["solver"], tools=[join], output_content_type=Answer)
+    return RoundRobinGroupChat([solver], termination_condition=MaxMessageTermination(2),
+                               custom_message_types=[StructuredMessage[Answer]])
+
+
+def test_the_warm_up_answers_in_json_where_an_agent_with_tools_is_asked_for_it(tmp_path):
+    turns, _ = played_team(tmp_path, {"solver": "You solve."},
+                           {"kind": "autogen", "factory": "test_framework_teacher_protocol:tools_and_output_type_team"}, 3)
+    assert [agent for agent, _, _ in turns] == ["solver"] * 3  # no episode failed on AutoGen's parse of its reply
+    for _, prompt, text in turns:
+        assert "join(" in prompt and not prompt.endswith("{")  # the tool offered, the start not forced
+        assert json.loads(text)["answer"].startswith("ANSWER: ")
+
+
 def played_team(tmp_path, roles: dict[str, str], topology: dict, episodes: int) -> tuple[list[tuple[str, str, str]], float]:
     """The framework teacher played through a team of one embedded policy (agents: name -> role) on
     one-operation arithmetic: (agent, prompt, completion) of each demonstration turn, and its reward."""
@@ -441,6 +472,22 @@ def test_a_json_reply_fills_the_schema_the_system_message_shows_from_the_teacher
     assert (wrong["grade"], wrong["ok"]) == ("incorrect", False)
     [plain] = with_format([{"role": "system", "content": "You solve."}], {"type": "json_object"})
     assert json.loads(forced(t, "solver", "{", ("system", plain["content"]), ("user", "3+2"))) == {"reply": "ANSWER: 5"}
+
+
+def test_json_asked_beside_tools_is_the_teachers_object_unless_it_calls_a_tool():
+    """Tools offered beside a JSON format (an AutoGen agent with tools and output_content_type): the
+    start is not forced, since the reply may call a tool; a reply that calls none is the JSON object."""
+    from mas.response_format import json_schema_format, with_format
+
+    t = teacher(("grader",), routers=())
+    role = "You grade.\n\n" + describe_tools([tool("add", a="integer", b="integer")])
+    [system] = with_format([{"role": "system", "content": role}], json_schema_format("Grade", GRADE))
+    assert calls(ask(t, "grader", ("system", system["content"]), ("user", "3+2"))) == [("add", {"a": 3, "b": 2})]
+    after = ask(t, "grader", ("system", system["content"]), ("user", "3+2"), ("assistant", tool_call_text("add", {"a": 3, "b": 2})),
+                ("user", "<tool_response>\n5\n</tool_response>"))
+    assert json.loads(after) == {"grade": "correct", "feedback": "ANSWER: 5", "score": 5, "ok": True, "notes": None}
+    assert ask(t, "grader", ("system", role), ("user", "3+2"), ("assistant", tool_call_text("add", {"a": 3, "b": 2})),
+               ("user", "<tool_response>\n5\n</tool_response>")) == "ANSWER: 5"  # no format asked: text
 
 
 def test_a_forced_call_is_the_teachers_own_call_or_the_named_tool_filled_from_its_reply():

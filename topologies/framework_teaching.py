@@ -534,7 +534,11 @@ def meet_start(prefix: str, reply: str, system: str) -> str:
     """The teacher's ``reply`` in the form a forced start asks for (module docstring): as it is where it
     already starts so; the reply's own call from where it starts; else the named (or the first offered)
     tool called with its arguments filled from the reply, or the JSON object the system message's
-    schema describes (``{"reply": ...}`` for a plain JSON object)."""
+    schema describes (``{"reply": ...}`` for a plain JSON object).  Where the system message asks for
+    JSON but the start is not forced (tools are offered beside the format: an AutoGen agent with tools
+    and ``output_content_type``), a reply that calls no tool is that JSON object all the same."""
+    if not prefix and tool_call_start() not in reply and asked_format(system) is not None:
+        prefix = JSON_START
     if not prefix or reply.startswith(prefix):
         return reply
     if prefix == JSON_START:
