@@ -473,11 +473,11 @@ FORK = ["team_fork_n2.yaml", "team_fork_n4.yaml", "team_fork_n8.yaml"]  # the re
 def test_the_configs_outside_the_warm_start_are_exactly_the_framework_teams_and_those_with_a_format_warmup():
     assert sorted(p.name for p in _EMBEDDED if p not in EMBEDDED_CONFIGS) == [
         "autogen_selector.yaml", "cpu_facts.yaml", "langgraph_custom.yaml", "openai_agents_as_tools.yaml",
-        "openai_agents_handoffs.yaml", "openai_autogen_reflection.yaml", "openai_langgraph_evaluator.yaml",
-        "openai_smolagents_manager.yaml", "openai_team.yaml", *FORK]
+        "openai_agents_handoffs.yaml", "openai_autogen_reflection.yaml", "openai_dspy_program.yaml",
+        "openai_langgraph_evaluator.yaml", "openai_smolagents_manager.yaml", "openai_team.yaml", *FORK]
     assert sorted(p.name for p in _OWN_WARMUP) == [
         "cpu_facts.yaml", "openai_agents_as_tools.yaml", "openai_agents_handoffs.yaml", "openai_autogen_reflection.yaml",
-        "openai_langgraph_evaluator.yaml", "openai_smolagents_manager.yaml", *FORK]
+        "openai_dspy_program.yaml", "openai_langgraph_evaluator.yaml", "openai_smolagents_manager.yaml", *FORK]
 
 
 def test_every_format_names_shipped_configs_and_every_embedded_config_has_a_format():

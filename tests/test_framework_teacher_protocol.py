@@ -490,6 +490,39 @@ def test_json_asked_beside_tools_is_the_teachers_object_unless_it_calls_a_tool()
                ("user", "<tool_response>\n5\n</tool_response>")) == "ANSWER: 5"  # no format asked: text
 
 
+def test_fields_asked_between_markers_are_written_so_and_parse_as_dspy_reads_them():
+    """DSPy's ChatAdapter asks for each output field between [[ ## name ## ]] markers: the teacher writes
+    them in the order asked, each of the kind the system message lists, and DSPy's own parser reads them."""
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import dspy
+
+    from mas.topologies.framework_teaching import Slot, asked_fields
+
+    class Check(dspy.Signature):
+        question: str = dspy.InputField()
+        proposed_answer: int = dspy.InputField()
+        is_correct: bool = dspy.OutputField()
+        grade: Literal["correct", "incorrect"] = dspy.OutputField()
+        reasoning: str = dspy.OutputField()
+        answer: int = dspy.OutputField()
+
+    t = teacher(("solver", "checker"), parsers={"checker": "verdict"}, routers=())
+    for proposed, accepted in ((5, True), (6, False)):
+        messages = dspy.ChatAdapter().format(Check, demos=[], inputs={"question": "3+2", "proposed_answer": proposed})
+        assert asked_fields(messages) == [Slot("is_correct", "boolean"), Slot("grade", "enum", ("correct", "incorrect")),
+                                          Slot("reasoning", "string"), Slot("answer", "integer")]
+        said = f"3+2\nsolver: ANSWER: {proposed}"  # the teacher reads who said what as it does in any team
+        messages[-1]["content"] = messages[-1]["content"].replace("3+2", said, 1)
+        text = ask(t, "checker", *((m["role"], m["content"]) for m in messages))
+        assert text.endswith("\n\n[[ ## completed ## ]]")
+        parsed = dspy.ChatAdapter().parse(Check, text)
+        assert (parsed["is_correct"], parsed["grade"], parsed["answer"]) == (accepted, "correct" if accepted else "incorrect", 5)
+    plain = [{"role": "system", "content": "You check."}, {"role": "user", "content": "3+2\nsolver: ANSWER: 5"}]
+    assert asked_fields(plain) == [] and "[[ ##" not in ask(t, "checker", *((m["role"], m["content"]) for m in plain))
+
+
 def test_a_forced_call_is_the_teachers_own_call_or_the_named_tool_filled_from_its_reply():
     from mas.tools import forced_call_start
 

@@ -1,5 +1,5 @@
 """The framework examples of ``kind: openai`` (examples/README.md): teams written as the OpenAI
-Agents SDK's, AutoGen's, LangGraph's and smolagents' docs write them, each talking to the endpoint
+Agents SDK's, AutoGen's, LangGraph's, smolagents' and DSPy's docs write them, each talking to the endpoint
 mas serves with only base_url, the API key and the model names changed.  Each trains one step on
 the embedded model through the endpoint, and the framework teacher plays each one through its own
 framework code (the SDK's handoff, AutoGen's round robin, the graph's conditional edge).
@@ -29,6 +29,7 @@ EXAMPLES = {  # config -> its agents
     "openai_agents_as_tools": {"orchestrator", "solver", "checker"},
     "openai_agents_handoffs": {"triage", "addition_tutor", "subtraction_tutor"},
     "openai_autogen_reflection": {"primary", "critic"},
+    "openai_dspy_program": {"solver", "checker"},
     "openai_langgraph_evaluator": {"generator", "evaluator"},
     "openai_smolagents_manager": {"manager", "calculator"},
 }
@@ -69,10 +70,14 @@ def test_an_example_trains_one_step_through_the_endpoint(example, tmp_path):
     mas.train(team, tmp_path / "run")
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = [r for r in rows if r.get("kind", "step") == "step" and "eval" not in r][-1]
-    assert step["step"] == 0 and step["episodes"]["count"] == 2 and step["episodes"]["errors"] == 0, step["episodes"]
+    # no episode fails, but where the config trains failed episodes (DSPy's, which an untrained policy fails on
+    # the reply DSPy cannot parse): each failure is then one the team's code raised, trained at reward 0
+    trained_failures = step.get("failed_episodes_trained", 0)
+    assert step["step"] == 0 and step["episodes"]["count"] == 2 and step["episodes"]["errors"] == trained_failures, step
+    assert trained_failures == 0 or team.cfg.trainer.train_failed == ("agent_error",)
     spoke = {agent for agent, stats in step["agents"].items() if stats["turns"] > 0}
     first = {"openai_agents_as_tools": "orchestrator", "openai_agents_handoffs": "triage",
-             "openai_autogen_reflection": "primary", "openai_langgraph_evaluator": "generator",
+             "openai_autogen_reflection": "primary", "openai_dspy_program": "solver", "openai_langgraph_evaluator": "generator",
              "openai_smolagents_manager": "manager"}[name]
     assert first in spoke  # the framework's code asked for the agent by its model name
     for agent in spoke:  # each agent that spoke trained its own policy on the turns the endpoint recorded
@@ -107,6 +112,11 @@ def test_the_framework_teacher_plays_each_team_through_its_own_framework_code(ex
         assert spoke == ["generator", "evaluator"] * 4
         # structured output: the JSON after the forced '{', its grade the one the guide's route reads
         assert all(t.startswith('"grade": "correct", "feedback": "ANSWER: ') for a, t in turns if a == "evaluator")
+    elif name == "openai_dspy_program":  # each module's fields between DSPy's markers, as its ChatAdapter asks
+        assert spoke == ["solver", "checker"] * 4
+        for _, text in turns:
+            assert text.startswith("[[ ## reasoning ## ]]\nANSWER: ") and text.endswith("\n\n[[ ## completed ## ]]")
+            assert "\n\n[[ ## answer ## ]]\n" in text
     elif name == "openai_smolagents_manager":  # every step a tool call (smolagents asks for one): the work, then final_answer
         assert spoke == ["manager", "calculator", "calculator", "manager"] * 4
         # each demonstration is what follows the forced start <tool_call>{"name": " (smolagents' tool_choice 'required')

@@ -79,7 +79,9 @@ schema in the system message describes) filled from its reply (``filled``): a fi
 values takes the one its reply names (a router's choice), else the verdict's (``ACCEPT``: the
 positive one, "correct", "yes"; ``REJECT``: the other), a boolean the verdict, a number the
 answer, a string the reply's text on one line (no escaped newlines for a small model to learn);
-a nested object or a list is null.
+a nested object or a list is null.  A reply whose fields the request asks for between
+``[[ ## name ## ]]`` markers (DSPy's ChatAdapter; ``in_asked_form``) is filled the same way, each
+field of the kind the system message lists, and ends with ``[[ ## completed ## ]]``.
 
 Two framework teams on arithmetic have teachers of their own, which read the task where the
 framework puts it (``arithmetic_task``): an AutoGen selector of specialists (``SelectorTeacher``)
@@ -525,6 +527,51 @@ def filled(slots: list[Slot], reply: str) -> dict[str, Any]:
     return out
 
 
+# DSPy's ChatAdapter: the output fields in the system message ("2. `answer` (int): ..."), and the markers
+# the last user message asks the reply to write them between ("Respond with the corresponding output
+# fields, starting with the field `[[ ## reasoning ## ]]`, ... ending with the marker for `[[ ## completed ## ]]`")
+_FIELD_LINE = re.compile(r"^\d+\. `(\w+)` \(([^)]*)\)", re.M)
+_MARKER = re.compile(r"`\[\[ ## (\w+) ## \]\]`")
+_FIELD_KINDS = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
+
+
+def asked_fields(messages: list[dict[str, str]]) -> list[Slot]:
+    """The fields a request asks the reply to write between ``[[ ## name ## ]]`` markers, ending with
+    ``[[ ## completed ## ]]`` (DSPy's ChatAdapter), in the order asked, each of the kind the system
+    message gives it (``Literal['a', 'b']``: those values); [] where none are asked."""
+    users = [m["content"] for m in messages if m.get("role") == "user"]
+    ask = users[-1].rpartition("Respond with")[2] if users else ""
+    names = _MARKER.findall(ask)
+    if len(names) < 2 or names[-1] != "completed":
+        return []
+    system = "\n".join(m["content"] for m in messages if m.get("role") == "system")
+    output = system.partition("Your output fields are:")[2]
+    types = {name: type_.strip() for name, type_ in _FIELD_LINE.findall(output)}
+    slots = []
+    for name in names[:-1]:
+        type_ = types.get(name, "str")
+        values = tuple(re.findall(r"'([^']*)'", type_)) if type_.startswith("Literal[") else ()
+        slots.append(Slot(name, "enum", values) if values else Slot(name, _FIELD_KINDS.get(type_, "other")))
+    return slots
+
+
+def fields_text(slots: list[Slot], reply: str) -> str:
+    """The teacher's ``reply`` as the marked fields ``slots`` ask for, filled as a forced JSON object's are."""
+    values = filled(slots, reply)
+    parts = [f"[[ ## {slot.name} ## ]]\n{'' if values[slot.name] is None else values[slot.name]}" for slot in slots]
+    return "\n\n".join([*parts, "[[ ## completed ## ]]"])
+
+
+def in_asked_form(req: GenRequest, reply: str) -> str:
+    """The teacher's ``reply`` in the form the request asks for: marked fields where it asks for them
+    and nothing is forced (``asked_fields``), else ``meet_start``."""
+    if not req.prefix and tool_call_start() not in reply:
+        slots = asked_fields(req.messages or [])
+        if slots:
+            return fields_text(slots, reply)
+    return meet_start(req.prefix, reply, system_text(req))
+
+
 def system_text(req: GenRequest) -> str:
     """The request's system messages, joined."""
     return "\n".join(m["content"] for m in req.messages or [] if m.get("role") == "system")
@@ -573,7 +620,7 @@ class FrameworkTeacher:
     prompts: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __call__(self, req: GenRequest, rng: random.Random) -> str:
-        return meet_start(req.prefix, self._reply(req, rng), system_text(req))
+        return in_asked_form(req, self._reply(req, rng))
 
     def _reply(self, req: GenRequest, rng: random.Random) -> str:
         messages = req.messages or []
@@ -842,7 +889,7 @@ class FrameworkChainTeacher:
             claim = claimed_answer(messages[-1]["content"], task)
             lines = [f"{self.solver}: ANSWER: {claim if claim is not None else 'none'}"]
         chained = [{"role": "user", "content": "\n".join([f"Task: {task}", *lines])}]
-        return meet_start(req.prefix, self.chain(dataclasses.replace(req, messages=chained), rng), system_text(req))
+        return in_asked_form(req, self.chain(dataclasses.replace(req, messages=chained), rng))
 
 
 @dataclass(frozen=True)
@@ -862,7 +909,7 @@ class SelectorTeacher:
     p_misroute: float = 0.4
 
     def __call__(self, req: GenRequest, rng: random.Random) -> str:
-        return meet_start(req.prefix, self._reply(req, rng), system_text(req))
+        return in_asked_form(req, self._reply(req, rng))
 
     def _reply(self, req: GenRequest, rng: random.Random) -> str:
         a, op, b, _ = chain_steps(arithmetic_task(req.messages or []))[0]
