@@ -21,6 +21,20 @@ def test_a_warning_is_printed_and_kept_in_warnings_jsonl(tiny_model_dir, tmp_pat
                     {"step": None, "kind": "other", "message": "second"}]
 
 
+def test_a_warning_of_several_lines_prints_its_first_and_keeps_it_whole(tiny_model_dir, tmp_path, capsys):
+    """An error a team's framework raised (DSPy's parse error quotes the whole reply) would fill the
+    console between the progress lines: printed, it is its first line and where the rest is."""
+    logger = RunLogger(tmp_path / "run", validate_config(team_config(tiny_model_dir)), show_progress=False)
+    message = "step 3: 1 x agent_error, e.g. task 'syn-2-9': AdapterParseError: cannot parse.\n\nLM Response: [[ ## x\n"
+    logger.warn(message, kind="fault.agent_error", step=3)
+    logger.close_progress()
+    out = capsys.readouterr().out
+    assert out == ("warning: step 3: 1 x agent_error, e.g. task 'syn-2-9': AdapterParseError: cannot parse. "
+                   "[...; whole message in warnings.jsonl]\n")
+    [row] = [json.loads(line) for line in (tmp_path / "run" / "warnings.jsonl").read_text().splitlines()]
+    assert row["message"] == message
+
+
 def test_a_run_without_warnings_has_an_empty_warnings_jsonl_and_every_metrics_line_says_its_kind(tiny_model_dir, tmp_path):
     """warnings.jsonl is there (empty) from the start; metrics.jsonl's lines carry ``kind``: the
     evaluation before training comes first, then one "step" line per step, then the one after,

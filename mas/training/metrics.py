@@ -539,8 +539,12 @@ class RunLogger:
 
     def warn(self, message: str, kind: str, step: int | None = None) -> None:
         """A warning the user must see: printed now and kept in ``warnings.jsonl``, which
-        ``mas report`` shows at the top of the page.  ``kind`` names the check that raised it."""
-        self.info(f"warning: {message}")
+        ``mas report`` shows at the top of the page.  ``kind`` names the check that raised it.
+        Printed, a message of several lines (an error a team's framework raised: a pydantic
+        ValidationError, DSPy's parse error with the reply in it) is its first line, saying where
+        the rest is; ``warnings.jsonl`` keeps it whole."""
+        first, _, rest = message.strip().partition("\n")
+        self.info(f"warning: {first} [...; whole message in warnings.jsonl]" if rest.strip() else f"warning: {message}")
         self._append(self.run_dir / "warnings.jsonl", {"step": step, "kind": kind, "message": message})
 
 
