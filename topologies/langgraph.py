@@ -26,7 +26,9 @@ engine's ``ReplayDivergence`` at the first frozen turn that differs, naming agen
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 from typing import Any, Literal
 
 from pydantic import Field
@@ -260,8 +262,50 @@ def node_models(graph: Any) -> dict[str, list[tuple[MasChatModel, dict[str, Any]
                 continue
             cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c) and c.cell_contents is not None]
             found += [m for obj in cells + [fn.__globals__.get(n) for n in code.co_names] for m in models(obj, {})]
+            found += [m for obj in bound_in_code(fn) for m in models(obj, {})]
         out[name] = found
     return out
+
+
+_BINDS = ("with_structured_output", "bind_tools")
+
+
+def bound_in_code(fn: Any) -> list[Any]:
+    """What a node's code binds a ``MasChatModel`` to as it runs (``model.with_structured_output(Router)``
+    or ``model.bind_tools([tool])`` inside the node, as LangGraph's supervisor tutorial writes it),
+    bound here the same way: where the model is a name the function sees (a global or a closure
+    variable) and every argument such a name or a literal.  Binding builds a runnable; nothing is
+    called."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):  # no source (a lambda in a REPL, a C function)
+        return []
+    scope = {**fn.__globals__, **{n: c.cell_contents for n, c in zip(fn.__code__.co_freevars, fn.__closure__ or ())
+                                  if _filled(c)}}
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _BINDS
+                and isinstance(node.func.value, ast.Name) and isinstance(scope.get(node.func.value.id), MasChatModel)):
+            continue
+        try:
+            args = [_literal(a, scope) for a in node.args]
+            kwargs = {k.arg: _literal(k.value, scope) for k in node.keywords if k.arg is not None}
+            out.append(getattr(scope[node.func.value.id], node.func.attr)(*args, **kwargs))
+        except Exception:  # noqa: BLE001 - an argument computed as it runs, or a binding that fails: not readable here
+            continue
+    return out
+
+
+def _literal(node: ast.AST, scope: dict[str, Any]) -> Any:
+    """The value of a call's argument that is a literal or a name in ``scope`` (lists and tuples of them)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in scope:
+        return scope[node.id]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        values = [_literal(e, scope) for e in node.elts]
+        return values if isinstance(node, ast.List) else tuple(values)
+    raise ValueError(f"not a literal or a name the node sees: {ast.dump(node)}")
 
 
 CALL_EFFECT = ("its call is cut before </tool_call>, so LangChain reads no call: with_structured_output gives None or "

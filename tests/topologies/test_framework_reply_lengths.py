@@ -142,6 +142,45 @@ def test_a_graphs_structured_output_and_bound_tools_need_room_for_their_calls():
     assert node_agents(load_graph(graph["builder"])[0]) == {"route": ["lead"], "check": ["checker"]}  # inside the chain too
 
 
+def tutorial_graph():
+    """routed_graph as LangGraph's supervisor tutorial writes the router: the binding inside the node
+    (``llm.with_structured_output(Router).invoke(...)``), the model a module-level name."""
+    from langgraph.graph import END, START, StateGraph
+
+    global LEAD, CHECKER
+    from mas.topologies.langgraph import MasChatModel
+
+    LEAD, CHECKER = MasChatModel(agent="lead"), MasChatModel(agent="checker")
+    tools = [multiply]
+
+    async def route(state: Question) -> dict:
+        return {"answer": (await LEAD.with_structured_output(Route).ainvoke(state["question"]))["next"]}
+
+    async def check(state: Question) -> dict:
+        return {"answer": (await CHECKER.bind_tools(tools).ainvoke(state["question"])).content}
+
+    g = StateGraph(Question)
+    g.add_node("route", route)
+    g.add_node("check", check)
+    g.add_edge(START, "route")
+    g.add_edge("route", "check")
+    g.add_edge("check", END)
+    return g
+
+
+def test_bindings_made_inside_a_node_need_room_too():
+    """The tutorial's way of binding (inside the node, each time it runs) is read from the node's code:
+    the same two budgets are measured as where the graph's builder binds the models."""
+    graph = {"kind": "langgraph", "builder": "test_framework_reply_lengths:tutorial_graph"}
+    rest = '{"next": "calculator"}}</tool_call>'
+    call = tool_call_text("multiply", {"a": 0, "b": 0})
+    lines = reply_issues(validate_config(team({"lead": 16, "checker": len(call) - 1}, graph)), lambda p: CharTokenizer())
+    assert [line.split(" cannot hold ")[0] for line in lines] == ["agents.lead.sampling.max_new_tokens=16",
+                                                                  f"agents.checker.sampling.max_new_tokens={len(call) - 1}"]
+    assert f"a call of its tool 'Route', which takes {len(rest)} tokens" in lines[0]
+    assert reply_issues(validate_config(team({"lead": len(rest), "checker": len(call)}, graph)), lambda p: CharTokenizer()) == []
+
+
 def test_an_autogen_agents_structured_output_needs_room_for_its_shortest_object():
     rest = '"ok": false}'  # Verdict's shortest object, less the '{' a reply without tools is forced to start with
     cfg = team({"lead": len(rest) - 1}, {"kind": "autogen", "factory": "test_framework_limits:with_structured_output"})
