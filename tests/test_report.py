@@ -265,6 +265,18 @@ def test_tool_calls_and_observations_show_in_the_transcript():
     assert "1. Ann (score 3.2)" in html
 
 
+def test_a_failed_episode_says_what_ended_it():
+    from mas.report.episodes import episode_block
+
+    ep = {"step": 2, "task": {"task_id": "q1", "prompt": "3+2", "answer": "5"}, "answer": None, "reward": 0.0,
+          "status": "error", "error": "AdapterParseError: cannot parse", "failure": "agent_error",
+          "turns": [{"agent": "solver", "policy": "p", "text": "5?", "credit": -0.5, "details": {}}]}
+    html = episode_block(ep, ["solver"], 1.0, open_=True)
+    assert '<p class="tag bad">error (agent_error): AdapterParseError: cannot parse</p>' in html
+    del ep["failure"]  # an episode stored before failures were recorded
+    assert '<p class="tag bad">error: AdapterParseError: cannot parse</p>' in episode_block(ep, ["solver"], 1.0, open_=True)
+
+
 def test_sample_episodes_prefer_episodes_whose_turns_got_credit():
     task = Task("t", "q", "1")
     eps = [Episode(task, 0, i, 0, turns=[_turn("a")], reward=r) for i, r in enumerate([1.0, 1.0, 0.0, 0.0])]

@@ -212,7 +212,7 @@ def episode_view(ep: dict, agents: list[str], scale: float, open_: bool, level: 
         "open": open_, "step": ep.get("step", "?"), "task_id": task.get("task_id", "?"), "reward": ep.get("reward", 0.0),
         "scores": [(str(k), v) for k, v in scores.items()], "status": str(ep.get("status", "ok")),
         "prompt": task.get("prompt", ""), "reference": task.get("answer", ""), "answer": ep.get("answer"),
-        "error": ep.get("error"), "details": _details(ep.get("details")),
+        "error": ep.get("error"), "failure": ep.get("failure"), "details": _details(ep.get("details")),
         "all_zero": bool(turns) and all(finite(t.get("credit")) and t["credit"] == 0 for t in turns),
         "unparsed_share": _percent(positive_share(turns, bad)) if bad else "",
         "decisive_agents": sorted(key.agents),
