@@ -122,6 +122,21 @@ def test_warnings_say_what_the_team_will_not_do(tmp_path, capsys):
         validate(tmp_path, capsys, two)[2]
 
 
+def test_train_failed_naming_a_failure_the_config_cannot_have_is_said(tmp_path, capsys):
+    data = copy.deepcopy(TEAM)
+    data["trainer"]["train_failed"] = ["agent_error", "model_call_limit", "episode_timeout"]
+    status, _, err = validate(tmp_path, capsys, data)
+    assert status == 0
+    assert "warning: trainer.train_failed: names episode_timeout, but runtime.episode_timeout_s is not set" in err
+    assert "names model_call_limit, but a team of kind orchestrator has no cap on model calls" in err
+    data["runtime"] = {"episode_timeout_s": 60}
+    data["trainer"]["train_failed"] = ["agent_error", "episode_timeout"]
+    assert "train_failed" not in validate(tmp_path, capsys, data)[2]
+    data["trainer"]["train_failed"] = ["backend_error"]  # never the policy's doing: refused, with the valid values
+    status, _, err = validate(tmp_path, capsys, data)
+    assert status != 0 and "trainer.train_failed" in err and "agent_error" in err and "episode_timeout" in err
+
+
 def test_sharp_exclude_null_dropping_a_debater_is_said_out_loud(tmp_path, capsys):
     debate = {"kind": "debate", "debaters": ["lead", "adder", "checker"], "rounds": 2}
     data = with_(topology=debate, credit={"method": "sharp"})

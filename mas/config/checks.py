@@ -163,7 +163,21 @@ def config_warnings(cfg: Any) -> list[Issue]:
                       "needs periodic held-out evaluations (trainer.eval_size and trainer.eval_every > 0) to choose a best "
                       "checkpoint; without them only the start can be kept"))
     warns += _sharp_exclude(cfg)
+    warns += _untrainable_failures(cfg)
     return warns
+
+
+def _untrainable_failures(cfg: Any) -> list[Issue]:
+    """``trainer.train_failed`` names a failure this config cannot have."""
+    listed, out = list(cfg.trainer.train_failed), []
+    if "episode_timeout" in listed and cfg.runtime.episode_timeout_s is None:
+        out.append((("trainer", "train_failed"), listed, "names episode_timeout, but runtime.episode_timeout_s is not "
+                    "set, so no episode can time out; set it, or leave episode_timeout out"))
+    if "model_call_limit" in listed and getattr(cfg.topology, "max_model_calls", None) is None:
+        out.append((("trainer", "train_failed"), listed, f"names model_call_limit, but a team of kind {cfg.topology.kind} has no "
+                    "cap on model calls (topology.max_model_calls, which framework teams have), so "
+                    "no episode can reach one; leave model_call_limit out"))
+    return out
 
 
 def _sharp_exclude(cfg: Any) -> list[Issue]:
