@@ -212,8 +212,9 @@ class OpenAIEndpoint:
 
     def side_processes(self, cfg: Any) -> str | None:
         n = cfg.topology.processes
-        if not n:
-            return None
+        if not n:  # the team's code on threads of this process: what its framework loads as it runs is not planned
+            return ("the team's code runs in this process (topology.processes: 0); what its framework loads as it "
+                    "first runs is not planned (DSPy's litellm client: about 180 MB)")
         return (f"topology.processes: {n} worker process{'es' if n > 1 else ''} for the team's code beside this one, "
                 f"about {WORKER_MB} MB each with the openai client imported (more with a framework's own imports)")
 

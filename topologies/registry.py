@@ -51,8 +51,9 @@ measures against the agent's reply budget (``mas.training.context_plan``).  For 
 (``mas.learning.memory_plan``): ``heard_tokens(cfg) -> {agent: tokens}``, what an agent's later
 turns add to its prompt beyond the context check's bound, ``simultaneous(cfg) -> [agents]``,
 agents that ask in one model call of an episode (a debate's round), and ``side_processes(cfg) ->
-str | None``, the processes the team runs beside the training process, in words with their memory
-(``kind: openai``'s ``processes: N``), which the plan names but does not add to this process's peak.
+str | None``, the team's own memory the plan cannot size, in words: the processes it runs beside the
+training process (``kind: openai``'s ``processes: N``), or what its framework loads in this one as
+it first runs; the plan names it but does not add it to this process's peak.
 
 An ``Issue`` is ``(yaml path, value found, message)``.
 """

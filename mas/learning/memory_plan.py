@@ -35,8 +35,9 @@ by N on every worker, and rank 0 keeps a full serving copy of the weights for th
 A device's peak is what stays (weights, optimizer, serving copies) plus the larger of an
 update's transients (gradients and one pass) and a rollout's (the generation cache): the two
 never run at once.  On the host CPU the process's own baseline (Python, torch, transformers;
-measured in this process) is added; processes a team runs beside it (its kind's ``side_processes``:
-``kind: openai``'s worker processes) are named after the devices, not added.  Where the peak passes the device's memory, the plan says
+measured in this process) is added; what the team's own code needs that the plan cannot size (its kind's
+``side_processes``: ``kind: openai``'s worker processes, or its framework's imports as it first runs)
+is named after the devices, not added.  Where the peak passes the device's memory, the plan says
 what to change, in order: a LoRA adapter instead of full weights, sharding over more devices,
 smaller passes, activation checkpointing, a smaller vLLM share.
 """
