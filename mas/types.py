@@ -32,9 +32,7 @@ FAILURE = "failure"
 # ... the failures of the team's own making: its code raised (agent_error: e.g. on unparsable structured
 # output), it ran past its cap on model calls or past the episode timeout; trainer.train_failed may train these
 TEAM_FAILURES = ("agent_error", "model_call_limit", "episode_timeout")
-# ... and the rest, which no policy's output decides: a backend that failed, a reward function that raised,
-# a credit replay whose team took another path
-OTHER_FAILURES = ("backend_error", "score_error", "replay_divergence")
+# (the engine's other labels, which no policy's output decides: backend_error, score_error, replay_divergence)
 
 
 @dataclass

@@ -102,3 +102,16 @@ def train_smoke(tmp_path, cfg: dict):
         assert math.isfinite(r["policies"]["main"]["loss"]) and r["policies"]["main"]["samples"] > 0
     assert all(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     return team, rows
+
+
+def line_graph(state: type, **nodes):
+    """A LangGraph ``StateGraph`` of ``nodes`` (name -> function) run one after another, START to END."""
+    from langgraph.graph import END, START, StateGraph
+
+    g = StateGraph(state)
+    names = list(nodes)
+    for name, fn in nodes.items():
+        g.add_node(name, fn)
+    for a, b in zip([START, *names], [*names, END]):
+        g.add_edge(a, b)
+    return g

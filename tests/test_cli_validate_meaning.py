@@ -132,6 +132,11 @@ def test_train_failed_naming_a_failure_the_config_cannot_have_is_said(tmp_path, 
     data["runtime"] = {"episode_timeout_s": 60}
     data["trainer"]["train_failed"] = ["agent_error", "episode_timeout"]
     assert "train_failed" not in validate(tmp_path, capsys, data)[2]
+    # a LangGraph team that leaves max_model_calls out has a cap all the same (derived from its recursion_limit)
+    langgraph = Path(__file__).parents[1] / "configs" / "langgraph_custom.yaml"
+    assert "max_model_calls" not in langgraph.read_text()
+    assert main(["validate", "-q", str(langgraph), "trainer.train_failed=[model_call_limit]"]) == 0
+    assert "train_failed" not in capsys.readouterr().err
     data["trainer"]["train_failed"] = ["backend_error"]  # never the policy's doing: refused, with the valid values
     status, _, err = validate(tmp_path, capsys, data)
     assert status != 0 and "trainer.train_failed" in err and "agent_error" in err and "episode_timeout" in err

@@ -15,6 +15,7 @@ from typing import Literal, TypedDict
 import pytest
 import yaml
 from pydantic import BaseModel
+from team_helpers import line_graph
 
 import mas
 from mas.agents.parsers import parse_answer
@@ -553,8 +554,6 @@ class Graded(TypedDict, total=False):
 
 def graded_graph():
     """A solver, then a grader whose verdict is structured output (LangChain's with_structured_output)."""
-    from langgraph.graph import END, START, StateGraph
-
     from mas.topologies.langgraph import MasChatModel
 
     solver, grader = MasChatModel(agent="solver"), MasChatModel(agent="grader").with_structured_output(Grade)
@@ -565,13 +564,7 @@ def graded_graph():
     async def grade(state: Graded) -> dict:
         return {"grade": (await grader.ainvoke([("user", f"{state['question']}\nsolver: {state['answer']}")])).grade}
 
-    g = StateGraph(Graded)
-    g.add_node("solve", solve)
-    g.add_node("grade", grade)
-    g.add_edge(START, "solve")
-    g.add_edge("solve", "grade")
-    g.add_edge("grade", END)
-    return g
+    return line_graph(Graded, solve=solve, grade=grade)
 
 
 def test_the_warm_up_plays_a_structured_output_agent_as_a_call_of_its_schema(tmp_path):

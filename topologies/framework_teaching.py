@@ -563,13 +563,18 @@ def fields_text(slots: list[Slot], reply: str) -> str:
 
 
 def in_asked_form(req: GenRequest, reply: str) -> str:
-    """The teacher's ``reply`` in the form the request asks for: marked fields where it asks for them
-    and nothing is forced (``asked_fields``), else ``meet_start``."""
-    if not req.prefix and tool_call_start() not in reply:
+    """The teacher's ``reply`` in the form the request asks for (``meet_start`` for a forced start).
+    Where nothing is forced and the reply calls no tool: the marked fields it asks for
+    (``asked_fields``), or the JSON object its system message asks for (tools offered beside the
+    format, so the start is not forced: an AutoGen agent with tools and ``output_content_type``)."""
+    system, prefix = system_text(req), req.prefix
+    if not prefix and tool_call_start() not in reply:
         slots = asked_fields(req.messages or [])
         if slots:
             return fields_text(slots, reply)
-    return meet_start(req.prefix, reply, system_text(req))
+        if asked_format(system) is not None:
+            prefix = JSON_START
+    return meet_start(prefix, reply, system)
 
 
 def system_text(req: GenRequest) -> str:
@@ -581,11 +586,7 @@ def meet_start(prefix: str, reply: str, system: str) -> str:
     """The teacher's ``reply`` in the form a forced start asks for (module docstring): as it is where it
     already starts so; the reply's own call from where it starts; else the named (or the first offered)
     tool called with its arguments filled from the reply, or the JSON object the system message's
-    schema describes (``{"reply": ...}`` for a plain JSON object).  Where the system message asks for
-    JSON but the start is not forced (tools are offered beside the format: an AutoGen agent with tools
-    and ``output_content_type``), a reply that calls no tool is that JSON object all the same."""
-    if not prefix and tool_call_start() not in reply and asked_format(system) is not None:
-        prefix = JSON_START
+    schema describes (``{"reply": ...}`` for a plain JSON object)."""
     if not prefix or reply.startswith(prefix):
         return reply
     if prefix == JSON_START:

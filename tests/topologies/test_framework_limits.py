@@ -32,7 +32,7 @@ from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
 from pydantic import BaseModel
-from team_helpers import team_config
+from team_helpers import line_graph, team_config
 from test_engine import ManualClock, scripted_engine
 
 from mas.config.checks import meaning_errors
@@ -233,13 +233,7 @@ def ask_graph(ask) -> StateGraph:
     async def solve(state: Loop) -> dict:
         return {"answer": (await model.ainvoke([("user", state["question"])])).content}
 
-    g = StateGraph(Loop)
-    g.add_node("solve", solve)
-    g.add_node("ask", ask)
-    g.add_edge(START, "solve")
-    g.add_edge("solve", "ask")
-    g.add_edge("ask", END)
-    return g
+    return line_graph(Loop, solve=solve, ask=ask)
 
 
 def interrupting_graph() -> StateGraph:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Literal, TypedDict
 
+from team_helpers import line_graph
+
 from mas.config.schema import validate_config
 from mas.tools import tool_call_text
 from mas.training.context_plan import context_issues, reply_issues
@@ -106,8 +108,6 @@ def multiply(a: int, b: int) -> int:
 
 def routed_graph():
     """A router whose choice is structured output and a checker bound to a tool, both built with the graph."""
-    from langgraph.graph import END, START, StateGraph
-
     from mas.topologies.langgraph import MasChatModel
 
     router = MasChatModel(agent="lead").with_structured_output(Route)
@@ -119,13 +119,7 @@ def routed_graph():
     async def check(state: Question) -> dict:
         return {"answer": (await checker.ainvoke(state["question"])).content}
 
-    g = StateGraph(Question)
-    g.add_node("route", route)
-    g.add_node("check", check)
-    g.add_edge(START, "route")
-    g.add_edge("route", "check")
-    g.add_edge("check", END)
-    return g
+    return line_graph(Question, route=route, check=check)
 
 
 def test_a_graphs_structured_output_and_bound_tools_need_room_for_their_calls():
@@ -145,8 +139,6 @@ def test_a_graphs_structured_output_and_bound_tools_need_room_for_their_calls():
 def tutorial_graph():
     """routed_graph as LangGraph's supervisor tutorial writes the router: the binding inside the node
     (``llm.with_structured_output(Router).invoke(...)``), the model a module-level name."""
-    from langgraph.graph import END, START, StateGraph
-
     global LEAD, CHECKER
     from mas.topologies.langgraph import MasChatModel
 
@@ -159,13 +151,7 @@ def tutorial_graph():
     async def check(state: Question) -> dict:
         return {"answer": (await CHECKER.bind_tools(tools).ainvoke(state["question"])).content}
 
-    g = StateGraph(Question)
-    g.add_node("route", route)
-    g.add_node("check", check)
-    g.add_edge(START, "route")
-    g.add_edge("route", "check")
-    g.add_edge("check", END)
-    return g
+    return line_graph(Question, route=route, check=check)
 
 
 def test_bindings_made_inside_a_node_need_room_too():
@@ -202,8 +188,6 @@ def test_the_shortest_object_a_schema_allows():
 
 def json_routed_graph():
     """The router of routed_graph in with_structured_output's json_schema method (ChatOpenAI's default)."""
-    from langgraph.graph import END, START, StateGraph
-
     from mas.topologies.langgraph import MasChatModel
 
     router = MasChatModel(agent="lead").with_structured_output(Route, method="json_schema")
@@ -211,11 +195,7 @@ def json_routed_graph():
     async def route(state: Question) -> dict:
         return {"answer": (await router.ainvoke(state["question"]))["next"]}
 
-    g = StateGraph(Question)
-    g.add_node("route", route)
-    g.add_edge(START, "route")
-    g.add_edge("route", END)
-    return g
+    return line_graph(Question, route=route)
 
 
 def test_a_graphs_json_structured_output_needs_room_for_its_shortest_object():
